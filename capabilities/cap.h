@@ -1,0 +1,385 @@
+/*
+ * capqr C ABI — the one header shared by Python (cffi), instrumented kernels
+ * and the collector (gc/).  Everything that crosses a module boundary is here.
+ *
+ * Objects.  Every buffer is an rt_obj: a header owned by the collector plus a
+ * payload.  Objects never move.  A header outlives its payload: free() sets
+ * the bounds to zero at once (later accesses trap as "freed") and the payload
+ * is released when no running block can still reach it.
+ *
+ * Capabilities.  A kernel sees buffers only as cap_t values (Fil-C's
+ * InvisiCaps, flattened): the address plus a by-value snapshot of the bounds
+ * and a pointer to the owning object.  Kernel source can never name the
+ * fields (the verifier rejects member access on cap_t), so the only ways to
+ * touch memory are the checked accessors below.  cap_from_int() builds a cap
+ * with obj == NULL and zero bounds: every access through it faults.
+ *
+ * Cap tables.  Buffers of dtype RT_DT_CAP hold rt_capslot {p, obj} pairs.
+ * Loading from a table rebuilds the bounds from the object header, so a
+ * freed object is seen as freed.  Stores go through the collector's Dijkstra
+ * barrier (gc_store_barrier).
+ *
+ * Blocks.  The instrumenter gives every kernel function a hidden first
+ * parameter `rt_block *__rt`: block index, poll flag, shadow frames, the
+ * jmp_buf a fault unwinds to, and the runtime's function table (rt_api), so
+ * kernel modules need no link-time dependency on the core.
+ *
+ * Pollchecks.  At every loop back-edge: one load of *__rt->poll and a
+ * predictable branch.  Non-zero means "take the slow path": a soft handshake
+ * requested by the collector, a timeout or a cancel (fault in another block).
+ *
+ * Shadow frames.  cap_t locals of a running kernel are GC roots.  Each
+ * function that has cap_t locals gets an rt_frame with one slot per local;
+ * every assignment records the object in its slot (a plain store; stacks are
+ * rescanned at handshakes, so no barrier is needed).
+ *
+ * Modes.  RT_RAW compiles the same kernel with raw pointers and no checks:
+ * the baseline for overhead benchmarks, never the default.  RT_RAW_POLL is
+ * raw plus pollchecks (to measure the pollcheck cost alone).
+ */
+#ifndef CAPQR_CAP_H
+#define CAPQR_CAP_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <setjmp.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- dtypes and permissions -------------------------------------------- */
+enum { RT_DT_F16 = 1, RT_DT_F32 = 2, RT_DT_F64 = 3, RT_DT_I32 = 4, RT_DT_I64 = 5,
+       RT_DT_U8 = 6, RT_DT_CAP = 7 };
+enum { RT_PERM_R = 1, RT_PERM_W = 2 };
+
+/* rt_obj.flags */
+enum { RT_OBJ_FREED = 1,      /* explicit free() happened */
+       RT_OBJ_EXTERNAL = 2,   /* payload owned by numpy/torch; never released here */
+       RT_OBJ_PAYLOAD_GONE = 4, /* payload released (header may live on) */
+       RT_OBJ_DEVICE = 8 };   /* payload lives in GPU memory */
+
+#define RT_NAME_MAX 48
+
+/* The object header.  Owned by the collector (gc/), never moves. */
+typedef struct rt_obj {
+    char *base;                 /* payload start */
+    uint64_t nbytes;            /* payload size as allocated */
+    uint64_t rlen;              /* readable bytes from base; 0 once freed */
+    uint64_t wlen;              /* writable bytes from base; 0 if read-only or freed */
+    uint32_t dtype;             /* RT_DT_* of the elements */
+    uint32_t perms;             /* RT_PERM_* */
+    uint32_t flags;             /* RT_OBJ_* (atomic updates) */
+    uint32_t mark;              /* collector mark epoch (atomic) */
+    int32_t pins;               /* Python handles holding it (atomic) */
+    int32_t holds;              /* running launches holding it as an argument (atomic) */
+    uint64_t id;                /* allocation serial number (debugging, stats) */
+    struct rt_obj *next;        /* collector's list of all objects */
+    char name[RT_NAME_MAX];     /* buffer name shown in faults */
+} rt_obj;
+
+/* A capability as a kernel holds it: 40 bytes, by value. */
+typedef struct cap_t {
+    char *p;                    /* current origin: what cap_to_int() returns */
+    char *lo;                   /* object payload start */
+    uint64_t rlen;              /* readable bytes from lo (snapshot) */
+    uint64_t wlen;              /* writable bytes from lo (snapshot) */
+    rt_obj *obj;                /* owner; NULL for a cap made from an integer */
+} cap_t;
+
+/* One element of a cap table (dtype RT_DT_CAP). */
+typedef struct rt_capslot {
+    char *p;
+    rt_obj *obj;
+} rt_capslot;
+
+/* Kernel arguments as the launcher passes them. */
+typedef union rt_arg {
+    cap_t cap;
+    int64_t i64;
+    double f64;
+    float f32;
+} rt_arg;
+
+/* ---- faults ------------------------------------------------------------ */
+enum { RT_OK = 0, RT_FAULT_OOB = 1, RT_FAULT_READONLY = 2, RT_FAULT_FREED = 3,
+       RT_FAULT_NOBOUNDS = 4, RT_FAULT_LOCAL = 5, RT_FAULT_TIMEOUT = 6,
+       RT_FAULT_CANCELLED = 7, RT_FAULT_ALLOC = 8, RT_FAULT_ARG = 9 };
+enum { RT_ACC_LOAD = 1, RT_ACC_STORE = 2 };
+
+typedef struct rt_fault_rec {
+    int32_t kind;               /* RT_FAULT_* (0: none) */
+    int32_t access;             /* RT_ACC_* */
+    int64_t block;              /* block index that faulted */
+    int64_t index;              /* element index of the access */
+    int64_t elsize;             /* element size of the access */
+    int64_t offset;             /* byte offset of the origin from the object start */
+    int32_t line;               /* kernel source line */
+    int32_t thread;             /* GPU lane: thread index; CPU: -1 */
+    uint64_t obj_id;
+    char buffer[RT_NAME_MAX];   /* buffer name (or local array name) */
+} rt_fault_rec;
+
+/* ---- blocks, frames, the runtime function table ------------------------ */
+#define RT_FRAME_SLOTS_MAX 64
+
+typedef struct rt_frame {
+    struct rt_frame *up;
+    struct rt_block *blk;
+    int32_t nslots;
+    rt_obj *slots[RT_FRAME_SLOTS_MAX];
+} rt_frame;
+
+struct rt_block;
+struct rt_thread;
+struct rt_launch;
+
+typedef struct rt_api {
+    int32_t abi_version;
+    /* record a fault and unwind the block (never returns) */
+    void (*fault)(struct rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
+                  int32_t access, int32_t line);
+    void (*fault_local)(struct rt_block *b, const char *array, int64_t index, int32_t line);
+    /* pollcheck slow path: handshake callback, timeout, cancel */
+    void (*poll)(struct rt_block *b);
+    /* allocation from kernels: a fresh zeroed object; faults when out of memory */
+    cap_t (*alloc)(struct rt_block *b, int64_t n, int32_t dtype, int32_t line);
+    /* cap tables */
+    void (*store_cap)(struct rt_block *b, rt_capslot *slot, cap_t v);
+    cap_t (*load_cap)(struct rt_block *b, const rt_capslot *slot);
+} rt_api;
+
+#define RT_ABI_VERSION 3
+
+typedef struct rt_block {
+    int64_t block_idx;
+    int64_t grid_dim;
+    const volatile int32_t *poll;  /* non-zero: take the slow path */
+    const rt_api *api;
+    rt_frame *frames;              /* innermost shadow frame */
+    struct rt_thread *thread;      /* worker (collector mutator state) */
+    struct rt_launch *launch;
+    jmp_buf jmp;                   /* where faults and cancels unwind to */
+} rt_block;
+
+/* The entry point every kernel module exports (generated by the instrumenter). */
+typedef void (*rt_entry_fn)(rt_block *b, const rt_arg *args);
+
+/* ---- IEEE half <-> float (storage only; arithmetic is float) ------------ */
+static inline float rt_half_to_float(uint16_t h)
+{
+    _Float16 v;
+    __builtin_memcpy(&v, &h, 2);
+    return (float)v;
+}
+static inline uint16_t rt_float_to_half(float f)
+{
+    _Float16 v = (_Float16)f;
+    uint16_t h;
+    __builtin_memcpy(&h, &v, 2);
+    return h;
+}
+
+#define RT_LIKELY(x) __builtin_expect(!!(x), 1)
+#define RT_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* Indices beyond +-2^58 could wrap i*sizeof(T); they are out of every buffer. */
+#define RT_IDX_LIMIT ((uint64_t)1 << 58)
+
+#if !defined(RT_RAW) && !defined(RT_RAW_POLL)
+/* ====================== checked mode ===================================== */
+
+/* In bounds iff 0 <= (p - lo) + i*S and that + S <= len.  Two compares, all
+ * operands in registers (the bounds are a by-value snapshot). */
+#define RT_INB(c, i, S, LEN)                                                     \
+    (RT_LIKELY(((uint64_t)(i) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT) &&             \
+     RT_LIKELY((uint64_t)((c).p - (c).lo) + (uint64_t)(i) * (S) + (S) <= (LEN)))
+
+#define RT_DEFINE_ACCESS(T, CT, S)                                                \
+    static inline CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
+    {                                                                            \
+        if (!RT_INB(c, i, S, c.rlen)) b->api->fault(b, &c, i, S, RT_ACC_LOAD, line); \
+        return ((const CT *)(c.p))[i];                                           \
+    }                                                                            \
+    static inline void rt_store_##T(rt_block *b, cap_t c, int64_t i, CT v, int32_t line) \
+    {                                                                            \
+        if (!RT_INB(c, i, S, c.wlen)) b->api->fault(b, &c, i, S, RT_ACC_STORE, line); \
+        ((CT *)(c.p))[i] = v;                                                    \
+    }
+
+RT_DEFINE_ACCESS(f32, float, 4)
+RT_DEFINE_ACCESS(f64, double, 8)
+RT_DEFINE_ACCESS(i32, int32_t, 4)
+RT_DEFINE_ACCESS(i64, int64_t, 8)
+
+static inline float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
+{
+    if (!RT_INB(c, i, 2, c.rlen)) b->api->fault(b, &c, i, 2, RT_ACC_LOAD, line);
+    return rt_half_to_float(((const uint16_t *)(c.p))[i]);
+}
+static inline void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
+{
+    if (!RT_INB(c, i, 2, c.wlen)) b->api->fault(b, &c, i, 2, RT_ACC_STORE, line);
+    ((uint16_t *)(c.p))[i] = rt_float_to_half(v);
+}
+
+/* Hoisted range check: the instrumenter proves an affine index stays within
+ * [lo_i, hi_i] over a loop and checks both ends once, before the loop. */
+static inline void rt_check_range(rt_block *b, cap_t c, int64_t lo_i, int64_t hi_i,
+                                  int32_t S, int32_t store, int32_t line)
+{
+    uint64_t len = store ? c.wlen : c.rlen;
+    if (!RT_INB(c, lo_i, (uint64_t)S, len))
+        b->api->fault(b, &c, lo_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
+    if (!RT_INB(c, hi_i, (uint64_t)S, len))
+        b->api->fault(b, &c, hi_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
+}
+
+/* Unchecked accessors, used only where rt_check_range covered the access. */
+#define rt_uload_f32(c, i) (((const float *)((c).p))[i])
+#define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
+#define rt_uload_f64(c, i) (((const double *)((c).p))[i])
+#define rt_ustore_f64(c, i, v) (((double *)((c).p))[i] = (v))
+#define rt_uload_i32(c, i) (((const int32_t *)((c).p))[i])
+#define rt_ustore_i32(c, i, v) (((int32_t *)((c).p))[i] = (v))
+#define rt_uload_i64(c, i) (((const int64_t *)((c).p))[i])
+#define rt_ustore_i64(c, i, v) (((int64_t *)((c).p))[i] = (v))
+#define rt_uload_f16(c, i) rt_half_to_float(((const uint16_t *)((c).p))[i])
+#define rt_ustore_f16(c, i, v) (((uint16_t *)((c).p))[i] = rt_float_to_half(v))
+
+static inline int64_t rt_len(cap_t c, int64_t S)
+{
+    int64_t off = (int64_t)(c.p - c.lo);
+    int64_t n = ((int64_t)c.rlen - off) / S;
+    return (off < 0 || n < 0) ? 0 : n;
+}
+
+static inline cap_t rt_offset(cap_t c, int64_t k, int64_t S)
+{
+    /* Moving the origin is always allowed; checks stay relative to the object.
+     * Wrapping arithmetic: an absurd k yields an origin every access rejects. */
+    c.p = (char *)((uint64_t)c.p + (uint64_t)k * (uint64_t)S);
+    if (((uint64_t)k + RT_IDX_LIMIT) >= 2 * RT_IDX_LIMIT) { c.rlen = 0; c.wlen = 0; }
+    return c;
+}
+
+static inline int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
+
+static inline cap_t rt_cap_from_int(int64_t x)
+{
+    cap_t c;
+    c.p = (char *)(uintptr_t)x;
+    c.lo = c.p;
+    c.rlen = 0;
+    c.wlen = 0;
+    c.obj = 0;
+    return c;
+}
+
+static inline int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name,
+                                   int32_t line)
+{
+    if (RT_UNLIKELY((uint64_t)i >= (uint64_t)n)) b->api->fault_local(b, name, i, line);
+    return i;
+}
+
+static inline void rt_pollcheck(rt_block *b)
+{
+    if (RT_UNLIKELY(*b->poll)) b->api->poll(b);
+}
+
+static inline cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
+{
+    return b->api->alloc(b, n, dt, line);
+}
+
+static inline cap_t rt_load_cap(rt_block *b, cap_t t, int64_t i, int32_t line)
+{
+    if (!RT_INB(t, i, 16, t.rlen) || !t.obj || t.obj->dtype != RT_DT_CAP)
+        b->api->fault(b, &t, i, 16, RT_ACC_LOAD, line);
+    return b->api->load_cap(b, &((const rt_capslot *)(t.p))[i]);
+}
+static inline void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t line)
+{
+    if (!RT_INB(t, i, 16, t.wlen) || !t.obj || t.obj->dtype != RT_DT_CAP)
+        b->api->fault(b, &t, i, 16, RT_ACC_STORE, line);
+    b->api->store_cap(b, &((rt_capslot *)(t.p))[i], v);
+}
+
+/* Shadow-frame slot update: returns v so it can wrap an assignment. */
+static inline cap_t rt_root(rt_frame *f, int32_t k, cap_t v)
+{
+    f->slots[k] = v.obj;
+    return v;
+}
+
+#else
+/* ====================== raw mode (baseline) ============================= */
+/* The same kernel with raw pointers and no checks.  Only for benchmarks and
+ * for demonstrating what an unchecked bug does (in a subprocess). */
+#define RT_DEFINE_RAW(T, CT)                                                     \
+    static inline CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
+    { (void)b; (void)line; return ((const CT *)(c.p))[i]; }                      \
+    static inline void rt_store_##T(rt_block *b, cap_t c, int64_t i, CT v, int32_t line) \
+    { (void)b; (void)line; ((CT *)(c.p))[i] = v; }
+RT_DEFINE_RAW(f32, float)
+RT_DEFINE_RAW(f64, double)
+RT_DEFINE_RAW(i32, int32_t)
+RT_DEFINE_RAW(i64, int64_t)
+static inline float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
+{ (void)b; (void)line; return rt_half_to_float(((const uint16_t *)(c.p))[i]); }
+static inline void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
+{ (void)b; (void)line; ((uint16_t *)(c.p))[i] = rt_float_to_half(v); }
+#define rt_check_range(b, c, lo, hi, S, st, line) ((void)0)
+#define rt_uload_f32(c, i) (((const float *)((c).p))[i])
+#define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
+#define rt_uload_f64(c, i) (((const double *)((c).p))[i])
+#define rt_ustore_f64(c, i, v) (((double *)((c).p))[i] = (v))
+#define rt_uload_i32(c, i) (((const int32_t *)((c).p))[i])
+#define rt_ustore_i32(c, i, v) (((int32_t *)((c).p))[i] = (v))
+#define rt_uload_i64(c, i) (((const int64_t *)((c).p))[i])
+#define rt_ustore_i64(c, i, v) (((int64_t *)((c).p))[i] = (v))
+#define rt_uload_f16(c, i) rt_half_to_float(((const uint16_t *)((c).p))[i])
+#define rt_ustore_f16(c, i, v) (((uint16_t *)((c).p))[i] = rt_float_to_half(v))
+static inline int64_t rt_len(cap_t c, int64_t S)
+{ int64_t off = (int64_t)(c.p - c.lo); return ((int64_t)c.rlen - off) / S; }
+static inline cap_t rt_offset(cap_t c, int64_t k, int64_t S) { c.p += k * S; return c; }
+static inline int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
+static inline cap_t rt_cap_from_int(int64_t x)
+{ cap_t c; c.p = (char *)(uintptr_t)x; c.lo = c.p; c.rlen = 0; c.wlen = 0; c.obj = 0; return c; }
+static inline int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name, int32_t line)
+{ (void)b; (void)n; (void)name; (void)line; return i; }
+#ifdef RT_RAW_POLL
+static inline void rt_pollcheck(rt_block *b) { if (RT_UNLIKELY(*b->poll)) b->api->poll(b); }
+#else
+#define rt_pollcheck(b) ((void)0)
+#endif
+static inline cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
+{ return b->api->alloc(b, n, dt, line); }
+static inline cap_t rt_load_cap(rt_block *b, cap_t t, int64_t i, int32_t line)
+{ (void)line; return b->api->load_cap(b, &((const rt_capslot *)(t.p))[i]); }
+static inline void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t line)
+{ (void)line; b->api->store_cap(b, &((rt_capslot *)(t.p))[i], v); }
+static inline cap_t rt_root(rt_frame *f, int32_t k, cap_t v) { f->slots[k] = v.obj; return v; }
+#endif
+
+/* Frame push/pop (both modes: allocation from kernels needs roots). */
+static inline void rt_frame_push(rt_block *b, rt_frame *f, int32_t nslots)
+{
+    int32_t k;
+    f->nslots = nslots;
+    for (k = 0; k < nslots; k++) f->slots[k] = 0;
+    f->up = b->frames;
+    f->blk = b;
+    __atomic_store_n(&b->frames, f, __ATOMIC_RELEASE);
+}
+/* Used as __attribute__((cleanup)), so every return path pops the frame;
+ * a fault unwinds with longjmp and the launcher resets b->frames instead. */
+static inline void rt_frame_cleanup(rt_frame *f)
+{
+    __atomic_store_n(&f->blk->frames, f->up, __ATOMIC_RELEASE);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAPQR_CAP_H */

@@ -1,0 +1,81 @@
+/*
+ * capqr collector interface: what the runtime core (runtime/csrc) and the
+ * Python host (through cffi) call.  Object, block and frame layouts live in
+ * capabilities/cap.h; this header adds the mutator-thread state and the
+ * collector entry points.  The algorithm is described in gc/fugc.c.
+ */
+#ifndef CAPQR_GC_H
+#define CAPQR_GC_H
+
+#include "cap.h"
+
+/* rt_thread.state */
+enum { RT_THREAD_EXITED = 0,   /* not running kernel code: the collector acts for it */
+       RT_THREAD_ENTERED = 1 };/* running kernel code: answers handshakes at pollchecks */
+
+/* The global poll word every pollcheck loads.  Bit 0: a soft handshake is
+ * pending.  Bits 1..: number of launches being stopped (fault/timeout/cancel). */
+extern volatile int32_t rt_poll_word;
+#define RT_POLL_HANDSHAKE 1
+#define RT_POLL_STOP_UNIT 2
+
+typedef struct rt_thread {
+    int32_t index;
+    int32_t state;                 /* RT_THREAD_* (atomic; CAS between thread and collector) */
+    uint64_t handshake_done;       /* last handshake epoch answered (atomic) */
+    rt_block *block;               /* block running now: its frames are roots */
+    struct rt_thread *next;        /* collector's list of mutator threads */
+    void *gc_private;              /* collector's per-thread data */
+} rt_thread;
+
+typedef struct gc_stats_t {
+    uint64_t cycles;
+    uint64_t objects_live;
+    uint64_t bytes_live;
+    uint64_t objects_freed_total;  /* headers reclaimed */
+    uint64_t bytes_freed_total;    /* payload bytes released */
+    uint64_t bytes_allocated_total;
+    uint64_t objects_allocated_total;
+    uint64_t handshakes;
+    double handshake_p50_us;
+    double handshake_p99_us;
+    double handshake_max_us;
+    double mark_seconds_total;
+    double sweep_seconds_total;
+    uint64_t threshold_bytes;      /* heap size that triggers the next cycle */
+    int32_t stw;                   /* CAPQR_GC_STW mode */
+    int32_t verify;                /* CAPQR_GC_VERIFY mode */
+    uint64_t verify_failures;
+    int32_t running;               /* a cycle is in progress */
+    int32_t enabled;
+} gc_stats_t;
+
+/* lifetime */
+int gc_init(void);                 /* idempotent; starts the collector thread */
+
+/* objects */
+rt_obj *gc_alloc(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name);
+rt_obj *gc_wrap(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name);
+int gc_free(rt_obj *o);            /* 0: freed now; -1: was already freed */
+void gc_pin(rt_obj *o);            /* a Python handle holds it */
+void gc_unpin(rt_obj *o);
+void gc_hold(rt_obj *o);           /* a running launch holds it as an argument */
+void gc_unhold(rt_obj *o);
+
+/* mutator threads (the runtime's workers) */
+void gc_thread_register(rt_thread *t);
+void gc_thread_unregister(rt_thread *t);
+void gc_enter(rt_thread *t);       /* about to run kernel code */
+void gc_exit(rt_thread *t);        /* left kernel code */
+void gc_handshake_poll(rt_thread *t); /* pollcheck slow path: answer a pending handshake */
+void gc_store_barrier(rt_obj *target); /* Dijkstra barrier for cap-table stores */
+
+/* control and observation */
+void gc_collect(void);             /* run one full cycle and wait for it */
+void gc_set_enabled(int enabled);  /* 0: no automatic cycles */
+void gc_set_threshold(double ratio, uint64_t floor_bytes);
+void gc_get_stats(gc_stats_t *out);
+int gc_is_live_id(uint64_t id);     /* header with this serial still allocated */
+uint64_t gc_count_objects(void);
+
+#endif

@@ -1,0 +1,88 @@
+"""Exceptions raised by the capqr runtime."""
+
+from __future__ import annotations
+
+
+class CapqrError(Exception):
+    """Base class of every capqr error."""
+
+
+class VerifyError(CapqrError):
+    """Kernel source rejected before compiling.
+
+    Attributes: ``line`` (1-based source line, or None), ``construct`` (what was
+    found, e.g. ``"pointer declarator"``) and ``reason`` (why it is unsafe).
+    """
+
+    def __init__(self, line: int | None, construct: str, reason: str, kernel: str | None = None):
+        self.line = line
+        self.construct = construct
+        self.reason = reason
+        self.kernel = kernel
+        where = f"line {line}" if line is not None else "source"
+        name = f"kernel {kernel!r}, " if kernel else ""
+        super().__init__(f"{name}{where}: {construct}: {reason}")
+
+
+class CompileError(CapqrError):
+    """The C compiler rejected verified source (a capqr bug or an unsupported construct)."""
+
+
+class CapabilityFault(CapqrError):
+    """A checked access was refused; it did not happen.
+
+    Attributes: ``kernel``, ``block``, ``buffer`` (name), ``index`` (element
+    index), ``access`` (``"load"``/``"store"``), ``reason`` (``"out-of-bounds"``,
+    ``"read-only"``, ``"freed"``, ``"no-bounds"``, ``"local-array"``,
+    ``"alloc"``), ``line`` (kernel source line or None), ``thread`` (GPU only).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        kernel: str | None = None,
+        block: int | None = None,
+        buffer: str | None = None,
+        index: int | None = None,
+        access: str | None = None,
+        line: int | None = None,
+        thread: int | None = None,
+        detail: str = "",
+    ):
+        self.reason = reason
+        self.kernel = kernel
+        self.block = block
+        self.buffer = buffer
+        self.index = index
+        self.access = access
+        self.line = line
+        self.thread = thread
+        parts = [f"{reason}"]
+        if access:
+            parts.append(f"{access} of {buffer!r}[{index}]" if buffer is not None else access)
+        elif buffer is not None:
+            parts.append(f"buffer {buffer!r}")
+        if kernel:
+            loc = f"in kernel {kernel!r}"
+            if block is not None:
+                loc += f" block {block}"
+            if thread is not None:
+                loc += f" thread {thread}"
+            if line:
+                loc += f" line {line}"
+            parts.append(loc)
+        if detail:
+            parts.append(detail)
+        super().__init__(": ".join(parts[:1]) + " " + ", ".join(parts[1:]) if len(parts) > 1
+                         else parts[0])
+
+
+class KernelTimeout(CapqrError):
+    """The launch deadline passed; blocks stopped at their next pollcheck."""
+
+    def __init__(self, kernel: str, timeout: float, blocks_done: int | None = None):
+        self.kernel = kernel
+        self.timeout = timeout
+        self.blocks_done = blocks_done
+        super().__init__(f"kernel {kernel!r} exceeded its timeout of {timeout:g} s")
