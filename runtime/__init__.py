@@ -1,0 +1,26 @@
+"""capqr runtime: verify, instrument, compile and launch checked kernels.
+
+Public API::
+
+    kernel = runtime.compile(source, "name")          # VerifyError if unsafe
+    runtime.launch(kernel, [cap_a, cap_b], args=(n, 2.0), grid=8, timeout=5.0)
+    runtime.gc_collect(); runtime.gc_stats()
+"""
+
+from .errors import CapabilityFault, CapqrError, CompileError, KernelTimeout, VerifyError
+from .heap import gc_collect, gc_set_enabled, gc_set_threshold, gc_stats
+from .kernel import Kernel, compile
+from .launch import launch
+
+__all__ = [
+    "CapabilityFault", "CapqrError", "CompileError", "KernelTimeout", "VerifyError",
+    "Kernel", "compile", "launch", "gc_collect", "gc_stats", "gc_set_enabled",
+    "gc_set_threshold", "threads",
+]
+
+
+def threads() -> int:
+    """Number of worker threads running kernel blocks ($CAPQR_THREADS, default: all cores)."""
+    from .core import lib
+
+    return int(lib.rt_core_threads())

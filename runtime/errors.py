@@ -58,24 +58,24 @@ class CapabilityFault(CapqrError):
         self.access = access
         self.line = line
         self.thread = thread
-        parts = [f"{reason}"]
-        if access:
-            parts.append(f"{access} of {buffer!r}[{index}]" if buffer is not None else access)
+        what = ""
+        if access and buffer is not None and index is not None:
+            what = f"{access} of {buffer!r}[{index}]"
+        elif access and buffer is not None:
+            what = f"{access} of {buffer!r}"
         elif buffer is not None:
-            parts.append(f"buffer {buffer!r}")
+            what = f"buffer {buffer!r}"
+        where = ""
         if kernel:
-            loc = f"in kernel {kernel!r}"
+            where = f"in kernel {kernel!r}"
             if block is not None:
-                loc += f" block {block}"
+                where += f" block {block}"
             if thread is not None:
-                loc += f" thread {thread}"
+                where += f" thread {thread}"
             if line:
-                loc += f" line {line}"
-            parts.append(loc)
-        if detail:
-            parts.append(detail)
-        super().__init__(": ".join(parts[:1]) + " " + ", ".join(parts[1:]) if len(parts) > 1
-                         else parts[0])
+                where += f" (line {line})"
+        msg = ", ".join(x for x in (what, where, detail) if x)
+        super().__init__(f"{reason}: {msg}" if msg else reason)
 
 
 class KernelTimeout(CapqrError):

@@ -1,0 +1,255 @@
+"""Host-side capabilities: Python handles on collector-owned objects.
+
+A Capability pins its object (a collector root) for as long as the handle or
+any numpy view made from it is alive; the pin is a cffi cdata with a
+destructor, and every view's buffer references that cdata.  ``free()``
+revokes the object at once: kernels then fault with reason "freed", and so
+does every later use of the handle from Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from runtime import core
+from runtime.errors import CapabilityFault
+
+ffi, lib = core.ffi, core.lib
+
+#: numpy dtype -> RT_DT_* code (cap.h)
+DTYPE_CODES = {
+    np.dtype(np.float16): 1,
+    np.dtype(np.float32): 2,
+    np.dtype(np.float64): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.uint8): 6,
+}
+CAP_DTYPE = "cap"
+CAP_CODE = 7
+CAP_SLOT_BYTES = 16
+PERM_R, PERM_W = 1, 2
+RT_OBJ_FREED = 1
+
+
+def _perm_bits(perms: str) -> int:
+    if perms not in ("r", "rw"):
+        raise ValueError(f"perms must be 'r' or 'rw', not {perms!r}")
+    return PERM_R | (PERM_W if "w" in perms else 0)
+
+
+def _dtype_code(dtype: Any) -> tuple[Any, int, int]:
+    """(dtype as stored on the handle, RT_DT code, element size)."""
+    if isinstance(dtype, str) and dtype == CAP_DTYPE:
+        return CAP_DTYPE, CAP_CODE, CAP_SLOT_BYTES
+    dt = np.dtype(dtype)
+    if dt not in DTYPE_CODES:
+        allowed = ", ".join(sorted(str(d) for d in DTYPE_CODES)) + ", 'cap'"
+        raise TypeError(f"unsupported dtype {dt}; capqr buffers hold {allowed}")
+    return dt, DTYPE_CODES[dt], dt.itemsize
+
+
+def _shape_tuple(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return shape
+
+
+class Capability:
+    """A bounded, permissioned handle on one buffer.
+
+    ``int(cap)`` is the plain address and nothing more; a kernel receives
+    the capability itself (address + bounds + permissions + object).
+    """
+
+    __slots__ = ("_obj", "_pin", "_shape", "_dtype", "_code", "_itemsize", "_name", "_perms",
+                 "_freed", "_id", "__weakref__")
+
+    def __init__(self, obj: Any, shape: tuple[int, ...], dtype: Any, perms: str, name: str,
+                 keep: Any = None):
+        if obj == ffi.NULL:
+            raise MemoryError(f"capqr: cannot allocate buffer {name!r}")
+        self._obj = obj
+        self._shape = shape
+        self._dtype, self._code, self._itemsize = _dtype_code(dtype)
+        self._perms = perms
+        self._name = name
+        self._freed = False
+        self._id = int(obj.id)
+        lib.gc_pin(obj)
+
+        def unpin(_p: Any, o: Any = obj, k: Any = keep) -> None:
+            lib.gc_unpin(o)
+
+        # The pin is a char* to the payload; numpy views reference it, so the
+        # object stays pinned while any view is alive.
+        self._pin = ffi.gc(ffi.cast("char *", obj.base), unpin)
+
+    # -- attributes ------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> Any:
+        return self._dtype
+
+    @property
+    def perms(self) -> str:
+        return self._perms
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._obj.nbytes)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64)) if self._shape else 1
+
+    @property
+    def id(self) -> int:
+        """The collector's serial number of the object."""
+        return self._id
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def _check_live(self, access: str) -> None:
+        if self._freed or (int(self._obj.flags) & RT_OBJ_FREED):
+            raise CapabilityFault("freed", buffer=self._name, access=access,
+                                  detail="capability used after free()")
+
+    # -- host access -------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """A zero-copy numpy view (read-only for 'r' capabilities)."""
+        self._check_live("load")
+        if self._dtype == CAP_DTYPE:
+            raise TypeError("cap tables hold capabilities, not numbers; they have no numpy view")
+        buf = ffi.buffer(self._pin, self.nbytes)
+        arr = np.frombuffer(buf, dtype=self._dtype).reshape(self._shape)
+        if self._perms == "r":
+            arr.flags.writeable = False
+        return arr
+
+    def __int__(self) -> int:
+        self._check_live("load")
+        return int(ffi.cast("uintptr_t", self._obj.base))
+
+    def free(self) -> None:
+        """Revoke the object now; later uses fault (a second free() too)."""
+        if self._freed:
+            raise CapabilityFault("freed", buffer=self._name, access="free",
+                                  detail="double free()")
+        rc = lib.gc_free(self._obj)
+        self._freed = True
+        self._pin = None  # the payload goes once no view and no running kernel holds it
+        if rc != 0:
+            raise CapabilityFault("freed", buffer=self._name, access="free",
+                                  detail="double free()")
+
+    def _arg_obj(self) -> Any:
+        """The object for a launch argument (raises if freed)."""
+        self._check_live("launch")
+        return self._obj
+
+    def __repr__(self) -> str:
+        state = " freed" if self._freed else ""
+        return (f"<Capability {self._name!r} shape={self._shape} dtype={self._dtype} "
+                f"perms={self._perms!r}{state}>")
+
+
+class NoBoundsCap:
+    """A capability rebuilt from a plain integer: it has no bounds.
+
+    Every access through it faults; passing it to a kernel is allowed (so the
+    fault names the kernel and block).
+    """
+
+    __slots__ = ("address", "name")
+
+    def __init__(self, address: int):
+        self.address = int(address)
+        self.name = "<int-derived>"
+
+    def __int__(self) -> int:
+        return self.address
+
+    def __repr__(self) -> str:
+        return f"<NoBoundsCap 0x{self.address:x}>"
+
+
+_counter = 0
+
+
+def _auto_name(prefix: str) -> str:
+    global _counter
+    _counter += 1
+    return f"{prefix}{_counter}"
+
+
+def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | None = None,
+          *, device: str = "cpu") -> Any:
+    """A fresh zeroed buffer owned by the collector."""
+    if device != "cpu":
+        from runtime import cuda  # GPU lane (optional)
+
+        return cuda.alloc_device(shape, dtype, perms=perms, name=name)
+    shape = _shape_tuple(shape)
+    _, code, itemsize = _dtype_code(dtype)
+    bits = _perm_bits(perms)
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    name = name or _auto_name("buf")
+    obj = lib.gc_alloc(n * itemsize, code, bits, name.encode()[:47])
+    return Capability(obj, shape, dtype, perms, name)
+
+
+def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
+    """Zero-copy capability over a C-contiguous numpy array or CPU torch tensor.
+
+    The capability keeps the array alive.  When its last handle goes, the
+    object is revoked (numpy may release the memory then).
+    """
+    keep: Any = array
+    if type(array).__module__.startswith("torch"):
+        if getattr(array, "is_cuda", False):
+            from runtime import cuda
+
+            return cuda.wrap_device(array, perms=perms, name=name)
+        if not array.is_contiguous():
+            raise ValueError("capabilities.wrap needs a contiguous tensor (call .contiguous())")
+        np_arr = array.detach().numpy()
+        keep = (array, np_arr)
+        array = np_arr
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"capabilities.wrap takes a numpy array or torch tensor, "
+                        f"not {type(array).__name__}")
+    if not array.flags.c_contiguous:
+        raise ValueError("capabilities.wrap needs a C-contiguous array "
+                         "(np.ascontiguousarray makes one; wrap never copies)")
+    bits = _perm_bits(perms)
+    if "w" in perms and not array.flags.writeable:
+        raise ValueError("array is read-only; wrap it with perms='r'")
+    _, code, _ = _dtype_code(array.dtype)
+    name = name or _auto_name("arr")
+    ptr = ffi.cast("void *", array.ctypes.data)
+    obj = lib.gc_wrap(ptr, array.nbytes, code, bits, name.encode()[:47])
+    return Capability(obj, array.shape, array.dtype, perms, name, keep=keep)
+
+
+def from_int(address: int) -> NoBoundsCap:
+    """Turn an integer back into a capability: it has no bounds."""
+    return NoBoundsCap(int(address))

@@ -1,0 +1,22 @@
+/* Host-facing entry points of the runtime core (runtime/csrc/launch.c). */
+#ifndef CAPQR_CORE_H
+#define CAPQR_CORE_H
+#include "cap.h"
+
+typedef struct rt_launch rt_launch;
+
+int rt_core_init(int threads);          /* start the worker pool (idempotent) */
+int rt_core_threads(void);
+int64_t rt_core_kernels_running(void);
+const rt_api *rt_core_api(void);
+
+rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid);
+int rt_launch_wait(rt_launch *L, double seconds);   /* 1 when every block is accounted for */
+void rt_launch_cancel(rt_launch *L, int32_t kind);  /* RT_FAULT_TIMEOUT / RT_FAULT_CANCELLED */
+int32_t rt_launch_result(rt_launch *L, rt_fault_rec *out, int64_t *finished);
+void rt_launch_free(rt_launch *L);
+
+cap_t rt_cap_of(rt_obj *o, int64_t offset_bytes);
+void rt_arg_set_cap(rt_arg *a, rt_obj *o, int64_t offset_bytes);
+void rt_arg_set_nobounds(rt_arg *a, int64_t addr);
+#endif

@@ -1,0 +1,370 @@
+/*
+ * capqr runtime core: the worker pool that runs kernel blocks, the fault
+ * path, and the rt_api table kernels call through.
+ *
+ * A launch is a grid of blocks.  Workers (persistent pthreads registered as
+ * collector mutators) take block indices from the launch's atomic counter;
+ * each block runs inside a setjmp so a refused access (rt_api.fault) or a
+ * stop request (pollcheck slow path) unwinds it without running a single
+ * further instruction of kernel code.  The first fault of a launch wins; it
+ * sets the launch's stop flag and bumps rt_poll_word so the other blocks
+ * stop at their next pollcheck and unstarted blocks are skipped.
+ *
+ * The Python thread that launched waits in rt_launch_wait() with the GIL
+ * released, in short slices so Python can deliver signals and enforce the
+ * deadline (rt_launch_cancel).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cap.h"
+#include "gc.h"
+#include "core.h"
+
+struct rt_launch {
+    rt_entry_fn entry;
+    const rt_arg *args;
+    int64_t grid;
+    int64_t next;          /* next block index to hand out (atomic) */
+    int64_t running;       /* blocks in progress (under pool_mu) */
+    int64_t finished;      /* blocks that returned normally (atomic) */
+    int32_t stop;          /* fault or cancel: stop all blocks (atomic) */
+    int32_t stop_kind;     /* RT_FAULT_* that caused the stop */
+    int32_t poll_raised;   /* we added RT_POLL_STOP_UNIT to rt_poll_word */
+    int32_t done;          /* all blocks accounted for (under pool_mu) */
+    rt_fault_rec fault;    /* first fault */
+    struct rt_launch *next_active;
+};
+
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_work = PTHREAD_COND_INITIALIZER;   /* workers wait here */
+static pthread_cond_t pool_done = PTHREAD_COND_INITIALIZER;   /* launchers wait here */
+static rt_launch *active = NULL;      /* launches with blocks left to hand out */
+static int nworkers = 0;
+static rt_thread *workers = NULL;
+static pthread_t *worker_ids = NULL;
+static int64_t kernels_running = 0;   /* blocks in kernel code, all launches (atomic) */
+
+static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
+                       int32_t access, int32_t line);
+static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line);
+static void poll_impl(rt_block *b);
+static cap_t alloc_impl(rt_block *b, int64_t n, int32_t dtype, int32_t line);
+static void store_cap_impl(rt_block *b, rt_capslot *slot, cap_t v);
+static cap_t load_cap_impl(rt_block *b, const rt_capslot *slot);
+
+static const rt_api api_table = {
+    RT_ABI_VERSION, fault_impl, fault_local_impl, poll_impl, alloc_impl, store_cap_impl,
+    load_cap_impl,
+};
+
+/* ---- stopping a launch ------------------------------------------------- */
+
+static void request_stop(rt_launch *L, int32_t kind)
+{
+    int32_t expected = 0;
+    if (__atomic_compare_exchange_n(&L->stop, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        L->stop_kind = kind;
+        __atomic_store_n(&L->poll_raised, 1, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&rt_poll_word, RT_POLL_STOP_UNIT, __ATOMIC_SEQ_CST);
+    }
+}
+
+/* First fault wins; the record is written before the stop flag is visible. */
+static void record_fault(rt_launch *L, const rt_fault_rec *r)
+{
+    static pthread_mutex_t fault_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&fault_mu);
+    if (L->fault.kind == RT_OK) L->fault = *r;
+    pthread_mutex_unlock(&fault_mu);
+    request_stop(L, r->kind);
+}
+
+static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
+                       int32_t access, int32_t line)
+{
+    rt_fault_rec r;
+    memset(&r, 0, sizeof r);
+    r.access = access;
+    r.block = b->block_idx;
+    r.index = index;
+    r.elsize = elsize;
+    r.line = line;
+    r.thread = -1;
+    r.offset = (int64_t)(c->p - c->lo);
+    if (!c->obj) {
+        r.kind = RT_FAULT_NOBOUNDS;
+        strcpy(r.buffer, "<int-derived>");
+    } else {
+        rt_obj *o = c->obj;
+        uint32_t fl = __atomic_load_n(&o->flags, __ATOMIC_ACQUIRE);
+        memcpy(r.buffer, o->name, RT_NAME_MAX);
+        r.buffer[RT_NAME_MAX - 1] = 0;
+        r.obj_id = o->id;
+        uint64_t off = (uint64_t)r.offset + (uint64_t)index * (uint64_t)elsize;
+        int in_object = ((uint64_t)index + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT &&
+                        off + (uint64_t)elsize <= o->nbytes;
+        if (fl & RT_OBJ_FREED)
+            r.kind = RT_FAULT_FREED;
+        else if (access == RT_ACC_STORE && in_object && !(o->perms & RT_PERM_W))
+            r.kind = RT_FAULT_READONLY;
+        else if (access == RT_ACC_STORE && in_object && c->wlen == 0)
+            r.kind = RT_FAULT_READONLY;
+        else
+            r.kind = RT_FAULT_OOB;
+    }
+    record_fault(b->launch, &r);
+    longjmp(b->jmp, 1);
+}
+
+static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line)
+{
+    rt_fault_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = RT_FAULT_LOCAL;
+    r.access = 0;
+    r.block = b->block_idx;
+    r.index = index;
+    r.line = line;
+    r.thread = -1;
+    strncpy(r.buffer, array, RT_NAME_MAX - 1);
+    record_fault(b->launch, &r);
+    longjmp(b->jmp, 1);
+}
+
+static void poll_impl(rt_block *b)
+{
+    int32_t w = __atomic_load_n(&rt_poll_word, __ATOMIC_ACQUIRE);
+    if (w & RT_POLL_HANDSHAKE) gc_handshake_poll(b->thread);
+    if (__atomic_load_n(&b->launch->stop, __ATOMIC_ACQUIRE)) longjmp(b->jmp, 2);
+}
+
+static const int64_t dtype_size[] = {0, 2, 4, 8, 4, 8, 1, 16};
+
+cap_t rt_cap_of(rt_obj *o, int64_t offset_bytes)
+{
+    cap_t c;
+    c.lo = o->base;
+    c.p = o->base + offset_bytes;
+    c.rlen = __atomic_load_n(&o->rlen, __ATOMIC_ACQUIRE);
+    c.wlen = __atomic_load_n(&o->wlen, __ATOMIC_ACQUIRE);
+    c.obj = o;
+    return c;
+}
+
+static cap_t alloc_impl(rt_block *b, int64_t n, int32_t dtype, int32_t line)
+{
+    if (dtype < RT_DT_F16 || dtype > RT_DT_CAP || n < 0 || n > ((int64_t)1 << 40)) {
+        rt_fault_rec r;
+        memset(&r, 0, sizeof r);
+        r.kind = RT_FAULT_ALLOC;
+        r.block = b->block_idx;
+        r.index = n;
+        r.line = line;
+        r.thread = -1;
+        strcpy(r.buffer, "<cap_alloc>");
+        record_fault(b->launch, &r);
+        longjmp(b->jmp, 1);
+    }
+    rt_obj *o = gc_alloc((uint64_t)n * (uint64_t)dtype_size[dtype], (uint32_t)dtype,
+                         RT_PERM_R | RT_PERM_W, "<cap_alloc>");
+    if (!o) {
+        rt_fault_rec r;
+        memset(&r, 0, sizeof r);
+        r.kind = RT_FAULT_ALLOC;
+        r.block = b->block_idx;
+        r.index = n;
+        r.line = line;
+        r.thread = -1;
+        strcpy(r.buffer, "<cap_alloc: out of memory>");
+        record_fault(b->launch, &r);
+        longjmp(b->jmp, 1);
+    }
+    return rt_cap_of(o, 0);
+}
+
+static void store_cap_impl(rt_block *b, rt_capslot *slot, cap_t v)
+{
+    (void)b;
+    gc_store_barrier(v.obj);
+    __atomic_store_n(&slot->p, v.p, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot->obj, v.obj, __ATOMIC_RELEASE);
+}
+
+static cap_t load_cap_impl(rt_block *b, const rt_capslot *slot)
+{
+    (void)b;
+    rt_obj *o = __atomic_load_n(&slot->obj, __ATOMIC_ACQUIRE);
+    char *p = __atomic_load_n(&slot->p, __ATOMIC_RELAXED);
+    if (!o) return (cap_t){p, p, 0, 0, NULL};
+    cap_t c = rt_cap_of(o, 0);
+    c.p = p;
+    return c;
+}
+
+/* ---- the worker pool --------------------------------------------------- */
+
+static void run_block(rt_thread *self, rt_launch *L, int64_t idx)
+{
+    rt_block blk;
+    memset(&blk, 0, sizeof blk);
+    blk.block_idx = idx;
+    blk.grid_dim = L->grid;
+    blk.poll = &rt_poll_word;
+    blk.api = &api_table;
+    blk.frames = NULL;
+    blk.thread = self;
+    blk.launch = L;
+    __atomic_store_n(&self->block, &blk, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&kernels_running, 1, __ATOMIC_ACQ_REL);
+    gc_enter(self);
+    if (setjmp(blk.jmp) == 0) {
+        L->entry(&blk, L->args);
+        __atomic_fetch_add(&L->finished, 1, __ATOMIC_ACQ_REL);
+    }
+    /* After a longjmp the shadow frames of the unwound calls are dead. */
+    __atomic_store_n(&blk.frames, NULL, __ATOMIC_RELEASE);
+    gc_exit(self);
+    __atomic_store_n(&self->block, NULL, __ATOMIC_RELEASE);
+    __atomic_fetch_sub(&kernels_running, 1, __ATOMIC_ACQ_REL);
+}
+
+static void unlink_active(rt_launch *L)
+{
+    for (rt_launch **pp = &active; *pp; pp = &(*pp)->next_active)
+        if (*pp == L) { *pp = L->next_active; return; }
+}
+
+/* A launch is done once no block will start and none is running. */
+static void maybe_finish(rt_launch *L)
+{
+    int exhausted = __atomic_load_n(&L->next, __ATOMIC_ACQUIRE) >= L->grid ||
+                    __atomic_load_n(&L->stop, __ATOMIC_ACQUIRE);
+    if (exhausted) unlink_active(L);
+    if (exhausted && L->running == 0 && !L->done) {
+        L->done = 1;
+        if (__atomic_load_n(&L->poll_raised, __ATOMIC_ACQUIRE))
+            __atomic_fetch_sub(&rt_poll_word, RT_POLL_STOP_UNIT, __ATOMIC_SEQ_CST);
+        pthread_cond_broadcast(&pool_done);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    rt_thread *self = arg;
+    gc_thread_register(self);
+    pthread_mutex_lock(&pool_mu);
+    for (;;) {
+        rt_launch *L = active;
+        while (L && (L->next >= L->grid || L->stop)) {
+            rt_launch *nx = L->next_active;
+            maybe_finish(L);
+            L = nx;
+        }
+        if (!L) {
+            pthread_cond_wait(&pool_work, &pool_mu);
+            continue;
+        }
+        int64_t idx = L->next++;
+        L->running++;
+        pthread_mutex_unlock(&pool_mu);
+        run_block(self, L, idx);
+        pthread_mutex_lock(&pool_mu);
+        L->running--;
+        maybe_finish(L);
+    }
+    return NULL;
+}
+
+int rt_core_init(int threads)
+{
+    pthread_mutex_lock(&pool_mu);
+    if (nworkers > 0) { pthread_mutex_unlock(&pool_mu); return nworkers; }
+    gc_init();
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    workers = calloc((size_t)threads, sizeof(rt_thread));
+    worker_ids = calloc((size_t)threads, sizeof(pthread_t));
+    for (int i = 0; i < threads; i++) {
+        workers[i].index = i;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 16u << 20); /* kernels may use big local arrays */
+        if (pthread_create(&worker_ids[i], &attr, worker_main, &workers[i]) == 0) nworkers++;
+        pthread_attr_destroy(&attr);
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return nworkers;
+}
+
+int rt_core_threads(void) { return nworkers; }
+int64_t rt_core_kernels_running(void) { return __atomic_load_n(&kernels_running, __ATOMIC_ACQUIRE); }
+const rt_api *rt_core_api(void) { return &api_table; }
+
+rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid)
+{
+    rt_launch *L = calloc(1, sizeof *L);
+    if (!L) return NULL;
+    L->entry = (rt_entry_fn)entry;
+    L->args = args;
+    L->grid = grid;
+    pthread_mutex_lock(&pool_mu);
+    if (grid <= 0) {
+        L->done = 1;
+    } else {
+        rt_launch **pp = &active;
+        while (*pp) pp = &(*pp)->next_active;
+        *pp = L;   /* FIFO: earlier launches get workers first */
+        pthread_cond_broadcast(&pool_work);
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return L;
+}
+
+int rt_launch_wait(rt_launch *L, double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long ns = (long)((seconds - (long)seconds) * 1e9);
+    ts.tv_sec += (time_t)seconds + (ts.tv_nsec + ns) / 1000000000L;
+    ts.tv_nsec = (ts.tv_nsec + ns) % 1000000000L;
+    pthread_mutex_lock(&pool_mu);
+    while (!L->done) {
+        if (pthread_cond_timedwait(&pool_done, &pool_mu, &ts) == ETIMEDOUT) break;
+    }
+    int done = L->done;
+    pthread_mutex_unlock(&pool_mu);
+    return done;
+}
+
+void rt_launch_cancel(rt_launch *L, int32_t kind)
+{
+    pthread_mutex_lock(&pool_mu);
+    request_stop(L, kind);
+    maybe_finish(L);
+    pthread_mutex_unlock(&pool_mu);
+}
+
+int32_t rt_launch_result(rt_launch *L, rt_fault_rec *out, int64_t *finished)
+{
+    *out = L->fault;
+    *finished = __atomic_load_n(&L->finished, __ATOMIC_ACQUIRE);
+    if (L->fault.kind != RT_OK) return L->fault.kind;
+    return L->stop ? L->stop_kind : RT_OK;
+}
+
+void rt_launch_free(rt_launch *L) { free(L); }
+
+/* Argument helpers for the host. */
+void rt_arg_set_cap(rt_arg *a, rt_obj *o, int64_t offset_bytes) { a->cap = rt_cap_of(o, offset_bytes); }
+void rt_arg_set_nobounds(rt_arg *a, int64_t addr)
+{
+    a->cap = (cap_t){(char *)(uintptr_t)addr, (char *)(uintptr_t)addr, 0, 0, NULL};
+}

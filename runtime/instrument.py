@@ -1,0 +1,358 @@
+"""Verified kernel AST -> instrumented C for the cffi compiler.
+
+What the instrumenter adds (the verifier has already refused everything it
+cannot make safe):
+
+* a hidden first parameter ``rt_block *__rt`` on every function, passed on
+  at every call of a same-source function;
+* every dialect call rewritten to its checked form in cap.h, with the
+  source line (``cap_load_f32(c, i)`` -> ``rt_load_f32(__rt, c, i, LINE)``);
+* a pollcheck at the top of every loop body (= every back-edge, also after
+  ``continue``) for soft handshakes, timeouts and stop requests;
+* a bounds check on every subscript of a local array;
+* shadow frames for ``cap_t`` locals when the source can create objects
+  (``cap_alloc_*``/``cap_load_cap``): without those, every cap derives from
+  launch arguments, which the launch itself holds;
+* hoisted range checks (see hoist.py) for affine accesses in ``for`` loops.
+
+The result is the same AST printed by pycparser's CGenerator behind
+``#include "cap.h"``, plus one exported entry function per kernel.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from pycparser import c_ast, c_generator
+
+from .parse import ParsedSource, is_user_node
+
+SIZES = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "cap": 16}
+DT_CODES = {"f16": "RT_DT_F16", "f32": "RT_DT_F32", "f64": "RT_DT_F64", "i32": "RT_DT_I32",
+            "i64": "RT_DT_I64", "cap": "RT_DT_CAP"}
+SCALAR_KINDS = {"int64_t": "int64", "double": "double", "float": "float"}
+ARG_FIELD = {"cap": "cap", "int64": "i64", "double": "f64", "float": "f32"}
+
+MODES = ("checked", "raw", "raw_poll")
+
+
+@dataclass
+class KernelSig:
+    """An entry point's parameters: (name, kind) with kind cap/int64/double/float."""
+
+    name: str
+    params: list[tuple[str, str]]
+
+    @property
+    def n_caps(self) -> int:
+        return sum(1 for _, k in self.params if k == "cap")
+
+    @property
+    def n_scalars(self) -> int:
+        return len(self.params) - self.n_caps
+
+    @property
+    def cap_names(self) -> list[str]:
+        return [n for n, k in self.params if k == "cap"]
+
+    @property
+    def scalar_params(self) -> list[tuple[str, str]]:
+        return [(n, k) for n, k in self.params if k != "cap"]
+
+
+def _type_name(t: c_ast.Node) -> str | None:
+    """'cap_t', 'int64_t', ... for a plain TypeDecl; None for anything else."""
+    if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
+        return " ".join(t.type.names)
+    return None
+
+
+def kernel_signature(func: c_ast.FuncDef) -> KernelSig:
+    """Parameter kinds of a KERNEL function (already verified)."""
+    params: list[tuple[str, str]] = []
+    args = func.decl.type.args
+    for p in (args.params if args else []):
+        if isinstance(p, c_ast.Typename):  # (void)
+            continue
+        tn = _type_name(p.type)
+        kind = "cap" if tn == "cap_t" else SCALAR_KINDS.get(tn or "", "?")
+        params.append((p.name, kind))
+    return KernelSig(func.decl.name, params)
+
+
+def _id(name: str) -> c_ast.ID:
+    return c_ast.ID(name)
+
+
+def _const(v: int) -> c_ast.Constant:
+    return c_ast.Constant("int", str(v))
+
+
+def _call(name: str, *args: c_ast.Node) -> c_ast.FuncCall:
+    return c_ast.FuncCall(_id(name), c_ast.ExprList(list(args)))
+
+
+def _rt_param() -> c_ast.Decl:
+    tdecl = c_ast.TypeDecl("__rt", [], None, c_ast.IdentifierType(["rt_block"]))
+    return c_ast.Decl("__rt", [], [], [], [], c_ast.PtrDecl([], tdecl), None, None)
+
+
+def _pollcheck() -> c_ast.FuncCall:
+    return _call("rt_pollcheck", _id("__rt"))
+
+
+def _line(node: c_ast.Node) -> c_ast.Constant:
+    return _const(node.coord.line if node.coord else 0)
+
+
+class _FuncInstrumenter(c_ast.NodeVisitor):
+    """Rewrites one function body in place."""
+
+    def __init__(self, funcs: set[str], frames: bool, mode: str):
+        self.funcs = funcs
+        self.frames = frames
+        self.mode = mode
+        self.arrays: dict[str, list[int]] = {}
+        self.cap_slots: dict[str, int] = {}
+
+    # -- expression rewriting --------------------------------------------
+    def rewrite(self, node: c_ast.Node | None) -> c_ast.Node | None:
+        """Return the instrumented form of an expression/statement node."""
+        if node is None:
+            return None
+        if isinstance(node, c_ast.FuncCall):
+            return self._rewrite_call(node)
+        if isinstance(node, c_ast.ArrayRef):
+            return self._rewrite_arrayref(node)
+        if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
+            self._rewrite_children(node)
+            node.stmt = self._with_pollcheck(node.stmt)
+            return node
+        if isinstance(node, c_ast.Decl):
+            return self._rewrite_decl(node)
+        if isinstance(node, c_ast.Assignment):
+            node.rvalue = self.rewrite(node.rvalue)
+            node.lvalue = self.rewrite(node.lvalue)
+            if (self.frames and isinstance(node.lvalue, c_ast.ID)
+                    and node.lvalue.name in self.cap_slots):
+                node.rvalue = self._root(node.lvalue.name, node.rvalue)
+            return node
+        self._rewrite_children(node)
+        return node
+
+    def _rewrite_children(self, node: c_ast.Node) -> None:
+        for attr in node.__slots__:
+            if attr in ("coord", "__weakref__"):
+                continue
+            val = getattr(node, attr, None)
+            if isinstance(val, c_ast.Node):
+                setattr(node, attr, self.rewrite(val))
+            elif isinstance(val, list):
+                setattr(node, attr, [self.rewrite(v) if isinstance(v, c_ast.Node) else v
+                                     for v in val])
+
+    def _with_pollcheck(self, stmt: c_ast.Node | None) -> c_ast.Compound:
+        if self.mode == "raw":
+            if isinstance(stmt, c_ast.Compound):
+                return stmt
+            return c_ast.Compound([stmt] if stmt is not None else [])
+        items = [_pollcheck()]
+        if isinstance(stmt, c_ast.Compound):
+            items += stmt.block_items or []
+        elif stmt is not None:
+            items.append(stmt)
+        return c_ast.Compound(items)
+
+    def _root(self, name: str, expr: c_ast.Node) -> c_ast.Node:
+        return _call("rt_root", c_ast.UnaryOp("&", _id("__fr")), _const(self.cap_slots[name]),
+                     expr)
+
+    def _rewrite_decl(self, node: c_ast.Decl) -> c_ast.Decl:
+        dims = _array_dims(node.type)
+        if dims is not None:
+            self.arrays[node.name] = dims
+        if node.init is not None:
+            node.init = self.rewrite(node.init)
+            if self.frames and node.name in self.cap_slots:
+                node.init = self._root(node.name, node.init)
+        return node
+
+    def _rewrite_arrayref(self, node: c_ast.ArrayRef) -> c_ast.Node:
+        # Collect the chain a[i][j][k] -> base ID and subscripts, outermost last.
+        subs: list[c_ast.ArrayRef] = []
+        cur: c_ast.Node = node
+        while isinstance(cur, c_ast.ArrayRef):
+            subs.append(cur)
+            cur = cur.name
+        subs.reverse()
+        base = cur
+        dims = self.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
+        for depth, ref in enumerate(subs):
+            ref.subscript = self.rewrite(ref.subscript)
+            if dims is not None and depth < len(dims) and self.mode == "checked":
+                ref.subscript = _call(
+                    "rt_local_idx", _id("__rt"), ref.subscript, _const(dims[depth]),
+                    c_ast.Constant("string", f'"{base.name}"'), _line(ref))
+        return node
+
+    def _rewrite_call(self, node: c_ast.FuncCall) -> c_ast.Node:
+        args = [self.rewrite(a) for a in (node.args.exprs if node.args else [])]
+        name = node.name.name if isinstance(node.name, c_ast.ID) else None
+        line = _line(node)
+        rt = _id("__rt")
+        if name is None:
+            return node
+        if name in self.funcs:
+            return c_ast.FuncCall(_id(name), c_ast.ExprList([rt] + args), node.coord)
+        if name.startswith(("cap_load_", "cap_store_", "cap_len_", "cap_offset_", "cap_alloc_")):
+            op, t = name[4:].rsplit("_", 1)
+            if op == "load":
+                return _call(f"rt_load_{t}", rt, args[0], args[1], line)
+            if op == "store":
+                return _call(f"rt_store_{t}", rt, args[0], args[1], args[2], line)
+            if op == "len":
+                return _call("rt_len", args[0], _const(SIZES[t]))
+            if op == "offset":
+                return _call("rt_offset", args[0], args[1], _const(SIZES[t]))
+            if op == "alloc":
+                return _call("rt_alloc", rt, args[0], _id(DT_CODES[t]), line)
+        if name == "cap_to_int":
+            return _call("rt_cap_to_int", *args)
+        if name == "cap_from_int":
+            return _call("rt_cap_from_int", *args)
+        if name == "rt_block_idx":
+            return c_ast.StructRef(rt, "->", _id("block_idx"))
+        if name == "rt_grid_dim":
+            return c_ast.StructRef(rt, "->", _id("grid_dim"))
+        node.args = c_ast.ExprList(args) if node.args else None
+        return node
+
+
+def _array_dims(t: c_ast.Node) -> list[int] | None:
+    dims: list[int] = []
+    while isinstance(t, c_ast.ArrayDecl):
+        dims.append(int(str(t.dim.value).rstrip("uUlL"), 0)
+                    if isinstance(t.dim, c_ast.Constant) else -1)
+        t = t.type
+    return dims or None
+
+
+def _cap_vars(func: c_ast.FuncDef) -> list[str]:
+    """cap_t params and locals of a function, in declaration order."""
+    names: list[str] = []
+
+    class V(c_ast.NodeVisitor):
+        def visit_Decl(self, node: c_ast.Decl) -> None:
+            if _type_name(node.type) == "cap_t" and node.name not in names:
+                names.append(node.name)
+            self.generic_visit(node)
+
+    args = func.decl.type.args
+    for p in (args.params if args else []):
+        if isinstance(p, c_ast.Decl) and _type_name(p.type) == "cap_t":
+            names.append(p.name)
+    V().visit(func.body)
+    return names
+
+
+def _creates_objects(ast: c_ast.FileAST) -> bool:
+    class V(c_ast.NodeVisitor):
+        found = False
+
+        def visit_FuncCall(self, node: c_ast.FuncCall) -> None:
+            if isinstance(node.name, c_ast.ID) and (
+                    node.name.name.startswith("cap_alloc_") or node.name.name == "cap_load_cap"):
+                self.found = True
+            self.generic_visit(node)
+
+    v = V()
+    v.visit(ast)
+    return v.found
+
+
+PREAMBLE = """\
+#include "cap.h"
+#include <math.h>
+#define RT_FRAME(K) rt_frame __fr __attribute__((cleanup(rt_frame_cleanup))); \\
+    rt_frame_push(__rt, &__fr, K)
+"""
+
+
+@dataclass
+class Instrumented:
+    """Generated C for one kernel module."""
+
+    c_source: str
+    entry_symbol: str
+    signature: KernelSig
+    mode: str
+
+
+def instrument(parsed: ParsedSource, kernel: str, mode: str = "checked",
+               hoist: bool = True) -> Instrumented:
+    """Produce the C source of a module exporting ``capqr_entry`` for ``kernel``."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    ast = copy.deepcopy(parsed.ast)
+    user = [e for e in ast.ext if is_user_node(e)]
+    funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)}
+    frames = _creates_objects(ast)
+    sig = None
+    out_ext: list[c_ast.Node] = []
+    for ext in user:
+        if isinstance(ext, c_ast.Decl) and isinstance(ext.type, c_ast.FuncDecl):
+            _add_rt_param(ext.type)  # prototype of a helper
+            out_ext.append(ext)
+            continue
+        if not isinstance(ext, c_ast.FuncDef):
+            out_ext.append(ext)
+            continue
+        if ext.decl.name == kernel:
+            sig = kernel_signature(ext)
+        fi = _FuncInstrumenter(funcs, frames, mode)
+        caps = _cap_vars(ext) if frames else []
+        fi.cap_slots = {n: k for k, n in enumerate(caps)}
+        if hoist and mode == "checked":
+            from .hoist import hoist_function
+
+            hoist_function(ext)
+        ext.body = fi.rewrite(ext.body)
+        _add_rt_param(ext.decl.type)
+        if "static" not in ext.decl.storage:
+            ext.decl.storage = ["static"] + list(ext.decl.storage)
+        if caps:
+            pre: list[c_ast.Node] = [_call("RT_FRAME", _const(len(caps)))]
+            args = ext.decl.type.args
+            for p in (args.params if args else []):
+                if isinstance(p, c_ast.Decl) and p.name in fi.cap_slots:
+                    pre.append(fi._root(p.name, _id(p.name)))
+            ext.body.block_items = pre + list(ext.body.block_items or [])
+        out_ext.append(ext)
+    if sig is None:
+        raise KeyError(kernel)
+    gen = c_generator.CGenerator()
+    body = gen.visit(c_ast.FileAST(out_ext))
+    call_args = ", ".join(f"a[{i}].{ARG_FIELD[k]}" for i, (_, k) in enumerate(sig.params))
+    sep = ", " if call_args else ""
+    entry = (
+        "void capqr_entry(void *b_, const void *a_)\n{\n"
+        "    rt_block *b = (rt_block *)b_;\n"
+        "    const rt_arg *a = (const rt_arg *)a_;\n"
+        "    (void)a;\n"
+        f"    {kernel}(b{sep}{call_args});\n}}\n"
+    )
+    defines = {"checked": "", "raw": "#define RT_RAW 1\n", "raw_poll": "#define RT_RAW_POLL 1\n"}
+    src = defines[mode] + PREAMBLE + "\n" + body + "\n" + entry
+    return Instrumented(src, "capqr_entry", sig, mode)
+
+
+def _add_rt_param(fdecl: c_ast.FuncDecl) -> None:
+    args = fdecl.args
+    if args is None or not args.params:
+        fdecl.args = c_ast.ParamList([_rt_param()])
+        return
+    params = list(args.params)
+    if len(params) == 1 and isinstance(params[0], c_ast.Typename):  # f(void)
+        params = []
+    fdecl.args = c_ast.ParamList([_rt_param()] + params)

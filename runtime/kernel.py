@@ -1,0 +1,123 @@
+"""runtime.compile: parse -> verify -> instrument -> cffi build (cached)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import core
+from .build import CAP_INCLUDE, build_module, compiler_id, content_hash
+from .errors import VerifyError
+from .instrument import Instrumented, KernelSig, instrument
+from .parse import parse
+
+#: Flags for checked and raw builds alike, so the overhead comparison is fair.
+#: -fwrapv: index arithmetic wraps instead of being undefined, so the
+#: optimiser can never reason a bounds check away.
+BASE_CFLAGS = ["-O3", "-std=gnu11", "-fwrapv", "-fno-strict-aliasing", "-march=native",
+               "-Wno-unused-function", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
+
+
+def cflags() -> list[str]:
+    """Compiler flags for kernels ($CAPQR_CFLAGS replaces -march=native etc. if set)."""
+    extra = os.environ.get("CAPQR_CFLAGS")
+    if extra is None:
+        return list(BASE_CFLAGS)
+    return [f for f in BASE_CFLAGS if not f.startswith("-march")] + extra.split()
+
+
+@dataclass
+class Kernel:
+    """A compiled kernel: call it through ``runtime.launch``."""
+
+    name: str
+    source: str
+    mode: str
+    signature: KernelSig
+    c_source: str
+    key: str
+    _entry: Any = field(repr=False, default=None)
+    _module: Any = field(repr=False, default=None)
+
+    @property
+    def checked(self) -> bool:
+        return self.mode == "checked"
+
+    @property
+    def entry_address(self) -> int:
+        return self._entry
+
+    def launch(self, caps: Any, *, args: tuple = (), grid: int = 1,
+               timeout: float | None = None) -> None:
+        """Shorthand for runtime.launch(self, ...)."""
+        from .launch import launch
+
+        launch(self, caps, args=args, grid=grid, timeout=timeout)
+
+
+_compiled: dict[str, Kernel] = {}
+_lock = threading.Lock()
+
+
+def compile(source: str, name: str | None = None, *, checked: bool = True,
+            mode: str | None = None, target: str = "cpu", hoist: bool = True) -> Any:
+    """Verify, instrument and compile ``name`` from ``source``.
+
+    ``checked=False`` builds the same source with raw pointers (benchmark
+    baseline only).  ``mode`` ("checked", "raw", "raw_poll") overrides
+    ``checked``.  Results are cached in memory and on disk by content hash.
+    """
+    if target == "cuda":
+        from . import cuda
+
+        return cuda.compile(source, name, checked=checked)
+    if target != "cpu":
+        raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
+    mode = mode or ("checked" if checked else "raw")
+    flags = cflags()
+    key = content_hash(source, str(name), mode, str(hoist), " ".join(flags), compiler_id(),
+                       (CAP_INCLUDE / "cap.h").read_text(), _instrumenter_version())
+    with _lock:
+        if key in _compiled:
+            return _compiled[key]
+    parsed = parse(source)
+    from .verifier import verify
+
+    verify(parsed)
+    if name is None:
+        if len(parsed.kernels) != 1:
+            raise VerifyError(None, "kernel name", f"source defines kernels {parsed.kernels}; "
+                              "pass name= to pick one")
+        name = parsed.kernels[0]
+    if name not in parsed.kernels:
+        raise VerifyError(None, f"kernel {name!r}",
+                          f"no KERNEL function of that name (found {parsed.kernels})")
+    inst: Instrumented = instrument(parsed, name, mode, hoist=hoist)
+    mod = build_module(
+        f"_capqr_k_{key[:20]}",
+        "void capqr_entry(void *b, const void *a);",
+        inst.c_source,
+        include_dirs=[str(CAP_INCLUDE)],
+        extra_compile_args=flags,
+        libraries=["m"],
+    )
+    entry = int(mod.ffi.cast("uintptr_t", mod.ffi.addressof(mod.lib, "capqr_entry")))
+    k = Kernel(name, source, mode, inst.signature, inst.c_source, key, entry, mod)
+    with _lock:
+        _compiled[key] = k
+    return k
+
+
+def _instrumenter_version() -> str:
+    """Hash of the instrumenter's own code, so changing it invalidates caches."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    return content_hash(*[(here / f).read_text() for f in
+                          ("instrument.py", "hoist.py", "verifier.py", "parse.py")
+                          if (here / f).exists()])
+
+
+_ = core  # the core must be loaded before kernels run
