@@ -234,7 +234,18 @@ static inline void rt_check_range(rt_block *b, cap_t c, int64_t lo_i, int64_t hi
         b->api->fault(b, &c, hi_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
 }
 
-/* Unchecked accessors, used only where rt_check_range covered the access. */
+/* Loop-versioning guard (runtime/hoist.py): an affine index e0 + d*t for
+ * t in [0, span] stays inside the object, without wrapping, at both ends. */
+static inline int rt_range_ok(cap_t c, int64_t e0, int64_t d, int64_t span, int64_t S,
+                              int store)
+{
+    int64_t tot, eL;
+    uint64_t len = store ? c.wlen : c.rlen;
+    if (__builtin_mul_overflow(d, span, &tot) || __builtin_add_overflow(e0, tot, &eL)) return 0;
+    return RT_INB(c, e0, (uint64_t)S, len) && RT_INB(c, eL, (uint64_t)S, len);
+}
+
+/* Unchecked accessors, used only where rt_range_ok covered the access. */
 #define rt_uload_f32(c, i) (((const float *)((c).p))[i])
 #define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
 #define rt_uload_f64(c, i) (((const double *)((c).p))[i])
@@ -330,6 +341,7 @@ static inline float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
 static inline void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
 { (void)b; (void)line; ((uint16_t *)(c.p))[i] = rt_float_to_half(v); }
 #define rt_check_range(b, c, lo, hi, S, st, line) ((void)0)
+#define rt_range_ok(c, e0, d, span, S, st) 1
 #define rt_uload_f32(c, i) (((const float *)((c).p))[i])
 #define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
 #define rt_uload_f64(c, i) (((const double *)((c).p))[i])
@@ -361,6 +373,23 @@ static inline void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_
 { (void)line; b->api->store_cap(b, &((rt_capslot *)(t.p))[i], v); }
 static inline cap_t rt_root(rt_frame *f, int32_t k, cap_t v) { f->slots[k] = v.obj; return v; }
 #endif
+
+/* Iteration span (last - a) of `for (i = a; i < b (or <= b); i += step)` when
+ * a < b (a <= b), or 0 if it cannot be computed without overflow, including
+ * the final `i += step` past the end. */
+static inline int rt_loop_span(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
+{
+    int64_t d, last, after;
+    if (__builtin_sub_overflow(b, a, &d)) return 0;
+    if (!incl) d -= 1;
+    last = a + (d / step) * step;
+    if (__builtin_add_overflow(last, step, &after)) return 0;
+    *span = last - a;
+    return 1;
+}
+/* Whether an expression has a signed integer type of at most 64 bits. */
+#define RT_IS_INT(e) _Generic((e), long: 1, long long: 1, int: 1, short: 1, signed char: 1, \
+                              default: 0)
 
 /* Frame push/pop (both modes: allocation from kernels needs roots). */
 static inline void rt_frame_push(rt_block *b, rt_frame *f, int32_t nslots)

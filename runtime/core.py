@@ -101,6 +101,9 @@ CDEF_EXTRA_FILE = GC_DIR / "gc_cdef.h"  # optional: extra declarations the colle
 
 def _sources() -> list:
     gc_files = sorted(GC_DIR.glob("*.c"))
+    stub = [p for p in gc_files if p.name == "heap_stub.c"]
+    if stub and os.environ.get("CAPQR_GC_IMPL") == "stub":  # development only
+        return sorted(CSRC.glob("*.c")) + stub
     if any(p.name != "heap_stub.c" for p in gc_files):
         gc_files = [p for p in gc_files if p.name != "heap_stub.c"]
     return sorted(CSRC.glob("*.c")) + gc_files

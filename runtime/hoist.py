@@ -1,10 +1,351 @@
-"""Check hoisting for affine accesses in counted loops (placeholder: no-op)."""
+"""Loop versioning: one range check before a loop instead of one per access.
+
+For an innermost counted loop ``for (T i = A; i < B; i += s)`` (``<=``, ``i++``
+and ``++i`` too) whose body does not assign ``i``, every access
+``cap_load_T(c, E)`` / ``cap_store_T(c, E, v)`` with ``c`` a loop-invariant cap
+variable and ``E`` affine in ``i`` with loop-invariant, side-effect-free
+coefficients takes every index value between E(first) and E(last).  So::
+
+    if (loop runs zero times || every such access is in range at both ends
+                                 and the index sequence cannot wrap)
+        fast copy of the loop: those accesses unchecked
+    else
+        original loop: every access checked
+
+The guard never faults: when it fails, the fully checked loop runs and faults
+at the exact access (right index, right moment, same partial effects) - or not
+at all, for an access under a condition that never held.  Pollchecks stay in
+both copies.  Wrap-around: in wrapping int64 arithmetic E(i) = E(A) + d*(i-A)
+(mod 2^64) with d = E(A+1) - E(A), so the guard also requires |d|*(last-A) and
+E(A) + d*(last-A) not to overflow; then the computed sequence is exactly the
+mathematical one and lies between its two checked ends.
+"""
 
 from __future__ import annotations
 
+import copy
+
 from pycparser import c_ast
 
+# 32-bit loop variables are left alone: their i++ can wrap inside the range.
+_INT_TYPES = {"int64_t": 64, "long": 64}
+_PURE_CALLS_PREFIX = ("cap_len_",)
+_ACCESS_PREFIX = ("cap_load_", "cap_store_")
+_ELEM = ("f16", "f32", "f64", "i32", "i64")
 
-def hoist_function(func: c_ast.FuncDef) -> None:
-    """Rewrite provably in-range accesses to unchecked ones (not yet)."""
-    return None
+
+#: Trip count under which the fast copy polls once after the loop.
+SHORT_TRIP = 1 << 16
+
+
+def hoist_function(func: c_ast.FuncDef) -> set[int]:
+    """Version every eligible innermost loop of ``func`` in place.
+
+    Returns the ids of loop nodes that must get no pollcheck in their body.
+    """
+    counter = [0]
+    no_poll: set[int] = set()
+    _walk(func.body, counter, no_poll)
+    return no_poll
+
+
+def _walk(node: c_ast.Node, counter: list[int], no_poll: set[int]) -> None:
+    for attr in node.__slots__:
+        if attr in ("coord", "__weakref__"):
+            continue
+        val = getattr(node, attr, None)
+        if isinstance(val, list):
+            for idx, item in enumerate(val):
+                if isinstance(item, c_ast.For) and _is_innermost(item):
+                    new = _version(item, counter, no_poll)
+                    if new is not None:
+                        val[idx] = new
+                        continue
+                if isinstance(item, c_ast.Node):
+                    _walk(item, counter, no_poll)
+        elif isinstance(val, c_ast.Node):
+            if isinstance(val, c_ast.For) and _is_innermost(val):
+                new = _version(val, counter, no_poll)
+                if new is not None:
+                    setattr(node, attr, new)
+                    continue
+            _walk(val, counter, no_poll)
+
+
+def _is_innermost(loop: c_ast.For) -> bool:
+    class V(c_ast.NodeVisitor):
+        found = False
+
+        def visit_For(self, n: c_ast.Node) -> None:
+            self.found = True
+
+        visit_While = visit_DoWhile = visit_For
+
+    v = V()
+    if loop.stmt is not None:
+        v.visit(loop.stmt)
+    return not v.found
+
+
+def _ids(node: c_ast.Node | None) -> set[str]:
+    out: set[str] = set()
+
+    class V(c_ast.NodeVisitor):
+        def visit_ID(self, n: c_ast.ID) -> None:
+            out.add(n.name)
+
+        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
+            if n.args is not None:
+                self.visit(n.args)  # the callee name is not a variable
+
+        def visit_StructRef(self, n: c_ast.StructRef) -> None:
+            self.visit(n.name)
+
+    if node is not None:
+        V().visit(node)
+    return out
+
+
+def _assigned(node: c_ast.Node | None) -> set[str]:
+    """Names assigned (=, op=, ++, --) or declared anywhere under node."""
+    out: set[str] = set()
+
+    class V(c_ast.NodeVisitor):
+        def visit_Assignment(self, n: c_ast.Assignment) -> None:
+            if isinstance(n.lvalue, c_ast.ID):
+                out.add(n.lvalue.name)
+            self.generic_visit(n)
+
+        def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
+            if n.op in ("++", "--", "p++", "p--") and isinstance(n.expr, c_ast.ID):
+                out.add(n.expr.name)
+            self.generic_visit(n)
+
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            out.add(n.name)
+            self.generic_visit(n)
+
+    if node is not None:
+        V().visit(node)
+    return out
+
+
+def _pure(node: c_ast.Node) -> bool:
+    """No side effects and cannot fault: safe to evaluate early or twice."""
+    if isinstance(node, (c_ast.ID, c_ast.Constant)):
+        return not (isinstance(node, c_ast.Constant) and node.type in ("string", "char"))
+    if isinstance(node, c_ast.BinaryOp):
+        if node.op in ("/", "%"):
+            # division by zero would trap (SIGFPE) where the original might not run
+            return (_pure(node.left) and isinstance(node.right, c_ast.Constant)
+                    and node.right.value not in ("0", "0L"))
+        return _pure(node.left) and _pure(node.right)
+    if isinstance(node, c_ast.UnaryOp):
+        return node.op in ("-", "+", "~", "!") and _pure(node.expr)
+    if isinstance(node, c_ast.Cast):
+        return _pure(node.expr)
+    if isinstance(node, c_ast.TernaryOp):
+        return _pure(node.cond) and _pure(node.iftrue) and _pure(node.iffalse)
+    if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID):
+        if node.name.name.startswith(_PURE_CALLS_PREFIX) or node.name.name in (
+                "rt_block_idx", "rt_grid_dim"):
+            return all(_pure(a) for a in (node.args.exprs if node.args else []))
+    return False
+
+
+def _subst(expr: c_ast.Node, var: str, repl: c_ast.Node) -> c_ast.Node:
+    """Copy of expr with every ID var replaced by (repl)."""
+    expr = copy.deepcopy(expr)
+    if isinstance(expr, c_ast.ID) and expr.name == var:
+        return copy.deepcopy(repl)
+
+    class T(c_ast.NodeVisitor):
+        def generic_visit(self, n: c_ast.Node) -> None:
+            for attr in n.__slots__:
+                if attr in ("coord", "__weakref__"):
+                    continue
+                v = getattr(n, attr, None)
+                if isinstance(v, c_ast.ID) and v.name == var:
+                    setattr(n, attr, copy.deepcopy(repl))
+                elif isinstance(v, c_ast.Node):
+                    self.visit(v)
+                elif isinstance(v, list):
+                    for k, item in enumerate(v):
+                        if isinstance(item, c_ast.ID) and item.name == var:
+                            v[k] = copy.deepcopy(repl)
+                        elif isinstance(item, c_ast.Node):
+                            self.visit(item)
+
+    T().visit(expr)
+    return expr
+
+
+def _affine(expr: c_ast.Node, var: str) -> bool:
+    """True if expr is a*var + b with a, b free of var (no /, %, calls on var)."""
+    if var not in _ids(expr):
+        return True
+    if isinstance(expr, c_ast.ID):
+        return True
+    if isinstance(expr, c_ast.BinaryOp):
+        if expr.op in ("+", "-"):
+            return _affine(expr.left, var) and _affine(expr.right, var)
+        if expr.op == "*":
+            lv, rv = var in _ids(expr.left), var in _ids(expr.right)
+            if lv and rv:
+                return False
+            return _affine(expr.left if lv else expr.right, var)
+        return False
+    if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
+        return _affine(expr.expr, var)
+    if isinstance(expr, c_ast.Cast):
+        tn = getattr(getattr(expr.to_type, "type", None), "type", None)
+        names = getattr(tn, "names", [])
+        return names in (["int64_t"], ["long"]) and _affine(expr.expr, var)
+    return False
+
+
+def _loop_shape(loop: c_ast.For) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int] | None:
+    """(var, bits, A, B, cmp, step) for a countable loop, else None."""
+    init = loop.init
+    if not (isinstance(init, c_ast.DeclList) and len(init.decls) == 1):
+        return None
+    d = init.decls[0]
+    if not (isinstance(d.type, c_ast.TypeDecl) and isinstance(d.type.type, c_ast.IdentifierType)):
+        return None
+    bits = _INT_TYPES.get(" ".join(d.type.type.names))
+    if bits is None or d.init is None:
+        return None
+    var = d.name
+    cond = loop.cond
+    if not (isinstance(cond, c_ast.BinaryOp) and cond.op in ("<", "<=")
+            and isinstance(cond.left, c_ast.ID) and cond.left.name == var):
+        return None
+    nxt = loop.next
+    step = None
+    if isinstance(nxt, c_ast.UnaryOp) and nxt.op in ("p++", "++") and isinstance(
+            nxt.expr, c_ast.ID) and nxt.expr.name == var:
+        step = 1
+    elif (isinstance(nxt, c_ast.Assignment) and nxt.op == "+=" and isinstance(nxt.lvalue, c_ast.ID)
+          and nxt.lvalue.name == var and isinstance(nxt.rvalue, c_ast.Constant)
+          and nxt.rvalue.type == "int"):
+        try:
+            step = int(nxt.rvalue.value.rstrip("uUlL"), 0)
+        except ValueError:
+            step = None
+    if not step or step <= 0 or step > 1 << 20:
+        return None
+    if not (_pure(d.init) and _pure(cond.right)):
+        return None
+    return var, bits, d.init, cond.right, cond.op, step
+
+
+def _const(v: int) -> c_ast.Constant:
+    return c_ast.Constant("int", str(v))
+
+
+def _decl64(name: str, init: c_ast.Node) -> c_ast.Decl:
+    t = c_ast.TypeDecl(name, [], None, c_ast.IdentifierType(["int64_t"]))
+    return c_ast.Decl(name, [], [], [], [], t, init, None)
+
+
+def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.Node | None:
+    shape = _loop_shape(loop)
+    if shape is None or loop.stmt is None:
+        return None
+    var, bits, a_expr, b_expr, cmp, step = shape
+    changed = _assigned(loop.stmt)
+    if var in changed or changed & (_ids(b_expr) | _ids(a_expr)):
+        return None
+    # Candidate accesses anywhere in the body (conditional ones too: the guard
+    # only selects the copy, it never faults).
+    accesses: list[c_ast.FuncCall] = []
+
+    class V(c_ast.NodeVisitor):
+        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
+            self.generic_visit(n)
+            if not (isinstance(n.name, c_ast.ID) and n.name.name.startswith(_ACCESS_PREFIX)):
+                return
+            t = n.name.name.rsplit("_", 1)[1]
+            if t not in _ELEM or n.args is None or len(n.args.exprs) < 2:
+                return
+            cap, idx = n.args.exprs[0], n.args.exprs[1]
+            if not isinstance(cap, c_ast.ID) or cap.name in changed:
+                return
+            if not _pure(idx) or not _affine(idx, var) or (_ids(idx) - {var}) & changed:
+                return
+            accesses.append(n)
+
+    V().visit(loop.stmt)
+    if not accesses:
+        return None
+    counter[0] += 1
+    k = counter[0]
+    h0, hb, hs = f"__h{k}_a", f"__h{k}_b", f"__h{k}_span"
+    guard_terms: list[c_ast.Node] = []
+    seen: set[str] = set()
+    from pycparser import c_generator
+
+    gen = c_generator.CGenerator()
+    for n in accesses:
+        name = n.name.name
+        store = 1 if name.startswith("cap_store_") else 0
+        t = name.rsplit("_", 1)[1]
+        cap, idx = n.args.exprs[0], n.args.exprs[1]
+        key = f"{store}|{t}|{cap.name}|{gen.visit(idx)}"
+        if key not in seen:
+            seen.add(key)
+            e0 = _subst(idx, var, c_ast.ID(h0))
+            e1 = _subst(idx, var, c_ast.BinaryOp("+", c_ast.ID(h0), _const(1)))
+            guard_terms.append(c_ast.FuncCall(c_ast.ID(f"cap_range_ok_{t}"), c_ast.ExprList([
+                c_ast.ID(cap.name), e0, c_ast.BinaryOp("-", e1, copy.deepcopy(e0)),
+                c_ast.ID(hs), _const(store)])))
+        n.name = c_ast.ID(("cap_ustore_" if store else "cap_uload_") + t, n.name.coord)
+    runs = c_ast.BinaryOp(cmp, c_ast.ID(h0), c_ast.ID(hb))
+    span_ok = c_ast.FuncCall(c_ast.ID("rt_loop_span"), c_ast.ExprList([
+        c_ast.ID(h0), c_ast.ID(hb), _const(step), _const(1 if cmp == "<=" else 0),
+        c_ast.UnaryOp("&", c_ast.ID(hs))]))
+    ok: c_ast.Node = span_ok
+    for g in guard_terms:
+        ok = c_ast.BinaryOp("&&", ok, g)
+    # Fast copy only if bounds and indices are signed integers (so the loop
+    # runs exactly over [A, last]), and the loop does not run or every guard
+    # holds.  rt_loop_span sets the span before the guards read it.
+    is_int = c_ast.BinaryOp("&&", _is_int(a_expr), _is_int(b_expr))
+    for g in guard_terms:
+        is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[1]))
+    cond = c_ast.BinaryOp("&&", is_int, c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), ok))
+    fast = loop
+    slow = copy.deepcopy(loop)
+    _unhoist(slow)
+    # A short fast loop (<= SHORT_TRIP iterations, no nested loops) answers
+    # handshakes once after it instead of at every back-edge: a call in the
+    # loop body would stop gcc from vectorising it.  Latency stays bounded.
+    fast_short = copy.deepcopy(loop)
+    no_poll.add(id(fast_short))
+    short = c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)),
+                           _const(SHORT_TRIP))
+    fast_block = c_ast.If(short, c_ast.Compound([fast_short, c_ast.FuncCall(
+        c_ast.ID("RT_POLL"), c_ast.ExprList([]))]), fast)
+    return c_ast.Compound([
+        _decl64(h0, copy.deepcopy(a_expr)),
+        _decl64(hb, copy.deepcopy(b_expr)),
+        _decl64(hs, _const(0)),
+        c_ast.If(cond, c_ast.Compound([fast_block]), slow),
+    ])
+
+
+def _is_int(expr: c_ast.Node) -> c_ast.FuncCall:
+    return c_ast.FuncCall(c_ast.ID("RT_IS_INT"), c_ast.ExprList([copy.deepcopy(expr)]))
+
+
+def _unhoist(node: c_ast.Node) -> None:
+    """Turn cap_uload/cap_ustore back into checked accesses (for the slow copy)."""
+
+    class V(c_ast.NodeVisitor):
+        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
+            if isinstance(n.name, c_ast.ID) and n.name.name.startswith(("cap_uload_",
+                                                                          "cap_ustore_")):
+                n.name = c_ast.ID(n.name.name.replace("cap_u", "cap_"), n.name.coord)
+            self.generic_visit(n)
+
+    V().visit(node)

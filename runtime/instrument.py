@@ -114,6 +114,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         self.frames = frames
         self.mode = mode
         self.arrays: dict[str, list[int]] = {}
+        self.no_poll: set[int] = set()
         self.cap_slots: dict[str, int] = {}
 
     # -- expression rewriting --------------------------------------------
@@ -127,7 +128,10 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return self._rewrite_arrayref(node)
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self._rewrite_children(node)
-            node.stmt = self._with_pollcheck(node.stmt)
+            if id(node) in self.no_poll:
+                node.stmt = self._with_pollcheck(node.stmt, poll=False)
+            else:
+                node.stmt = self._with_pollcheck(node.stmt)
             return node
         if isinstance(node, c_ast.Decl):
             return self._rewrite_decl(node)
@@ -152,8 +156,8 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
                 setattr(node, attr, [self.rewrite(v) if isinstance(v, c_ast.Node) else v
                                      for v in val])
 
-    def _with_pollcheck(self, stmt: c_ast.Node | None) -> c_ast.Compound:
-        if self.mode == "raw":
+    def _with_pollcheck(self, stmt: c_ast.Node | None, poll: bool = True) -> c_ast.Compound:
+        if self.mode == "raw" or not poll:
             if isinstance(stmt, c_ast.Compound):
                 return stmt
             return c_ast.Compound([stmt] if stmt is not None else [])
@@ -217,6 +221,12 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
                 return _call("rt_offset", args[0], args[1], _const(SIZES[t]))
             if op == "alloc":
                 return _call("rt_alloc", rt, args[0], _id(DT_CODES[t]), line)
+        if name.startswith(("cap_uload_", "cap_ustore_")):
+            return _call("rt_u" + name[5:], *args)
+        if name.startswith("cap_range_ok_"):
+            t = name.rsplit("_", 1)[1]
+            return _call("rt_range_ok", args[0], args[1], args[2], args[3], _const(SIZES[t]),
+                         args[4])
         if name == "cap_to_int":
             return _call("rt_cap_to_int", *args)
         if name == "cap_from_int":
@@ -274,6 +284,7 @@ def _creates_objects(ast: c_ast.FileAST) -> bool:
 PREAMBLE = """\
 #include "cap.h"
 #include <math.h>
+#define RT_POLL() rt_pollcheck(__rt)
 #define RT_FRAME(K) rt_frame __fr __attribute__((cleanup(rt_frame_cleanup))); \\
     rt_frame_push(__rt, &__fr, K)
 """
@@ -316,7 +327,7 @@ def instrument(parsed: ParsedSource, kernel: str, mode: str = "checked",
         if hoist and mode == "checked":
             from .hoist import hoist_function
 
-            hoist_function(ext)
+            fi.no_poll = hoist_function(ext)
         ext.body = fi.rewrite(ext.body)
         _add_rt_param(ext.decl.type)
         if "static" not in ext.decl.storage:
