@@ -188,11 +188,16 @@ static inline uint16_t rt_float_to_half(float f)
 #if !defined(RT_RAW) && !defined(RT_RAW_POLL)
 /* ====================== checked mode ===================================== */
 
-/* In bounds iff 0 <= (p - lo) + i*S and that + S <= len.  Two compares, all
- * operands in registers (the bounds are a by-value snapshot). */
+/* In bounds iff the byte offset off = (p - lo) + i*S (mod 2^64: exactly the
+ * address the access would touch) satisfies off < len and off + S <= len.
+ * off < len first, so a "negative" off (huge unsigned) can never wrap the
+ * second sum back into range.  |i| < 2^58 is required on top, so an index
+ * whose i*S wraps into the buffer is still refused.  All operands are in
+ * registers (the bounds are a by-value snapshot). */
+#define RT_OFF(c, i, S) ((uint64_t)((c).p - (c).lo) + (uint64_t)(i) * (uint64_t)(S))
 #define RT_INB(c, i, S, LEN)                                                     \
     (RT_LIKELY(((uint64_t)(i) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT) &&             \
-     RT_LIKELY((uint64_t)((c).p - (c).lo) + (uint64_t)(i) * (S) + (S) <= (LEN)))
+     RT_LIKELY(RT_OFF(c, i, S) < (LEN)) && RT_LIKELY(RT_OFF(c, i, S) + (S) <= (LEN)))
 
 #define RT_DEFINE_ACCESS(T, CT, S)                                                \
     static inline CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \

@@ -116,7 +116,7 @@ def _headers() -> list:
 def _load():
     srcs = _sources()
     cdef = CDEF
-    if CDEF_EXTRA_FILE.exists():
+    if CDEF_EXTRA_FILE.exists() and not any(p.name == "heap_stub.c" for p in srcs):
         cdef += CDEF_EXTRA_FILE.read_text()
     flags = ["-O2", "-pthread", "-std=gnu11", "-fno-strict-aliasing", "-Wno-unused-function"]
     key = content_hash(

@@ -108,7 +108,7 @@ static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsiz
         r.obj_id = o->id;
         uint64_t off = (uint64_t)r.offset + (uint64_t)index * (uint64_t)elsize;
         int in_object = ((uint64_t)index + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT &&
-                        off + (uint64_t)elsize <= o->nbytes;
+                        off < o->nbytes && off + (uint64_t)elsize <= o->nbytes;
         if (fl & RT_OBJ_FREED)
             r.kind = RT_FAULT_FREED;
         else if (access == RT_ACC_STORE && in_object && !(o->perms & RT_PERM_W))
