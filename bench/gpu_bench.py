@@ -1,0 +1,138 @@
+"""GPU lane benchmark: checked vs raw batched QR, and vs torch.geqrf, on the contest shapes.
+
+``python -m bench.gpu_bench`` writes ``bench/results/gpu-<date>.json``.  Each
+time is the median of >= 7 launches timed with CUDA events around the kernel
+alone (the input is restored by a device-to-device copy before every launch,
+outside the timed region).  torch.geqrf is timed the same way with
+torch.cuda.Event around the call (its clone of the input is outside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import platform
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+CONTEST_SHAPES = [(20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048), (2, 4096)]
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def bench_shape(batch: int, n: int, repeat: int) -> dict:
+    """Time checked, raw and torch.geqrf for one (batch, n)."""
+    import kernels.gpu as g
+    from runtime import cuda
+    from runtime.cuda import driver as drv
+
+    rng = np.random.default_rng(batch * 100003 + n)
+    a = rng.standard_normal((batch, n, n)).astype(np.float32)
+    A0 = cuda.to_device(a, perms="r", name="A0")
+    A = cuda.alloc_device(a.shape, np.float32, name="A")
+    tau = cuda.alloc_device((batch, n), np.float32, name="tau")
+
+    def restore() -> None:
+        drv.check(drv.lib().cuMemcpyDtoD_v2(A.ptr, A0.ptr, A.nbytes), "cuMemcpyDtoD")
+
+    row: dict = {"batch": batch, "n": n, "block": g.qr_block_size(n)}
+    outs = {}
+    for name, checked in (("checked", True), ("raw", False)):
+        k = g.qr_kernel(checked)
+        ts = cuda.time_launch(k, [A, tau], args=(n,), grid=batch, block=g.qr_block_size(n),
+                              repeat=repeat, warmup=1, before=restore)
+        row[f"{name}_ms"] = statistics.median(ts)
+        row[f"{name}_samples_ms"] = ts
+        row[f"{name}_registers"] = k.registers()
+        outs[name] = (A.numpy(), tau.numpy())
+    row["overhead"] = row["checked_ms"] / row["raw_ms"]
+    row["checked_equals_raw"] = bool(
+        np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
+        and np.array_equal(outs["checked"][1].view(np.uint32), outs["raw"][1].view(np.uint32)))
+    for c in (A0, A, tau):
+        c.free()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            x0 = torch.from_numpy(a).cuda()
+            ts = []
+            for it in range(repeat + 1):
+                x = x0.clone()
+                torch.cuda.synchronize()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                torch.geqrf(x)
+                e.record()
+                e.synchronize()
+                if it:
+                    ts.append(s.elapsed_time(e))
+            row["torch_geqrf_ms"] = statistics.median(ts)
+            row["torch_geqrf_samples_ms"] = ts
+            row["speedup_vs_torch"] = row["torch_geqrf_ms"] / row["checked_ms"]
+            del x0, x
+            torch.cuda.empty_cache()
+    except ImportError:
+        row["torch_geqrf_ms"] = None
+    return row
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Run the benchmark and write the JSON; returns its path."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--shapes", default="", help="e.g. 20x32,40x176 (default: contest shapes)")
+    ap.add_argument("--out", default="")
+    ns = ap.parse_args(argv)
+    from runtime.cuda import driver as drv
+    from runtime.cuda import nvrtc
+
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
+              if ns.shapes else CONTEST_SHAPES)
+    dev = drv.device()
+    rows = []
+    for b, n in shapes:
+        r = bench_shape(b, n, ns.repeat)
+        rows.append(r)
+        print(f"({b:4d},{n:5d}) checked {r['checked_ms']:10.3f} ms  raw {r['raw_ms']:10.3f} ms  "
+              f"overhead {r['overhead']:.3f}x  torch {r.get('torch_geqrf_ms') or float('nan'):10.3f}"
+              f" ms  speedup {r.get('speedup_vs_torch', float('nan')):.2f}x", flush=True)
+    res = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": dev.name, "compute_capability": list(dev.cc), "sm_count": dev.sm_count,
+        "driver_version": dev.driver_version, "compiler": nvrtc.version(),
+        "python": platform.python_version(), "repeat": ns.repeat,
+        "method": "median of CUDA-event times of the kernel alone; input restored by a "
+                  "device-to-device copy outside the timed region; float32",
+        "kernel": "kernels/gpu/qr.c (unblocked Householder, one block per matrix)",
+        "shapes": rows,
+        "geomean_overhead": _geomean([r["overhead"] for r in rows]),
+    }
+    sp = [r["speedup_vs_torch"] for r in rows if r.get("speedup_vs_torch")]
+    if sp:
+        res["geomean_speedup_vs_torch"] = _geomean(sp)
+        try:
+            import torch
+
+            res["torch_version"] = torch.__version__
+        except ImportError:
+            pass
+    out = Path(ns.out) if ns.out else (Path(__file__).parent / "results" /
+                                       f"gpu-{_dt.date.today().isoformat()}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"geomean overhead {res['geomean_overhead']:.3f}x"
+          + (f", geomean speedup vs torch.geqrf {res['geomean_speedup_vs_torch']:.2f}x"
+             if sp else ""))
+    print(f"wrote {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

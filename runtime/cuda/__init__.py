@@ -1,0 +1,47 @@
+"""capqr's GPU lane: capability-checked CUDA kernels through the driver API and NVRTC.
+
+Public face (routed to by ``capabilities.alloc(..., device="cuda")``,
+``capabilities.wrap(torch_cuda_tensor)``, ``runtime.compile(..., target="cuda")``
+and ``runtime.launch``):
+
+* :func:`alloc_device`, :func:`to_device`, :func:`wrap_device` -> :class:`DeviceCapability`
+* :func:`compile` -> :class:`CudaKernel`; :func:`launch`; :func:`time_launch`
+* :func:`available` -> (bool, reason) — False on machines without a GPU.
+
+Importing this package never touches the driver; the first call that needs
+it loads ``libcuda`` and raises :class:`CudaUnavailable` when there is none.
+"""
+
+from __future__ import annotations
+
+from .driver import CudaError, CudaUnavailable, available
+from .instrument_cuda import CudaSource, KernelInfo, instrument
+from .lane import (
+    CudaKernel,
+    DeviceCapability,
+    alloc_device,
+    compile,
+    launch,
+    time_launch,
+    to_device,
+    translate,
+    wrap_device,
+)
+
+__all__ = [
+    "CudaError",
+    "CudaKernel",
+    "CudaSource",
+    "CudaUnavailable",
+    "DeviceCapability",
+    "KernelInfo",
+    "alloc_device",
+    "available",
+    "compile",
+    "instrument",
+    "launch",
+    "time_launch",
+    "to_device",
+    "translate",
+    "wrap_device",
+]

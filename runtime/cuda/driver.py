@@ -1,0 +1,279 @@
+"""cffi ABI-mode bindings to the CUDA driver API (``libcuda.so.1``).
+
+ABI mode (``ffi.dlopen``) needs no C compiler and no CUDA headers at install
+time, so importing capqr on a machine without a GPU costs nothing: the library
+is opened lazily by :func:`lib` and a missing driver surfaces as
+:class:`CudaUnavailable`, which the GPU tests turn into a skip.
+
+Only the entry points the GPU lane uses are declared.  The ``_v2`` names are
+the ones ``cuda.h`` maps the plain names to since CUDA 4.0 (64-bit device
+pointers); calling the unversioned symbols would get the 32-bit ABI.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ..errors import CapqrError
+
+try:  # cffi is a hard dependency of capqr, but keep "import" working without it
+    import cffi
+except ImportError:  # pragma: no cover - exercised only on broken installs
+    cffi = None
+
+CDEF = """
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUmodule;
+typedef void *CUfunction;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef unsigned long long CUdeviceptr;
+
+CUresult cuInit(unsigned int flags);
+CUresult cuDriverGetVersion(int *version);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGet(CUdevice *dev, int ordinal);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n);
+CUresult cuModuleLoadData(CUmodule *mod, const void *image);
+CUresult cuModuleUnload(CUmodule mod);
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name);
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule mod, const char *name);
+CUresult cuFuncGetAttribute(int *pi, int attrib, CUfunction f);
+CUresult cuFuncSetAttribute(CUfunction f, int attrib, int value);
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                        unsigned int bx, unsigned int by, unsigned int bz,
+                        unsigned int shared, CUstream s, void **params, void **extra);
+CUresult cuStreamCreate(CUstream *s, unsigned int flags);
+CUresult cuStreamQuery(CUstream s);
+CUresult cuStreamSynchronize(CUstream s);
+CUresult cuEventCreate(CUevent *e, unsigned int flags);
+CUresult cuEventRecord(CUevent e, CUstream s);
+CUresult cuEventSynchronize(CUevent e);
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
+CUresult cuEventDestroy_v2(CUevent e);
+CUresult cuGetErrorName(CUresult err, const char **s);
+CUresult cuGetErrorString(CUresult err, const char **s);
+"""
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_NOT_READY = 600
+CU_STREAM_NON_BLOCKING = 1
+CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+CU_FUNC_ATTRIBUTE_NUM_REGS = 4
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class CudaUnavailable(CapqrError):
+    """No usable CUDA driver or device on this machine (the GPU tests skip on this)."""
+
+
+class CudaError(CapqrError):
+    """A CUDA driver call failed; ``code`` is the CUresult, ``name`` its enum name."""
+
+    def __init__(self, call: str, code: int, name: str, text: str):
+        self.call = call
+        self.code = code
+        self.name = name
+        super().__init__(f"{call} failed: {name} ({code}): {text}")
+
+
+_lock = threading.RLock()
+_state: dict = {}
+
+
+def ffi() -> cffi.FFI:
+    """The cffi FFI holding the driver declarations (created once)."""
+    with _lock:
+        if "ffi" not in _state:
+            if cffi is None:
+                raise CudaUnavailable("cffi is not installed")
+            f = cffi.FFI()
+            f.cdef(CDEF)
+            _state["ffi"] = f
+        return _state["ffi"]
+
+
+def lib():
+    """The opened libcuda; raises CudaUnavailable when it cannot be loaded or initialised."""
+    with _lock:
+        if "lib" in _state:
+            return _state["lib"]
+        if "err" in _state:
+            raise CudaUnavailable(_state["err"])
+        f = ffi()
+        names = [os.environ["CAPQR_LIBCUDA"]] if os.environ.get("CAPQR_LIBCUDA") else []
+        names += ["libcuda.so.1", "libcuda.so"]
+        last = None
+        for n in names:
+            try:
+                L = f.dlopen(n)
+                break
+            except OSError as e:
+                last = e
+        else:
+            _state["err"] = f"cannot load libcuda ({last})"
+            raise CudaUnavailable(_state["err"])
+        rc = L.cuInit(0)
+        if rc != CUDA_SUCCESS:
+            # A driver library without a device (or a container without the
+            # device nodes) fails here with CUDA_ERROR_NO_DEVICE (100) or similar.
+            _state["err"] = f"cuInit failed with CUresult {rc} (no usable GPU?)"
+            raise CudaUnavailable(_state["err"])
+        _state["lib"] = L
+        return L
+
+
+def error_text(code: int) -> tuple[str, str]:
+    """(enum name, description) of a CUresult."""
+    f = ffi()
+    L = _state.get("lib")
+    if L is None:
+        return (f"CUresult {code}", "")
+    p = f.new("const char **")
+    name = f.string(p[0]).decode() if L.cuGetErrorName(code, p) == 0 and p[0] else str(code)
+    text = f.string(p[0]).decode() if L.cuGetErrorString(code, p) == 0 and p[0] else ""
+    return name, text
+
+
+def check(rc: int, call: str) -> None:
+    """Raise CudaError unless ``rc`` is CUDA_SUCCESS."""
+    if rc != CUDA_SUCCESS:
+        name, text = error_text(rc)
+        raise CudaError(call, rc, name, text)
+
+
+class Device:
+    """The one GPU capqr uses (ordinal from ``CAPQR_CUDA_DEVICE``, default 0).
+
+    Uses the device's *primary* context, the one the CUDA runtime (and so
+    PyTorch) uses: device pointers from ``torch`` tensors are valid in it,
+    which is what makes :func:`runtime.cuda.wrap_device` sound.
+    """
+
+    def __init__(self, ordinal: int = 0):
+        L = lib()
+        f = ffi()
+        n = f.new("int *")
+        check(L.cuDeviceGetCount(n), "cuDeviceGetCount")
+        if n[0] <= ordinal:
+            raise CudaUnavailable(f"no CUDA device {ordinal} (found {n[0]})")
+        d = f.new("CUdevice *")
+        check(L.cuDeviceGet(d, ordinal), "cuDeviceGet")
+        self.handle = d[0]
+        self.ordinal = ordinal
+        c = f.new("CUcontext *")
+        check(L.cuDevicePrimaryCtxRetain(c, self.handle), "cuDevicePrimaryCtxRetain")
+        self.ctx = c[0]
+        self.make_current()
+        buf = f.new("char[256]")
+        check(L.cuDeviceGetName(buf, 256, self.handle), "cuDeviceGetName")
+        self.name = f.string(buf).decode()
+        self.cc = (self.attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                   self.attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        self.sm_count = self.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        self.max_threads = self.attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+        self.max_smem_optin = self.attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        v = f.new("int *")
+        check(L.cuDriverGetVersion(v), "cuDriverGetVersion")
+        self.driver_version = v[0]
+        # A non-blocking side stream: timeouts write the cancel flag through it
+        # while the launch stream is still busy.
+        s = f.new("CUstream *")
+        check(L.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.side_stream = s[0]
+
+    def make_current(self) -> None:
+        """Bind the primary context to the calling thread (contexts are per thread)."""
+        f = ffi()
+        cur = f.new("CUcontext *")
+        L = lib()
+        if L.cuCtxGetCurrent(cur) != 0 or cur[0] != self.ctx:
+            check(L.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+
+    def attribute(self, attr: int) -> int:
+        """cuDeviceGetAttribute."""
+        f = ffi()
+        v = f.new("int *")
+        check(lib().cuDeviceGetAttribute(v, attr, self.handle), "cuDeviceGetAttribute")
+        return v[0]
+
+    @property
+    def arch(self) -> str:
+        """``sm_XY`` of this device."""
+        return f"sm_{self.cc[0]}{self.cc[1]}"
+
+
+def device() -> Device:
+    """The process-wide Device (created on first use; raises CudaUnavailable)."""
+    with _lock:
+        d = _state.get("device")
+        if d is None:
+            d = Device(int(os.environ.get("CAPQR_CUDA_DEVICE", "0")))
+            _state["device"] = d
+        d.make_current()
+        return d
+
+
+def available() -> tuple[bool, str]:
+    """(True, device name) when a GPU can be used, else (False, why not)."""
+    try:
+        d = device()
+    except CudaUnavailable as e:
+        return False, str(e)
+    except CudaError as e:
+        return False, str(e)
+    return True, d.name
+
+
+class Event:
+    """A CUDA event for timing (cuEventElapsedTime has ~0.5 us resolution)."""
+
+    def __init__(self) -> None:
+        f = ffi()
+        device()
+        e = f.new("CUevent *")
+        check(lib().cuEventCreate(e, 0), "cuEventCreate")
+        self.handle = e[0]
+
+    def record(self, stream=None) -> None:
+        """Record on ``stream`` (default: the legacy default stream)."""
+        check(lib().cuEventRecord(self.handle, stream or ffi().NULL), "cuEventRecord")
+
+    def synchronize(self) -> None:
+        """Wait until the event has completed."""
+        check(lib().cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+    def elapsed_ms(self, end: Event) -> float:
+        """Milliseconds from this event to ``end`` (both must have completed)."""
+        f = ffi()
+        ms = f.new("float *")
+        check(lib().cuEventElapsedTime(ms, self.handle, end.handle), "cuEventElapsedTime")
+        return float(ms[0])
+
+    def __del__(self) -> None:
+        L = _state.get("lib")
+        if L is not None and getattr(self, "handle", None) is not None:
+            L.cuEventDestroy_v2(self.handle)
+            self.handle = None

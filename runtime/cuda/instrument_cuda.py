@@ -1,0 +1,467 @@
+"""Verified dialect AST -> CUDA C, with capability checks (or raw pointers for the baseline).
+
+What the transformation does (pycparser AST in, CGenerator text out):
+
+* ``cap_load_T(c, i)`` / ``cap_store_T(c, i, v)`` become inline device
+  accessors ``rt_load_T(c, i, LINE)`` / ``rt_store_T(c, i, v, LINE)`` that
+  compare the index against the by-value bounds of ``c`` (two compares, all in
+  registers) before touching memory.  ``cap_len_T``, ``cap_offset_T``,
+  ``cap_to_int``, ``cap_from_int`` and the ``rt_*`` intrinsics map to inline
+  helpers; the element size is folded in at generation time.
+* Subscripts of local arrays (``smem_*`` arrays live in ``__shared__``
+  memory, the others per thread) are wrapped in ``rt_lidx(i, N, ID, LINE)``.
+* Each loop condition gets an amortised pollcheck ``RT_POLL(__rt_pc)`` (one
+  add, one test per iteration; the cancel flag in global memory is read every
+  1024th iteration), so a launch past its deadline can be cancelled.
+* A ``KERNEL`` becomes an ``extern "C" __global__`` wrapper that initialises
+  the block's fault flag and calls the body, emitted as a device function so
+  that kernels may also be called as helpers.
+
+Fault protocol (why it cannot deadlock).  A failed check never performs the
+access.  The thread records the fault in the module-global ``__rt_fault``
+(first fault wins, by ``atomicCAS`` on its flag), sets the block-shared flag
+``__rt_bfault`` and executes PTX ``exit``.  The PTX ISA specifies that
+``barrier.sync`` waits only for *non-exited* threads and that an exiting
+thread releases a barrier it was holding up, so the survivors' next
+``rt_sync_threads()`` completes; right after that barrier every survivor sees
+the flag and exits too.  Survivors that meet no further barrier simply run to
+the end doing only checked accesses.  The host reads ``__rt_fault`` after
+synchronising and raises ``CapabilityFault``.
+
+Raw mode (``checked=False``) compiles the same AST with unchecked accessors,
+no pollchecks and a plain ``__syncthreads()``: the overhead baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pycparser import c_ast, c_generator
+
+from ..errors import CompileError, VerifyError
+from ..parse import ParsedSource, is_user_node
+
+ELEM = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}
+
+#: scalar parameter kinds by C type name (after typedef names)
+SCALAR_KIND = {
+    "int64_t": "i64", "long": "i64", "long long": "i64", "long int": "i64",
+    "uint64_t": "u64", "unsigned long": "u64", "unsigned long long": "u64",
+    "int": "i32", "int32_t": "i32", "uint32_t": "u32", "unsigned": "u32",
+    "unsigned int": "u32", "double": "f64", "float": "f32",
+}
+
+FAULT_KINDS = {1: "out-of-bounds", 2: "read-only", 3: "freed", 4: "no-bounds",
+               5: "local-array", 6: "timeout"}
+
+DEVICE_PRELUDE = r"""
+/* ---- capqr device runtime (generated; see runtime/cuda/instrument_cuda.py) ---- */
+#pragma nv_diag_suppress 177   /* unused helpers of the runtime are expected */
+#pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
+
+/* cap_t as the launcher passes it (40 bytes, by value).  tag: bits 0-31 the
+ * argument slot + 1 (0: made by cap_from_int), bit 32: the object was freed. */
+struct rt_cap { char *p; char *lo; unsigned long long rlen; unsigned long long wlen;
+                unsigned long long tag; };
+typedef struct rt_cap cap_t;
+
+struct rt_gpu_fault { int flag; int kind; int access; int line; long long block;
+                      long long index; long long elsize; long long offset;
+                      int thread; int slot; };
+__device__ struct rt_gpu_fault __rt_fault;   /* first fault of the launch (host reads it) */
+__device__ int __rt_cancel;                  /* set by the host when the deadline passed */
+__shared__ volatile int __rt_bfault;         /* this block: a thread faulted / cancelled */
+
+#define RT_IDX_LIMIT (1ull << 58)
+#define RT_INB(c, i, S, LEN)                                                  \
+    ((((unsigned long long)(i) + RT_IDX_LIMIT) < 2ull * RT_IDX_LIMIT) &&       \
+     ((unsigned long long)((c).p - (c).lo) + (unsigned long long)(i) * (S) + (S) <= (LEN)))
+
+static __device__ __forceinline__ float rt_h2f(unsigned short h)
+{ float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+static __device__ __forceinline__ unsigned short rt_f2h(float f)
+{ unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+static __device__ __forceinline__ long long rt_block_idx(void) { return (long long)blockIdx.x; }
+static __device__ __forceinline__ long long rt_grid_dim(void) { return (long long)gridDim.x; }
+static __device__ __forceinline__ long long rt_thread_idx(void) { return (long long)threadIdx.x; }
+static __device__ __forceinline__ long long rt_block_dim(void) { return (long long)blockDim.x; }
+
+static __device__ __forceinline__ long long rt_len(cap_t c, long long S)
+{
+    long long off = (long long)(c.p - c.lo);
+    long long n = ((long long)c.rlen - off) / S;
+    return (off < 0 || n < 0) ? 0 : n;
+}
+static __device__ __forceinline__ cap_t rt_offset(cap_t c, long long k, long long S)
+{
+    c.p = (char *)((unsigned long long)c.p + (unsigned long long)k * (unsigned long long)S);
+#ifndef RT_RAW
+    if (((unsigned long long)k + RT_IDX_LIMIT) >= 2ull * RT_IDX_LIMIT) { c.rlen = 0; c.wlen = 0; }
+#endif
+    return c;
+}
+static __device__ __forceinline__ long long rt_cap_to_int(cap_t c) { return (long long)c.p; }
+static __device__ __forceinline__ cap_t rt_cap_from_int(long long x)
+{ cap_t c; c.p = (char *)x; c.lo = c.p; c.rlen = 0; c.wlen = 0; c.tag = 0; return c; }
+
+#ifndef RT_RAW
+/* ============================ checked mode ============================ */
+static __device__ __noinline__ void rt_exit_block(int why)
+{
+    __rt_bfault = why;          /* survivors leave after their next barrier */
+    __threadfence_block();
+    asm volatile("exit;");     /* PTX: exited threads never hold up a barrier */
+}
+static __device__ __noinline__ void rt_record(int kind, int acc, int line, long long idx,
+                                              long long S, long long off, int slot)
+{
+    if (atomicCAS(&__rt_fault.flag, 0, 1) == 0) {
+        __rt_fault.kind = kind; __rt_fault.access = acc; __rt_fault.line = line;
+        __rt_fault.block = (long long)blockIdx.x; __rt_fault.thread = (int)threadIdx.x;
+        __rt_fault.index = idx; __rt_fault.elsize = S; __rt_fault.offset = off;
+        __rt_fault.slot = slot;
+        __threadfence();
+    }
+}
+static __device__ __noinline__ void rt_fault_cap(cap_t c, long long i, int S, int acc, int line)
+{
+    unsigned long long tag = c.tag;
+    int slot = (int)(tag & 0xffffffffull);
+    int kind;
+    if (slot == 0) kind = 4;                                    /* no-bounds */
+    else if ((tag >> 32) & 1ull) kind = 3;                      /* freed */
+    else if (acc == 2 && RT_INB(c, i, (unsigned long long)S, c.rlen)) kind = 2;  /* read-only */
+    else kind = 1;                                              /* out-of-bounds */
+    rt_record(kind, acc, line, i, S, (long long)(c.p - c.lo), slot - 1);
+    rt_exit_block(1);
+}
+static __device__ __noinline__ void rt_fault_local(long long i, int id, int line)
+{
+    rt_record(5, 0, line, i, 0, 0, -(id + 1));
+    rt_exit_block(1);
+}
+static __device__ __noinline__ void rt_poll_slow(void)
+{
+    if (*(volatile int *)&__rt_cancel) rt_exit_block(2);
+}
+#define RT_POLL(pc) ((((pc) += 1u) & 1023u) == 0u ? rt_poll_slow() : (void)0)
+#define RT_PROLOGUE() do { if (threadIdx.x == 0) __rt_bfault = 0; __syncthreads(); } while (0)
+
+static __device__ __forceinline__ void rt_sync_threads(void)
+{
+    __syncthreads();
+    if (__rt_bfault) asm volatile("exit;");   /* a thread of this block faulted */
+}
+static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
+{
+    if ((unsigned long long)i >= (unsigned long long)n) {
+        rt_fault_local(i, id, line);
+        __builtin_unreachable();
+    }
+    return i;
+}
+#define RT_DEFINE_ACCESS(T, CT, S, LD, ST)                                            \
+    static __device__ __forceinline__ float_or_##T rt_load_##T(cap_t c, long long i, int line) \
+    {                                                                                \
+        if (!RT_INB(c, i, S, c.rlen)) { rt_fault_cap(c, i, S, 1, line); __builtin_unreachable(); } \
+        return LD(((const CT *)c.p)[i]);                                             \
+    }                                                                                \
+    static __device__ __forceinline__ void rt_store_##T(cap_t c, long long i, float_or_##T v, \
+                                                        int line)                    \
+    {                                                                                \
+        if (!RT_INB(c, i, S, c.wlen)) { rt_fault_cap(c, i, S, 2, line); __builtin_unreachable(); } \
+        ((CT *)c.p)[i] = ST(v);                                                      \
+    }
+#else
+/* ============================ raw mode (baseline) ============================ */
+#define RT_POLL(pc) ((void)0)
+#define RT_PROLOGUE() do { } while (0)
+static __device__ __forceinline__ void rt_sync_threads(void) { __syncthreads(); }
+static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
+{ return i; }
+#define RT_DEFINE_ACCESS(T, CT, S, LD, ST)                                            \
+    static __device__ __forceinline__ float_or_##T rt_load_##T(cap_t c, long long i, int line) \
+    { return LD(((const CT *)c.p)[i]); }                                             \
+    static __device__ __forceinline__ void rt_store_##T(cap_t c, long long i, float_or_##T v, \
+                                                        int line)                    \
+    { ((CT *)c.p)[i] = ST(v); }
+#endif
+typedef float float_or_f16;
+typedef float float_or_f32;
+typedef double float_or_f64;
+typedef int float_or_i32;
+typedef long long float_or_i64;
+#define RT_ID(x) (x)
+RT_DEFINE_ACCESS(f32, float, 4, RT_ID, RT_ID)
+RT_DEFINE_ACCESS(f64, double, 8, RT_ID, RT_ID)
+RT_DEFINE_ACCESS(i32, int, 4, RT_ID, RT_ID)
+RT_DEFINE_ACCESS(i64, long long, 8, RT_ID, RT_ID)
+RT_DEFINE_ACCESS(f16, unsigned short, 2, rt_h2f, rt_f2h)
+/* ---- end of the device runtime; kernel source follows ---- */
+"""
+
+
+@dataclass
+class KernelInfo:
+    """What the launcher needs to know about one entry point."""
+
+    name: str
+    params: list[tuple[str, str]]  # (name, kind): kind "cap" or a SCALAR_KIND value
+    line: int
+
+    @property
+    def n_caps(self) -> int:
+        """Number of cap_t parameters."""
+        return sum(1 for _, k in self.params if k == "cap")
+
+    @property
+    def n_scalars(self) -> int:
+        """Number of scalar parameters."""
+        return sum(1 for _, k in self.params if k != "cap")
+
+
+@dataclass
+class CudaSource:
+    """Result of instrumentation: CUDA C text plus launch metadata."""
+
+    text: str
+    kernels: dict[str, KernelInfo]
+    local_arrays: list[str] = field(default_factory=list)  # fault slot -(id+1) -> name
+    checked: bool = True
+
+
+def _type_name(t: c_ast.Node) -> str:
+    if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
+        return " ".join(t.type.names)
+    raise CompileError(f"unsupported parameter type {type(t).__name__}")
+
+
+def _const_int(node: c_ast.Node) -> int:
+    """Evaluate an integer-constant array dimension (the verifier only admits constants)."""
+    if isinstance(node, c_ast.Constant) and node.type in ("int", "long", "unsigned int",
+                                                           "long int", "unsigned long"):
+        return int(node.value.rstrip("uUlL"), 0)
+    if isinstance(node, c_ast.BinaryOp) and node.op in "+-*":
+        a, b = _const_int(node.left), _const_int(node.right)
+        return {"+": a + b, "-": a - b, "*": a * b}[node.op]
+    line = node.coord.line if node.coord else None
+    raise VerifyError(line, "array size", "local array sizes must be integer constants")
+
+
+def _children_set(node: c_ast.Node, name: str, new: c_ast.Node) -> None:
+    """Replace the child pycparser reports as ``name`` (``attr`` or ``attr[i]``)."""
+    if "[" in name:
+        attr, idx = name[:-1].split("[")
+        getattr(node, attr)[int(idx)] = new
+    else:
+        setattr(node, name, new)
+
+
+#: dialect typedef names -> builtin C types (no <stdint.h> under NVRTC; nvcc has its own)
+_TYPE_MAP = {"int64_t": ["long", "long"], "uint64_t": ["unsigned", "long", "long"],
+             "int32_t": ["int"], "uint32_t": ["unsigned", "int"]}
+
+
+def _map_types(node: c_ast.Node) -> None:
+    if isinstance(node, c_ast.IdentifierType) and len(node.names) == 1 \
+            and node.names[0] in _TYPE_MAP:
+        node.names = list(_TYPE_MAP[node.names[0]])
+    for _, c in node.children():
+        _map_types(c)
+
+
+def _call(name: str, args: list[c_ast.Node], coord) -> c_ast.FuncCall:
+    return c_ast.FuncCall(c_ast.ID(name, coord), c_ast.ExprList(args, coord), coord)
+
+
+def _int(v: int) -> c_ast.Constant:
+    return c_ast.Constant("int", str(v))
+
+
+class _Rewriter:
+    """Rewrites one function's body in place (API calls, array subscripts, pollchecks)."""
+
+    def __init__(self, owner: _Instrumenter, arrays: dict[str, list[int]]):
+        self.o = owner
+        self.arrays = arrays
+        self.has_loop = False
+
+    def visit(self, node: c_ast.Node) -> c_ast.Node:
+        if isinstance(node, c_ast.ArrayRef):
+            return self.subscript(node)
+        for name, child in list(node.children()):
+            _children_set(node, name, self.visit(child))
+        if isinstance(node, c_ast.FuncCall):
+            return self.call(node)
+        if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
+            self.has_loop = True
+            poll = _call("RT_POLL", [c_ast.ID("__rt_pc")], node.coord)
+            cond = node.cond if node.cond is not None else _int(1)
+            node.cond = c_ast.ExprList([poll, cond], node.coord)
+            return node
+        return node
+
+    def subscript(self, node: c_ast.ArrayRef) -> c_ast.Node:
+        # Pre-order: handle the whole chain a[i][j] at its outermost ArrayRef.
+        chain = []
+        base: c_ast.Node = node
+        while isinstance(base, c_ast.ArrayRef):
+            chain.append(base)
+            base = base.name
+        for ref in chain:
+            ref.subscript = self.visit(ref.subscript)
+        if not (isinstance(base, c_ast.ID) and base.name in self.arrays):
+            chain[-1].name = self.visit(base)
+            return node
+        dims = self.arrays[base.name]
+        chain.reverse()  # outermost dimension first
+        if len(chain) != len(dims):
+            line = node.coord.line if node.coord else None
+            raise VerifyError(line, "partial array subscript",
+                              f"'{base.name}' has {len(dims)} dimensions")
+        aid = self.o.array_id(base.name)
+        for ref, n in zip(chain, dims):
+            line = ref.coord.line if ref.coord else 0
+            ref.subscript = _call("rt_lidx", [ref.subscript, _int(n), _int(aid), _int(line)],
+                                  ref.coord)
+        return node
+
+    def call(self, node: c_ast.FuncCall) -> c_ast.Node:
+        if not isinstance(node.name, c_ast.ID):
+            raise VerifyError(node.coord.line if node.coord else None, "indirect call",
+                              "only named functions may be called")
+        name = node.name.name
+        args = list(node.args.exprs) if node.args is not None else []
+        line = node.coord.line if node.coord else 0
+        coord = node.coord
+        for op in ("load", "store", "len", "offset"):
+            pre = f"cap_{op}_"
+            if name.startswith(pre) and name[len(pre):] in ELEM:
+                T = name[len(pre):]
+                S = ELEM[T]
+                if op in ("load", "store"):
+                    return _call(f"rt_{op}_{T}", args + [_int(line)], coord)
+                return _call(f"rt_{op}", args + [_int(S)], coord)
+        if name == "cap_to_int":
+            return _call("rt_cap_to_int", args, coord)
+        if name == "cap_from_int":
+            return _call("rt_cap_from_int", args, coord)
+        if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
+                    "rt_sync_threads"):
+            return node
+        if name.startswith("cap_alloc_") or name in ("cap_load_cap", "cap_store_cap"):
+            raise VerifyError(line, name, "not available on the GPU lane: device-side "
+                              "allocation and cap tables need the host collector")
+        if name in self.o.kernel_names:
+            node.name = c_ast.ID(f"__rtk_{name}", coord)
+        return node
+
+
+class _Instrumenter:
+    def __init__(self, parsed: ParsedSource, checked: bool):
+        self.parsed = parsed
+        self.checked = checked
+        self.kernel_names = set(parsed.kernels)
+        self.arrays: list[str] = []
+        self.gen = c_generator.CGenerator()
+
+    def array_id(self, name: str) -> int:
+        self.arrays.append(name)
+        return len(self.arrays) - 1
+
+    def local_arrays(self, fn: c_ast.FuncDef) -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
+
+        def walk(n: c_ast.Node) -> None:
+            if isinstance(n, c_ast.Decl) and isinstance(n.type, c_ast.ArrayDecl):
+                dims = []
+                t = n.type
+                while isinstance(t, c_ast.ArrayDecl):
+                    if t.dim is None:
+                        raise VerifyError(n.coord.line if n.coord else None, "array size",
+                                          "local arrays need a constant size")
+                    dims.append(_const_int(t.dim))
+                    t = t.type
+                found[n.name] = dims
+                if n.name.startswith("smem_"):
+                    if n.init is not None:
+                        raise VerifyError(n.coord.line if n.coord else None, "initializer",
+                                          "shared-memory arrays cannot be initialised")
+                    n.storage = list(n.storage) + ["__shared__"]
+            for _, c in n.children():
+                walk(c)
+
+        walk(fn.body)
+        return found
+
+    def function(self, fn: c_ast.FuncDef) -> tuple[str, KernelInfo | None]:
+        name = fn.decl.name
+        arrays = self.local_arrays(fn)
+        rw = _Rewriter(self, arrays)
+        rw.visit(fn.body)
+        _map_types(fn)
+        body = self.gen.visit(fn.body)
+        if rw.has_loop:
+            # The pollcheck counter lives in a register; raw mode never reads it.
+            body = "{\n  unsigned int __rt_pc = 0u; (void)__rt_pc;" + body.lstrip()[1:]
+        fn.decl.storage = [s for s in fn.decl.storage if s != "static"]
+        if name not in self.kernel_names:
+            return f"static __device__ __forceinline__ {self.gen.visit(fn.decl)}\n{body}\n", None
+        # Kernel: device body + __global__ wrapper that sets up the block's fault flag.
+        fdecl = fn.decl.type
+        params: list[tuple[str, str]] = []
+        plist = fdecl.args.params if fdecl.args is not None else []
+        for p in plist:
+            if isinstance(p, c_ast.Typename):  # (void)
+                continue
+            tn = _type_name(p.type)
+            tn = {"long long": "int64_t", "unsigned long long": "uint64_t"}.get(tn, tn)
+            if tn == "cap_t":
+                params.append((p.name, "cap"))
+            elif tn in SCALAR_KIND:
+                params.append((p.name, SCALAR_KIND[tn]))
+            else:
+                raise VerifyError(p.coord.line if p.coord else None, f"parameter type {tn}",
+                                  "kernel parameters are cap_t, int64_t, double or float")
+        decl_txt = self.gen.visit(fn.decl)
+        inner = decl_txt.replace(name + "(", f"__rtk_{name}(", 1)
+        out = f"static __device__ __forceinline__ {inner}\n{body}\n"
+        argnames = ", ".join(n for n, _ in params)
+        out += (f'extern "C" __global__ {decl_txt}\n{{\n  RT_PROLOGUE();\n'
+                f"  __rtk_{name}({argnames});\n}}\n")
+        line = fn.decl.coord.line if fn.decl.coord else 0
+        return out, KernelInfo(name, params, line)
+
+    def run(self) -> CudaSource:
+        parts = [("" if self.checked else "#define RT_RAW 1\n") + DEVICE_PRELUDE]
+        kernels: dict[str, KernelInfo] = {}
+        # Forward declarations first so helpers may appear in any order.
+        for ext in self.parsed.ast.ext:
+            if not is_user_node(ext):
+                continue
+            if isinstance(ext, c_ast.FuncDef):
+                txt, info = self.function(ext)
+                parts.append(f'#line {ext.coord.line if ext.coord else 1} "kernel"\n' + txt)
+                if info:
+                    kernels[info.name] = info
+            elif isinstance(ext, c_ast.Decl) and isinstance(ext.type, c_ast.FuncDecl):
+                ext.storage = [s for s in ext.storage if s != "static"]
+                if ext.name in self.kernel_names:
+                    continue
+                _map_types(ext)
+                parts.append(f"static __device__ __forceinline__ {self.gen.visit(ext)};\n")
+            else:
+                line = ext.coord.line if ext.coord else None
+                raise VerifyError(line, type(ext).__name__, "only functions may appear at "
+                                  "file scope")
+        return CudaSource("\n".join(parts), kernels, self.arrays, self.checked)
+
+
+def instrument(parsed: ParsedSource, *, checked: bool = True) -> CudaSource:
+    """Turn a parsed (and verified) kernel source into CUDA C.
+
+    ``checked=False`` emits the same code with raw pointer accesses (baseline).
+    The AST is modified in place, so pass a fresh parse for each variant.
+    """
+    return _Instrumenter(parsed, checked).run()

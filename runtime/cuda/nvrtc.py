@@ -1,0 +1,176 @@
+"""Run-time compilation of CUDA C to cubin through NVRTC (cffi ABI mode), cached on disk.
+
+The cache key is a hash of (source, options, NVRTC version, target arch), so a
+toolkit upgrade or a changed option never reuses a stale binary.  When
+``libnvrtc`` cannot be found but ``nvcc`` is on PATH, ``nvcc -cubin`` is used
+instead (same cache, key marked "nvcc"): that also lets the code generator be
+tested on machines that have the compiler but no GPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from ..errors import CompileError
+
+try:
+    import cffi
+except ImportError:  # pragma: no cover
+    cffi = None
+
+CDEF = """
+typedef int nvrtcResult;
+typedef struct _nvrtcProgram *nvrtcProgram;
+const char *nvrtcGetErrorString(nvrtcResult r);
+nvrtcResult nvrtcVersion(int *major, int *minor);
+nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name,
+                               int numHeaders, const char *const *headers,
+                               const char *const *includeNames);
+nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog);
+nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions, const char *const *options);
+nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram prog, size_t *size);
+nvrtcResult nvrtcGetProgramLog(nvrtcProgram prog, char *log);
+nvrtcResult nvrtcGetCUBINSize(nvrtcProgram prog, size_t *size);
+nvrtcResult nvrtcGetCUBIN(nvrtcProgram prog, char *cubin);
+nvrtcResult nvrtcGetPTXSize(nvrtcProgram prog, size_t *size);
+nvrtcResult nvrtcGetPTX(nvrtcProgram prog, char *ptx);
+"""
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _candidates() -> list[str]:
+    """Places libnvrtc may live: env override, loader path, CUDA toolkit, pip wheels."""
+    out = []
+    if os.environ.get("CAPQR_LIBNVRTC"):
+        out.append(os.environ["CAPQR_LIBNVRTC"])
+    out += ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]
+    roots = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    for r in roots:
+        if r:
+            out += sorted(glob.glob(os.path.join(r, "lib64", "libnvrtc.so*")), reverse=True)
+    # nvidia-cuda-nvrtc wheels (what PyTorch pulls in): site-packages/nvidia/*/lib
+    for p in sys.path:
+        out += sorted(glob.glob(os.path.join(p, "nvidia", "*", "lib", "libnvrtc.so*")),
+                      reverse=True)
+    return [c for c in out if "builtins" not in c and "alt" not in os.path.basename(c)]
+
+
+def _load():
+    """Open libnvrtc once; returns (ffi, lib) or (None, None) when absent."""
+    with _lock:
+        if "lib" in _state:
+            return _state["ffi"], _state["lib"]
+        if cffi is None:
+            _state["ffi"] = _state["lib"] = None
+            return None, None
+        f = cffi.FFI()
+        f.cdef(CDEF)
+        L = None
+        for c in _candidates():
+            try:
+                L = f.dlopen(c)
+                _state["path"] = c
+                break
+            except OSError:
+                continue
+        _state["ffi"], _state["lib"] = f, L
+        return f, L
+
+
+def version() -> str:
+    """"nvrtc-MAJOR.MINOR", or "nvcc-<version line>" when falling back, or "none"."""
+    f, L = _load()
+    if L is not None:
+        a, b = f.new("int *"), f.new("int *")
+        L.nvrtcVersion(a, b)
+        return f"nvrtc-{a[0]}.{b[0]}"
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        if "nvcc_version" not in _state:
+            r = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
+            _state["nvcc_version"] = "nvcc-" + r.stdout.strip().splitlines()[-1]
+        return _state["nvcc_version"]
+    return "none"
+
+
+def cache_dir() -> Path:
+    """Directory of cached cubins (``$CAPQR_CACHE_DIR`` or ``~/.cache/capqr``)/cuda."""
+    base = os.environ.get("CAPQR_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "capqr")
+    p = Path(base) / "cuda"
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def compile_cubin(source: str, *, arch: str = "sm_90", options: tuple[str, ...] = (),
+                  name: str = "kernel.cu") -> bytes:
+    """Compile CUDA C source to a cubin for ``arch``; cached by content hash.
+
+    Raises CompileError with the compiler log when compilation fails.
+    """
+    opts = (f"--gpu-architecture={arch}", "--std=c++17", *options)
+    ver = version()
+    if ver == "none":
+        raise CompileError("neither libnvrtc nor nvcc is available to compile CUDA C")
+    key = hashlib.sha256("\0".join([ver, arch, *opts, source]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{key}.cubin"
+    if path.exists():
+        return path.read_bytes()
+    f, L = _load()
+    if L is not None:
+        cubin = _nvrtc(f, L, source, opts, name)
+    else:
+        cubin = _nvcc(source, arch, options)
+    # Write-then-rename so concurrent compilers never see a torn file.
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, path)
+    return cubin
+
+
+def _nvrtc(f, L, source: str, opts: tuple[str, ...], name: str) -> bytes:
+    prog = f.new("nvrtcProgram *")
+    rc = L.nvrtcCreateProgram(prog, source.encode(), name.encode(), 0, f.NULL, f.NULL)
+    if rc != 0:
+        raise CompileError(f"nvrtcCreateProgram: {f.string(L.nvrtcGetErrorString(rc)).decode()}")
+    try:
+        keep = [f.new("char[]", o.encode()) for o in opts]
+        arr = f.new("const char *[]", keep)
+        rc = L.nvrtcCompileProgram(prog[0], len(keep), arr)
+        n = f.new("size_t *")
+        L.nvrtcGetProgramLogSize(prog[0], n)
+        log_buf = f.new("char[]", max(n[0], 1))
+        L.nvrtcGetProgramLog(prog[0], log_buf)
+        log = f.string(log_buf).decode(errors="replace")
+        if rc != 0:
+            raise CompileError(f"NVRTC failed ({f.string(L.nvrtcGetErrorString(rc)).decode()}):"
+                               f"\n{log}")
+        L.nvrtcGetCUBINSize(prog[0], n)
+        buf = f.new("char[]", n[0])
+        L.nvrtcGetCUBIN(prog[0], buf)
+        return bytes(f.buffer(buf, n[0]))
+    finally:
+        L.nvrtcDestroyProgram(prog)
+
+
+def _nvcc(source: str, arch: str, options: tuple[str, ...]) -> bytes:
+    nvcc = shutil.which("nvcc")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.cu")
+        out = os.path.join(d, "k.cubin")
+        Path(src).write_text(source)
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", *options, "-o", out, src]
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise CompileError(f"nvcc failed:\n{r.stderr}")
+        return Path(out).read_bytes()

@@ -1,0 +1,326 @@
+"""GPU lane tests (run on a CUDA machine; skipped cleanly where there is none).
+
+Covers: a planted out-of-bounds store in one thread of one block is refused and
+reported with that block/thread while neighbouring device buffers stay
+bit-identical; barriers after a fault do not deadlock; local/shared-array,
+read-only, freed and no-bounds faults; timeouts; checked and raw QR outputs are
+identical; the QR residuals pass the contest thresholds on every contest shape
+and on stress inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+try:
+    from runtime import cuda
+    from runtime.errors import CapabilityFault, KernelTimeout
+
+    _OK, _WHY = cuda.available()
+except Exception as e:  # noqa: BLE001 - no cffi/libcuda/device: all mean "skip here"
+    _OK, _WHY = False, f"GPU lane unavailable: {e}"
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")]
+
+CONTEST_SHAPES = [(20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048), (2, 4096)]
+EPS32 = float(np.finfo(np.float32).eps)
+
+PLANT = """
+KERNEL void plant(cap_t out, int64_t bad_block, int64_t bad_thread)
+{
+    int64_t b = rt_block_idx();
+    int64_t t = rt_thread_idx();
+    int64_t T = rt_block_dim();
+    int64_t i = b * T + t;
+    if (b == bad_block && t == bad_thread)
+        i = cap_len_f32(out);
+    cap_store_f32(out, i, 1.0f);
+    rt_sync_threads();
+    for (int64_t r = 0; r < 4; r++) {
+        cap_store_f32(out, b * T + t, 2.0f + (float)r);
+        rt_sync_threads();
+    }
+}
+"""
+PLANT_LINE = 10  # the cap_store_f32 that faults (line of PLANT, 1-based)
+
+
+def _sha(cap) -> str:
+    return hashlib.sha256(cap.numpy().tobytes()).hexdigest()
+
+
+def test_planted_oob_store_caught_neighbours_intact() -> None:
+    rng = np.random.default_rng(1)
+    grid, block = 8, 128
+    k = cuda.compile(PLANT, "plant")
+    before = [cuda.to_device(rng.standard_normal(grid * block).astype(np.float32),
+                             name=f"nb{i}") for i in range(3)]
+    out = cuda.alloc_device(grid * block, np.float32, name="out")
+    after = [cuda.to_device(rng.standard_normal(grid * block).astype(np.float32),
+                            name=f"na{i}") for i in range(3)]
+    sums = [_sha(c) for c in before + after]
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [out], args=(3, 17), grid=grid, block=block, timeout=20)
+    f = ei.value
+    assert (f.block, f.thread, f.index) == (3, 17, grid * block)
+    assert (f.reason, f.access, f.buffer, f.line) == ("out-of-bounds", "store", "out", PLANT_LINE)
+    assert [_sha(c) for c in before + after] == sums
+    o = out.numpy().reshape(grid, block)
+    # Other blocks ran to the end; the faulting block left at its next barrier.
+    assert np.all(np.delete(o, 3, axis=0) == 5.0)
+    assert np.all(np.delete(o[3], 17) == 1.0) and o[3, 17] == 0.0
+
+
+def test_fault_in_loop_with_barriers_does_not_deadlock() -> None:
+    src = """
+KERNEL void loopy(cap_t x, int64_t n)
+{
+    float smem_acc[256];
+    int64_t t = rt_thread_idx();
+    for (int64_t it = 0; it < 1000; it++) {
+        smem_acc[t] = (float)it;
+        rt_sync_threads();
+        int64_t i = t + it * 0;
+        if (it == 500 && t == 5 && rt_block_idx() == 1)
+            i = n + 100;
+        cap_store_f32(x, i, smem_acc[(t + 1) % rt_block_dim()]);
+        rt_sync_threads();
+    }
+}
+"""
+    k = cuda.compile(src, "loopy")
+    x = cuda.alloc_device(256, np.float32, name="x")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [x], args=(256,), grid=4, block=256, timeout=20)
+    assert (ei.value.block, ei.value.thread, ei.value.index) == (1, 5, 356)
+
+
+def test_shared_array_index_checked() -> None:
+    src = """
+KERNEL void sm(cap_t x, int64_t j)
+{
+    float smem_buf[64];
+    int64_t t = rt_thread_idx();
+    smem_buf[t] = 1.0f;
+    rt_sync_threads();
+    cap_store_f32(x, t, smem_buf[(t * j) % 1000]);
+}
+"""
+    k = cuda.compile(src, "sm")
+    x = cuda.alloc_device(64, np.float32, name="x")
+    cuda.launch(k, [x], args=(1,), grid=1, block=64)
+    assert np.all(x.numpy() == 1.0)
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [x], args=(3,), grid=1, block=64)
+    assert ei.value.reason == "local-array" and ei.value.buffer == "smem_buf"
+    assert ei.value.index >= 64 and ei.value.line == 8
+
+
+COPY = """
+KERNEL void copy(cap_t dst, cap_t src, int64_t n)
+{
+    for (int64_t i = rt_block_idx() * rt_block_dim() + rt_thread_idx(); i < n;
+         i += rt_grid_dim() * rt_block_dim())
+        cap_store_f32(dst, i, cap_load_f32(src, i) * 2.0f);
+}
+"""
+
+
+def test_copy_read_only_and_freed() -> None:
+    k = cuda.compile(COPY, "copy")
+    a = np.arange(1000, dtype=np.float32)
+    src = cuda.to_device(a, perms="r", name="src")
+    dst = cuda.alloc_device(1000, np.float32, name="dst")
+    cuda.launch(k, [dst, src], args=(1000,), grid=4, block=128)
+    np.testing.assert_array_equal(dst.numpy(), 2 * a)
+    with pytest.raises(CapabilityFault) as ei:  # store through a read-only cap
+        cuda.launch(k, [src, dst], args=(1000,), grid=4, block=128)
+    assert ei.value.reason == "read-only" and ei.value.buffer == "src"
+    src.free()
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [dst, src], args=(1000,), grid=4, block=128)
+    assert ei.value.reason == "freed" and ei.value.buffer == "src"
+    assert ei.value.access == "load"
+
+
+def test_cap_from_int_has_no_bounds() -> None:
+    src = """
+KERNEL void forge(cap_t x)
+{
+    cap_t y = cap_from_int(cap_to_int(x));
+    cap_store_f32(y, 0, 1.0f);
+}
+"""
+    k = cuda.compile(src, "forge")
+    x = cuda.alloc_device(16, np.float32, name="x")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [x], grid=1, block=32)
+    assert ei.value.reason == "no-bounds"
+    assert np.all(x.numpy() == 0)
+
+
+@pytest.mark.timeout(120)
+def test_timeout_cancels_runaway_kernel() -> None:
+    src = """
+KERNEL void spin(cap_t x)
+{
+    float s = 0.0f;
+    while (s >= 0.0f)
+        s = s + cap_load_f32(x, 0);
+    cap_store_f32(x, 1, s);
+}
+"""
+    k = cuda.compile(src, "spin")
+    x = cuda.alloc_device(4, np.float32, name="x")
+    with pytest.raises(KernelTimeout):
+        cuda.launch(k, [x], grid=2, block=32, timeout=0.5)
+    # the context is still usable afterwards
+    k2 = cuda.compile(COPY, "copy")
+    y = cuda.alloc_device(4, np.float32, name="y")
+    cuda.launch(k2, [y, x], args=(4,), grid=1, block=32)
+
+
+def test_f16_and_i64_accessors_and_torch_wrap() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    src = """
+KERNEL void conv(cap_t h, cap_t q, cap_t out, int64_t n)
+{
+    int64_t i = rt_block_idx() * rt_block_dim() + rt_thread_idx();
+    if (i < n)
+        cap_store_f32(out, i, cap_load_f16(h, i) + (float)cap_load_i64(q, i));
+}
+"""
+    k = cuda.compile(src, "conv")
+    h = torch.arange(100, device="cuda", dtype=torch.float16) / 4
+    q = torch.arange(100, device="cuda", dtype=torch.int64) * 10
+    out = torch.zeros(100, device="cuda", dtype=torch.float32)
+    caps = [cuda.wrap_device(h, "r", "h"), cuda.wrap_device(q, "r", "q"),
+            cuda.wrap_device(out, "rw", "out")]
+    cuda.launch(k, caps, args=(100,), grid=1, block=128)
+    torch.testing.assert_close(out, h.float() + q.float())
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, caps, args=(101,), grid=1, block=128)
+    assert (ei.value.buffer, ei.value.thread) == ("h", 100)
+
+
+# ---------------------------------------------------------------------------
+# batched QR
+# ---------------------------------------------------------------------------
+def qr_residuals(A: np.ndarray, H: np.ndarray, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per matrix: ||R - Q^T A||_1 / (n eps32 ||A||_1) and ||Q^T Q - I||_1 / (n eps32).
+
+    Computed in float64 (on the GPU through torch when available, else numpy/scipy).
+    """
+    n = A.shape[-1]
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ImportError
+        dev = "cuda"
+        At = torch.from_numpy(A).to(dev, torch.float64)
+        Ht = torch.from_numpy(H).to(dev, torch.float64)
+        Tt = torch.from_numpy(tau).to(dev, torch.float64)
+        out_r, out_o = [], []
+        for s in range(0, A.shape[0], 64):  # bound the float64 temporaries
+            Q = torch.linalg.householder_product(Ht[s:s + 64], Tt[s:s + 64])
+            R = torch.triu(Ht[s:s + 64])
+            a = At[s:s + 64]
+            QtA = Q.transpose(-1, -2) @ a
+            n1 = torch.linalg.matrix_norm(a, ord=1)
+            r = torch.linalg.matrix_norm(R - QtA, ord=1) / (n * EPS32 * torch.clamp(n1, min=1e-300))
+            eye = torch.eye(n, dtype=torch.float64, device=dev)
+            o = torch.linalg.matrix_norm(Q.transpose(-1, -2) @ Q - eye, ord=1) / (n * EPS32)
+            out_r.append(r.cpu().numpy())
+            out_o.append(o.cpu().numpy())
+        return np.concatenate(out_r), np.concatenate(out_o)
+    except ImportError:
+        from scipy.linalg import lapack
+
+        rr, oo = [], []
+        for a, h, t in zip(A.astype(np.float64), H.astype(np.float64), tau.astype(np.float64)):
+            q, _, _ = lapack.dorgqr(h, t)
+            r = np.triu(h)
+            rr.append(np.linalg.norm(r - q.T @ a, 1) / (n * EPS32 * max(np.linalg.norm(a, 1),
+                                                                       1e-300)))
+            oo.append(np.linalg.norm(q.T @ q - np.eye(n), 1) / (n * EPS32))
+        return np.array(rr), np.array(oo)
+
+
+def _run_qr(a: np.ndarray, checked: bool) -> tuple[np.ndarray, np.ndarray]:
+    import kernels.gpu as g
+
+    return g.qr(a, checked=checked)
+
+
+@pytest.mark.parametrize("batch,n", CONTEST_SHAPES)
+def test_qr_contest_shape(batch: int, n: int) -> None:
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((batch, n, n)).astype(np.float32)
+    H, tau = _run_qr(a, checked=True)
+    Hr, taur = _run_qr(a, checked=False)
+    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
+    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
+    r, o = qr_residuals(a, H, tau)
+    print(f"\n(batch={batch}, n={n}) max ||R-Q^TA||_1/(n eps ||A||_1) = {r.max():.3f} (<= 20), "
+          f"max ||Q^TQ-I||_1/(n eps) = {o.max():.3f} (<= 100)")
+    assert r.max() <= 20 and o.max() <= 100
+
+
+def _stress(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    a = rng.standard_normal((n, n))
+    if kind == "graded_rows":
+        a *= np.logspace(0, -12, n)[:, None]
+    elif kind == "graded_cols":
+        a *= np.logspace(0, -12, n)[None, :]
+    elif kind == "near_rank_deficient":
+        u, _, vt = np.linalg.svd(a)
+        s = np.logspace(0, -9, n)
+        s[n // 2:] = 1e-30
+        a = (u * s) @ vt
+    elif kind == "zero_column":
+        a[:, 3] = 0.0
+        a[:, n - 1] = 0.0
+    elif kind == "zero_matrix":
+        a[:] = 0.0
+    elif kind == "duplicate_columns":
+        a[:, 1] = a[:, 0]
+        a[:, 2] = a[:, 0] * (1 + 1e-7)
+    elif kind == "huge_tiny":
+        a *= 1e18 if rng.random() < 0.5 else 1e-18
+    return a.astype(np.float32)
+
+
+STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "zero_matrix",
+          "duplicate_columns", "huge_tiny"]
+
+
+@pytest.mark.parametrize("kind", STRESS)
+def test_qr_stress(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    a = np.stack([_stress(kind, n, rng) for n in (96,) * 4])
+    H, tau = _run_qr(a, checked=True)
+    Hr, taur = _run_qr(a, checked=False)
+    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
+    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
+    assert np.all(np.isfinite(H)) and np.all(np.isfinite(tau))
+    r, o = qr_residuals(a, H, tau)
+    print(f"\n{kind}: max residual ratio {r.max():.3f}, orthogonality ratio {o.max():.3f}")
+    assert r.max() <= 20 and o.max() <= 100
+
+
+def test_qr_matches_lapack_convention() -> None:
+    """Same compact form as scipy.linalg.qr(mode='raw') (up to rounding)."""
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 48, 48)).astype(np.float32)
+    H, tau = _run_qr(a, checked=True)
+    for b in range(2):
+        (h_ref, tau_ref), _ = scipy_linalg.qr(a[b].astype(np.float64), mode="raw")
+        np.testing.assert_allclose(H[b], h_ref, atol=2e-4, rtol=2e-3)
+        np.testing.assert_allclose(tau[b], tau_ref, atol=2e-5, rtol=1e-4)
