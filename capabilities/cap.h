@@ -392,6 +392,20 @@ static inline int rt_loop_span(int64_t a, int64_t b, int64_t step, int incl, int
     *span = last - a;
     return 1;
 }
+/* Same for a 32-bit (int) loop counter: the start must fit an int and the
+ * final `i += step` must not pass INT32_MAX. */
+static inline int rt_loop_span32(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
+{
+    if (a < INT32_MIN || a > INT32_MAX || !rt_loop_span(a, b, step, incl, span)) return 0;
+    return a + *span + step <= INT32_MAX;
+}
+/* Local-array subscript e0 + d*t for t in [0, span] stays in [0, dim). */
+static inline int rt_lrange_ok(int64_t e0, int64_t d, int64_t span, int64_t dim)
+{
+    int64_t tot, eL;
+    if (__builtin_mul_overflow(d, span, &tot) || __builtin_add_overflow(e0, tot, &eL)) return 0;
+    return e0 >= 0 && e0 < dim && eL >= 0 && eL < dim;
+}
 /* Whether an expression has a signed integer type of at most 64 bits. */
 #define RT_IS_INT(e) _Generic((e), long: 1, long long: 1, int: 1, short: 1, signed char: 1, \
                               default: 0)

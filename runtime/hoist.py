@@ -27,8 +27,8 @@ import copy
 
 from pycparser import c_ast
 
-# 32-bit loop variables are left alone: their i++ can wrap inside the range.
-_INT_TYPES = {"int64_t": 64, "long": 64}
+# int counters are guarded by rt_loop_span32 (start fits, no wrap past INT32_MAX).
+_INT_TYPES = {"int64_t": 64, "long": 64, "int": 32, "int32_t": 32}
 _PURE_CALLS_PREFIX = ("cap_len_",)
 _ACCESS_PREFIX = ("cap_load_", "cap_store_")
 _ELEM = ("f16", "f32", "f64", "i32", "i64")
@@ -45,8 +45,40 @@ def hoist_function(func: c_ast.FuncDef) -> set[int]:
     """
     counter = [0]
     no_poll: set[int] = set()
+    global _arrays
+    _arrays = _local_arrays(func)
     _walk(func.body, counter, no_poll)
     return no_poll
+
+
+_arrays: dict[str, list[int]] = {}
+
+
+def _local_arrays(func: c_ast.FuncDef) -> dict[str, list[int]]:
+    """name -> dims of local arrays; a name declared twice is left out (ambiguous)."""
+    found: dict[str, list[int]] = {}
+    dup: set[str] = set()
+
+    class V(c_ast.NodeVisitor):
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            dims: list[int] = []
+            t = n.type
+            while isinstance(t, c_ast.ArrayDecl):
+                try:
+                    dims.append(int(str(t.dim.value).rstrip("uUlL"), 0))
+                except (AttributeError, ValueError):
+                    dims = []
+                    break
+                t = t.type
+            if n.name in found or n.name in dup:
+                dup.add(n.name)
+                found.pop(n.name, None)
+            elif dims:
+                found[n.name] = dims
+            self.generic_visit(n)
+
+    V().visit(func)
+    return found
 
 
 def _walk(node: c_ast.Node, counter: list[int], no_poll: set[int]) -> None:
@@ -276,7 +308,28 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.No
             accesses.append(n)
 
     V().visit(loop.stmt)
-    if not accesses:
+    # Local-array subscripts: a[E1][E2]... where every E is pure and affine.
+    subs: list[tuple[c_ast.ArrayRef, int]] = []
+
+    class A(c_ast.NodeVisitor):
+        def visit_ArrayRef(self, n: c_ast.ArrayRef) -> None:
+            chain: list[c_ast.ArrayRef] = []
+            cur: c_ast.Node = n
+            while isinstance(cur, c_ast.ArrayRef):
+                chain.append(cur)
+                cur = cur.name
+            chain.reverse()
+            dims = _arrays.get(cur.name) if isinstance(cur, c_ast.ID) else None
+            for depth, ref in enumerate(chain):
+                self.visit(ref.subscript)
+                idx = ref.subscript
+                if (dims is not None and depth < len(dims) and cur.name not in changed
+                        and _pure(idx) and _affine(idx, var)
+                        and not ((_ids(idx) - {var}) & changed)):
+                    subs.append((ref, dims[depth]))
+
+    A().visit(loop.stmt)
+    if not accesses and not subs:
         return None
     counter[0] += 1
     k = counter[0]
@@ -300,8 +353,16 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.No
                 c_ast.ID(cap.name), e0, c_ast.BinaryOp("-", e1, copy.deepcopy(e0)),
                 c_ast.ID(hs), _const(store)])))
         n.name = c_ast.ID(("cap_ustore_" if store else "cap_uload_") + t, n.name.coord)
+    for ref, dim in subs:
+        idx = ref.subscript
+        e0 = _subst(idx, var, c_ast.ID(h0))
+        e1 = _subst(idx, var, c_ast.BinaryOp("+", c_ast.ID(h0), _const(1)))
+        guard_terms.append(c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
+            e0, c_ast.BinaryOp("-", e1, copy.deepcopy(e0)), c_ast.ID(hs), _const(dim)])))
+        ref.subscript = c_ast.FuncCall(c_ast.ID("cap_uidx"), c_ast.ExprList([idx]))
     runs = c_ast.BinaryOp(cmp, c_ast.ID(h0), c_ast.ID(hb))
-    span_ok = c_ast.FuncCall(c_ast.ID("rt_loop_span"), c_ast.ExprList([
+    span_fn = "rt_loop_span" if bits == 64 else "rt_loop_span32"
+    span_ok = c_ast.FuncCall(c_ast.ID(span_fn), c_ast.ExprList([
         c_ast.ID(h0), c_ast.ID(hb), _const(step), _const(1 if cmp == "<=" else 0),
         c_ast.UnaryOp("&", c_ast.ID(hs))]))
     ok: c_ast.Node = span_ok
@@ -312,7 +373,8 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.No
     # holds.  rt_loop_span sets the span before the guards read it.
     is_int = c_ast.BinaryOp("&&", _is_int(a_expr), _is_int(b_expr))
     for g in guard_terms:
-        is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[1]))
+        pos = 0 if g.name.name == "rt_lrange_ok" else 1
+        is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[pos]))
     cond = c_ast.BinaryOp("&&", is_int, c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), ok))
     fast = loop
     slow = copy.deepcopy(loop)
@@ -349,3 +411,13 @@ def _unhoist(node: c_ast.Node) -> None:
             self.generic_visit(n)
 
     V().visit(node)
+
+    class U(c_ast.NodeVisitor):
+        def visit_ArrayRef(self, n: c_ast.ArrayRef) -> None:
+            sub = n.subscript
+            if (isinstance(sub, c_ast.FuncCall) and isinstance(sub.name, c_ast.ID)
+                    and sub.name.name == "cap_uidx"):
+                n.subscript = sub.args.exprs[0]
+            self.generic_visit(n)
+
+    U().visit(node)

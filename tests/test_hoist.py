@@ -53,7 +53,7 @@ def _run(kernel, n: int, args: tuple) -> tuple:
     try:
         runtime.launch(kernel, [cap], args=args, timeout=20)
     except runtime.CapabilityFault as e:
-        fault = (e.reason, e.index, e.access)
+        fault = (e.reason, e.index, e.access, e.line)
     # neighbours of the buffer are never touched, hoisted or not
     assert np.array_equal(guard[:16], snapshot[:16])
     assert np.array_equal(guard[16 + n:], snapshot[16 + n:])
@@ -97,5 +97,46 @@ def test_hoisted_equals_checked(builds, name, n, lo, hi, a, b) -> None:
             a = 1
     f1, m1 = _run(hoisted, n, (lo, hi, a, b))
     f2, m2 = _run(plain, n, (lo, hi, a, b))
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+LOCAL_SRC = """
+KERNEL void local_fill(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
+{
+    float w[4][8];
+    for (int r = 0; r < 4; r++)
+        for (int l = 0; l < 8; l++)
+            w[r][l] = 0.0f;
+    for (int i = lo; i < hi; i++)
+        w[b & 3][a * i + b] = w[b & 3][a * i + b] + 1.0f;
+    for (int r = 0; r < 4; r++)
+        for (int l = 0; l < 8; l++)
+            cap_store_f32(x, r * 8 + l, w[r][l]);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def local_builds() -> tuple:
+    return (runtime.compile(LOCAL_SRC, "local_fill"),
+            runtime.compile(LOCAL_SRC, "local_fill", hoist=False))
+
+
+def test_local_array_subscripts_are_hoisted(local_builds) -> None:
+    hoisted, plain = local_builds
+    assert "rt_lrange_ok" in hoisted.c_source and "rt_loop_span32" in hoisted.c_source
+    assert "rt_lrange_ok" not in plain.c_source
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lo=st.integers(-20, 20), hi=st.integers(-20, 40), a=st.integers(-3, 3),
+       b=st.integers(-10, 12))
+def test_hoisted_local_arrays_equal_checked(local_builds, lo, hi, a, b) -> None:
+    hoisted, plain = local_builds
+    if a == 0 and hi - lo > 64:
+        hi = lo + 64
+    f1, m1 = _run(hoisted, 32, (lo, hi, a, b))
+    f2, m2 = _run(plain, 32, (lo, hi, a, b))
     assert f1 == f2
     assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
