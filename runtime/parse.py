@@ -26,7 +26,8 @@ DIALECT_TYPEDEFS = {
     "cap_t": "struct __capqr_cap",
 }
 
-PRELUDE = '#line 1 "prelude"\n' + "".join(f"typedef {c} {n};\n" for n, c in DIALECT_TYPEDEFS.items())
+PRELUDE = '#line 1 "prelude"\n' + "".join(
+    f"typedef {c} {n};\n" for n, c in DIALECT_TYPEDEFS.items())
 
 _TOKEN = re.compile(
     r"""(?P<line>//[^\n]*)|(?P<block>/\*.*?\*/)|(?P<str>"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')""",
