@@ -1,0 +1,14 @@
+"""capqr QR kernel family: Householder QR kernels in the checked dialect.
+
+``qr(A, variant=...)`` factors (batched) matrices into LAPACK compact form,
+``householder_product`` forms Q, ``check`` judges a result (LAPACK ratios and
+contest bounds), ``variants()`` lists what exists.  Kernel C lives in
+``kernels/src`` (see ``kernels.sources``); ``kernels.mutate`` makes faulty
+variants of it for safety fuzzing.
+"""
+
+from .check import CheckReport, MatrixReport, check
+from .qr import HalfOverflowError, Variant, householder_product, qr, variants
+
+__all__ = ["qr", "householder_product", "variants", "check", "CheckReport", "MatrixReport",
+           "Variant", "HalfOverflowError"]

@@ -1,0 +1,222 @@
+"""Python API of the QR kernel family: ``qr``, ``householder_product``, ``variants``.
+
+Orientation.  Inputs are (m, n) or (batch, m, n) matrices in the usual numpy
+(row-major) orientation.  Outputs are LAPACK ``xGEQRF`` compact form in the
+same orientation as ``scipy.linalg.qr(a, mode="raw")[0]`` and ``torch.geqrf``:
+``H[..., i, j]`` for ``i <= j`` is ``R[i, j]``; for ``i > j`` it is the i-th
+entry of the j-th Householder vector ``v_j`` (``v_j[j] = 1`` implicit, zeros
+above); ``tau[..., j]`` is its scale, ``Q = H_0 H_1 ... H_{k-1}``,
+``H_j = I - tau_j v_j v_j^T``, k = min(m, n).  The kernels work directly on
+the row-major buffer (see kernels/src/householder.c), so no transposes.
+
+Sign convention: LAPACK's (beta = -sign(alpha) * norm), the same as scipy and
+torch (both call LAPACK), so R agrees with them including signs up to
+rounding; only where a column is (numerically) zero below the diagonal can
+an implementation choose differently, which the reference tests allow for by
+comparing ``|R|`` row signs (see tests/test_kernels_reference.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import sources
+
+#: Largest panel width the blocked kernels accept (their local tiles are 128 rows).
+NB_MAX = 128
+
+
+class HalfOverflowError(FloatingPointError):
+    """The half-precision variant produced non-finite values from finite input."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One QR kernel variant: its source family, dtypes and tunable parameters."""
+
+    name: str
+    family: str
+    dtypes: tuple[str, ...]
+    params: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+_VARIANTS: dict[str, Variant] = {
+    "unblocked": Variant("unblocked", "geqr2", ("float32", "float64"), {},
+                         "xGEQR2: one Householder reflector at a time (BLAS-2)"),
+    "blocked": Variant("blocked", "geqrf", ("float32", "float64"), {"nb": 32},
+                       "xGEQRF: panels of nb columns, compact WY (T matrix), blocked update"),
+    "f16": Variant("f16", "geqrf_f16", ("float16",), {"nb": 32},
+                   "blocked QR with half storage (matrix, R, V), float32 accumulation"),
+}
+
+
+def variants() -> dict[str, Variant]:
+    """The available variants by name (dtypes they compute in, default parameters)."""
+    return dict(_VARIANTS)
+
+
+def _kernel(family: str, dtype: str, checked: bool) -> Any:
+    import runtime
+
+    src = sources.source(family, "float32" if dtype == "float16" else dtype)
+    return runtime.compile(src, sources.entry(family, dtype), checked=checked)
+
+
+def _as_numpy(A: Any) -> tuple[np.ndarray, bool]:
+    if type(A).__module__.startswith("torch"):
+        return A.detach().cpu().numpy(), True
+    return np.asarray(A), False
+
+
+def _compute_dtype(variant: Variant, dt: np.dtype) -> str:
+    if variant.family == "geqrf_f16":
+        return "float16"
+    if dt == np.float64:
+        return "float64"
+    if dt in (np.float32, np.float16):
+        return "float32"
+    if np.issubdtype(dt, np.integer) or np.issubdtype(dt, np.bool_):
+        return "float64"
+    raise TypeError(f"unsupported input dtype {dt} (real floating or integer matrices only)")
+
+
+def qr(A: Any, variant: str = "blocked", checked: bool = True, *, nb: int | None = None,
+       grid: int | None = None, allow_nonfinite: bool = False,
+       timeout: float | None = None) -> tuple[Any, Any]:
+    """Householder QR of A, shape (m, n) or (batch, m, n), in LAPACK compact form.
+
+    Returns ``(H, tau)`` (numpy, or torch CPU tensors for torch input); see the
+    module docstring for the layout.  ``variant`` is a name from
+    :func:`variants`; ``checked=False`` runs the raw (unchecked) build of the
+    same kernel.  ``nb`` is the panel width of the blocked variants
+    (1..128).  ``grid`` defaults to the batch size (one block per matrix).
+    float64 input is factored in float64, float32/float16 in float32 (the
+    ``f16`` variant stores in half: H is float16, tau float32).
+
+    Raises ValueError for NaN/Inf input unless ``allow_nonfinite`` (then NaNs
+    propagate and :func:`kernels.check` flags them), ``HalfOverflowError``
+    when the f16 variant overflows half precision (unless ``allow_nonfinite``),
+    and the runtime's CapabilityFault/KernelTimeout if the kernel misbehaves.
+    """
+    import capabilities
+    import runtime
+
+    if variant not in _VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; have {sorted(_VARIANTS)}")
+    v = _VARIANTS[variant]
+    a, is_torch = _as_numpy(A)
+    if a.ndim not in (2, 3):
+        raise ValueError(f"expected a (m, n) or (batch, m, n) matrix, got shape {a.shape}")
+    batched = a.ndim == 3
+    a3 = a if batched else a[None]
+    batch, m, n = a3.shape
+    if m == 0 or n == 0:
+        raise ValueError(f"empty matrix of shape {a.shape}")
+    dt = _compute_dtype(v, a3.dtype)
+    if not allow_nonfinite and not np.isfinite(a3).all():
+        raise ValueError("input contains NaN or Inf (pass allow_nonfinite=True to factor anyway)")
+    k = min(m, n)
+    if dt == "float16":
+        with np.errstate(over="ignore"):
+            h = np.array(a3, dtype=np.float16, order="C", copy=True)
+        if not allow_nonfinite and not np.isfinite(h).all():
+            raise HalfOverflowError("input exceeds the float16 range (max 65504)")
+        tdt = np.float32
+    else:
+        h = np.array(a3, dtype=dt, order="C", copy=True)
+        tdt = np.dtype(dt)
+    tau = np.zeros((batch, k), dtype=tdt)
+    g = batch if grid is None else max(1, min(int(grid), batch))
+    kern = _kernel(v.family, dt, checked)
+    hc = capabilities.wrap(h, name="qr.a")
+    tc = capabilities.wrap(tau, name="qr.tau")
+    if v.family == "geqr2":
+        work = capabilities.alloc((g * n,), tdt, name="qr.work")
+        scalars: tuple = (batch, m, n)
+    else:
+        b = v.params["nb"] if nb is None else int(nb)
+        if not 1 <= b <= NB_MAX:
+            raise ValueError(f"panel width nb={b} outside 1..{NB_MAX}")
+        work = capabilities.alloc((g * (m * b + b * b + b),), np.float32 if dt == "float16"
+                                  else tdt, name="qr.work")
+        scalars = (batch, m, n, b)
+    try:
+        runtime.launch(kern, [hc, tc, work], args=scalars, grid=g, timeout=timeout)
+    finally:
+        work.free()
+    if dt == "float16" and not allow_nonfinite and not np.isfinite(h).all():
+        raise HalfOverflowError("float16 storage overflowed during the factorisation "
+                                "(values beyond 65504); use a float32 variant")
+    H, T = (h, tau) if batched else (h[0], tau[0])
+    if is_torch:
+        import torch
+
+        return torch.from_numpy(H), torch.from_numpy(T)
+    return H, T
+
+
+def householder_product(H: Any, tau: Any) -> Any:
+    """Form the m x min(m,n) Q of a compact-form QR (float64, reference code).
+
+    Accepts (m, n) or (batch, m, n) with tau (k,) or (batch, k); returns the
+    same container type (numpy or torch) as H, always float64.
+    """
+    h, is_torch = _as_numpy(H)
+    t, _ = _as_numpy(tau)
+    h = np.asarray(h, dtype=np.float64)
+    t = np.asarray(t, dtype=np.float64)
+    if h.ndim == 2:
+        q = _orgqr(h, t)
+    else:
+        q = np.stack([_orgqr(h[i], t[i]) for i in range(h.shape[0])])
+    if is_torch:
+        import torch
+
+        return torch.from_numpy(q)
+    return q
+
+
+def _orgqr(h: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Q (m x k) from one compact-form matrix: LAPACK dorgqr, or a numpy loop."""
+    m, n = h.shape
+    k = min(m, n)
+    try:
+        from scipy.linalg import lapack
+    except ImportError:  # pragma: no cover - scipy is a test dependency
+        lapack = None
+    if lapack is not None and np.isfinite(h).all() and np.isfinite(t).all():
+        q, _, info = lapack.dorgqr(np.asfortranarray(h[:, :k]), t[:k], lwork=max(1, 64 * k))
+        if info == 0:
+            return np.ascontiguousarray(q)
+    q = np.eye(m, k)
+    for j in range(k - 1, -1, -1):
+        v = np.concatenate(([1.0], h[j + 1:, j]))
+        q[j:, :] -= t[j] * np.outer(v, v @ q[j:, :])
+    return q
+
+
+def apply_qt(H: np.ndarray, tau: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Q^T C (float64) for one compact-form matrix: LAPACK dormqr, or a numpy loop."""
+    h = np.asarray(H, dtype=np.float64)
+    t = np.asarray(tau, dtype=np.float64)
+    c = np.array(C, dtype=np.float64)
+    m, n = h.shape
+    k = min(m, n)
+    try:
+        from scipy.linalg import lapack
+    except ImportError:  # pragma: no cover
+        lapack = None
+    if lapack is not None and np.isfinite(h).all() and np.isfinite(t).all() \
+            and np.isfinite(c).all():
+        cq, _, info = lapack.dormqr("L", "T", np.asfortranarray(h[:, :k]), t[:k],
+                                    np.asfortranarray(c), lwork=max(1, 64 * c.shape[1]))
+        if info == 0:
+            return np.ascontiguousarray(cq)
+    for j in range(k):
+        v = np.concatenate(([1.0], h[j + 1:, j]))
+        c[j:, :] -= t[j] * np.outer(v, v @ c[j:, :])
+    return c
