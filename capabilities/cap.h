@@ -104,7 +104,8 @@ typedef union rt_arg {
 /* ---- faults ------------------------------------------------------------ */
 enum { RT_OK = 0, RT_FAULT_OOB = 1, RT_FAULT_READONLY = 2, RT_FAULT_FREED = 3,
        RT_FAULT_NOBOUNDS = 4, RT_FAULT_LOCAL = 5, RT_FAULT_TIMEOUT = 6,
-       RT_FAULT_CANCELLED = 7, RT_FAULT_ALLOC = 8, RT_FAULT_ARG = 9 };
+       RT_FAULT_CANCELLED = 7, RT_FAULT_ALLOC = 8, RT_FAULT_ARG = 9,
+       RT_FAULT_DIVZERO = 10 };
 enum { RT_ACC_LOAD = 1, RT_ACC_STORE = 2 };
 
 typedef struct rt_fault_rec {
@@ -140,6 +141,8 @@ typedef struct rt_api {
     void (*fault)(struct rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
                   int32_t access, int32_t line);
     void (*fault_local)(struct rt_block *b, const char *array, int64_t index, int32_t line);
+    /* integer division or remainder by zero (would be SIGFPE) */
+    void (*fault_div)(struct rt_block *b, int32_t line);
     /* pollcheck slow path: handshake callback, timeout, cancel */
     void (*poll)(struct rt_block *b);
     /* allocation from kernels: a fresh zeroed object; faults when out of memory */
@@ -409,6 +412,39 @@ static inline int rt_lrange_ok(int64_t e0, int64_t d, int64_t span, int64_t dim)
 /* Whether an expression has a signed integer type of at most 64 bits. */
 #define RT_IS_INT(e) _Generic((e), long: 1, long long: 1, int: 1, short: 1, signed char: 1, \
                               default: 0)
+
+/* Integer division that cannot trap: x86 raises SIGFPE for a zero divisor and
+ * for INT64_MIN / -1, which would kill the host.  Zero faults; -1 negates
+ * (wrapping).  The instrumenter routes every `/` and `%` through RT_DIV/RT_MOD,
+ * which pick these only for integer operands (_Generic on the result type). */
+static inline int64_t rt_idiv(rt_block *b, int64_t x, int64_t y, int32_t line)
+{
+    if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
+    if (RT_UNLIKELY(y == -1)) return (int64_t)(0 - (uint64_t)x);
+    return x / y;
+}
+static inline int64_t rt_imod(rt_block *b, int64_t x, int64_t y, int32_t line)
+{
+    if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
+    if (RT_UNLIKELY(y == -1)) return 0;
+    return x % y;
+}
+static inline uint64_t rt_udiv(rt_block *b, uint64_t x, uint64_t y, int32_t line)
+{
+    if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
+    return x / y;
+}
+static inline uint64_t rt_umod(rt_block *b, uint64_t x, uint64_t y, int32_t line)
+{
+    if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
+    return x % y;
+}
+#define RT_DIV(b, x, y, line) _Generic((x) / (y), double: (x) / (y), float: (x) / (y), \
+    unsigned long: rt_udiv(b, (x), (y), line), unsigned int: (unsigned int)rt_udiv(b, (x), (y), line), \
+    int: (int)rt_idiv(b, (x), (y), line), default: rt_idiv(b, (x), (y), line))
+#define RT_MOD(b, x, y, line) _Generic((x) % (y), \
+    unsigned long: rt_umod(b, (x), (y), line), unsigned int: (unsigned int)rt_umod(b, (x), (y), line), \
+    int: (int)rt_imod(b, (x), (y), line), default: rt_imod(b, (x), (y), line))
 
 /* Frame push/pop (both modes: allocation from kernels needs roots). */
 static inline void rt_frame_push(rt_block *b, rt_frame *f, int32_t nslots)

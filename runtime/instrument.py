@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from pycparser import c_ast, c_generator
 
+from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
 SIZES = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "cap": 16}
@@ -135,6 +136,25 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return node
         if isinstance(node, c_ast.Decl):
             return self._rewrite_decl(node)
+        if isinstance(node, c_ast.BinaryOp) and node.op in ("/", "%"):
+            left, right = self.rewrite(node.left), self.rewrite(node.right)
+            macro = "RT_DIV" if node.op == "/" else "RT_MOD"
+            return _call(macro, _id("__rt"), left, right, _line(node))
+        if isinstance(node, c_ast.Assignment) and node.op in ("/=", "%="):
+            # x /= y  ->  x = RT_DIV(x, y): the lvalue is evaluated twice, so it
+            # must be side-effect free (a variable or a pure subscript).
+            from .hoist import _pure
+
+            if not _pure_lvalue(node.lvalue, _pure):
+                raise VerifyError(node.coord.line if node.coord else None,
+                                  f"compound '{node.op}' on a complex lvalue",
+                                  "write it as 'x = x / y' (the checked division needs the "
+                                  "target twice)")
+            op = node.op[0]
+            node.rvalue = c_ast.BinaryOp(op, copy.deepcopy(node.lvalue), node.rvalue,
+                                         node.coord)
+            node.op = "="
+            return self.rewrite(node)
         if isinstance(node, c_ast.Assignment):
             node.rvalue = self.rewrite(node.rvalue)
             node.lvalue = self.rewrite(node.lvalue)
@@ -243,6 +263,14 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return c_ast.StructRef(rt, "->", _id("grid_dim"))
         node.args = c_ast.ExprList(args) if node.args else None
         return node
+
+
+def _pure_lvalue(lv: c_ast.Node, pure) -> bool:
+    if isinstance(lv, c_ast.ID):
+        return True
+    if isinstance(lv, c_ast.ArrayRef):
+        return _pure_lvalue(lv.name, pure) and pure(lv.subscript)
+    return False
 
 
 def _array_dims(t: c_ast.Node) -> list[int] | None:

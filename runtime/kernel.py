@@ -85,7 +85,7 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
     parsed = parse(source)
     from .verifier import verify
 
-    verify(parsed)
+    verified = verify(parsed)
     if name is None:
         if len(parsed.kernels) != 1:
             raise VerifyError(None, "kernel name", f"source defines kernels {parsed.kernels}; "
@@ -94,6 +94,7 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
     if name not in parsed.kernels:
         raise VerifyError(None, f"kernel {name!r}",
                           f"no KERNEL function of that name (found {parsed.kernels})")
+    _check_stack_budget(verified, name)
     inst: Instrumented = instrument(parsed, name, mode, hoist=hoist)
     mod = build_module(
         f"_capqr_k_{key[:20]}",
@@ -108,6 +109,38 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
     with _lock:
         _compiled[key] = k
     return k
+
+
+#: Local arrays along any call chain must fit well inside a worker's 16 MiB
+#: stack: a stack overflow would kill the host process, not fault.
+STACK_BUDGET = 8 << 20
+
+
+def _check_stack_budget(verified: Any, kernel: str) -> None:
+    """Reject a kernel whose local arrays could overflow a worker stack."""
+    own = {f: sum(8 * _prod(d) for d in arrays.values())
+           for f, arrays in verified.local_arrays.items()}
+    memo: dict[str, int] = {}
+
+    def deepest(f: str) -> int:  # the call graph is acyclic (no recursion)
+        if f not in memo:
+            memo[f] = own.get(f, 0) + max(
+                (deepest(g) for g in verified.call_graph.get(f, ())), default=0)
+        return memo[f]
+
+    for f in [kernel]:
+        if deepest(f) > STACK_BUDGET:
+            raise VerifyError(verified.parsed.funcs[f].decl.coord.line, "local arrays",
+                              f"kernel {f!r} and its callees need about {deepest(f) >> 10} "
+                              f"KiB of local arrays; the limit is {STACK_BUDGET >> 10} KiB "
+                              "(use a buffer from capabilities.alloc or cap_alloc_*)")
+
+
+def _prod(dims: Any) -> int:
+    out = 1
+    for d in dims:
+        out *= int(d)
+    return out
 
 
 def _instrumenter_version() -> str:

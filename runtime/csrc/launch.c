@@ -52,13 +52,14 @@ static int64_t kernels_running = 0;   /* blocks in kernel code, all launches (at
 static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
                        int32_t access, int32_t line);
 static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line);
+static void fault_div_impl(rt_block *b, int32_t line);
 static void poll_impl(rt_block *b);
 static cap_t alloc_impl(rt_block *b, int64_t n, int32_t dtype, int32_t line);
 static void store_cap_impl(rt_block *b, rt_capslot *slot, cap_t v);
 static cap_t load_cap_impl(rt_block *b, const rt_capslot *slot);
 
 static const rt_api api_table = {
-    RT_ABI_VERSION, fault_impl, fault_local_impl, poll_impl, alloc_impl, store_cap_impl,
+    RT_ABI_VERSION, fault_impl, fault_local_impl, fault_div_impl, poll_impl, alloc_impl, store_cap_impl,
     load_cap_impl,
 };
 
@@ -133,6 +134,19 @@ static void fault_local_impl(rt_block *b, const char *array, int64_t index, int3
     r.line = line;
     r.thread = -1;
     strncpy(r.buffer, array, RT_NAME_MAX - 1);
+    record_fault(b->launch, &r);
+    longjmp(b->jmp, 1);
+}
+
+static void fault_div_impl(rt_block *b, int32_t line)
+{
+    rt_fault_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = RT_FAULT_DIVZERO;
+    r.block = b->block_idx;
+    r.line = line;
+    r.thread = -1;
+    strcpy(r.buffer, "<division>");
     record_fault(b->launch, &r);
     longjmp(b->jmp, 1);
 }
