@@ -1,0 +1,667 @@
+"""Runtime core: public API, launch argument matching, grids, timeouts, the kernel
+cache, checked-vs-raw equivalence, wrapping numpy/torch memory, read-only views,
+free(), int(cap) and capabilities.from_int()."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import capabilities
+import runtime
+from runtime import CapabilityFault, KernelTimeout
+
+# ---------------------------------------------------------------------------
+# kernels shared by several tests
+
+FILL_SRC = """
+KERNEL void fill(cap_t x, int64_t n, double v)
+{
+    for (int64_t i = rt_block_idx(); i < n; i += rt_grid_dim())
+        cap_store_f64(x, i, v);
+}
+"""
+
+ORDER_SRC = """
+KERNEL void order(cap_t a, int64_t n, cap_t b, double s, float f)
+{
+    for (int64_t i = 0; i < n; i++)
+        cap_store_f64(b, i, cap_load_f64(a, i) * s + (double)f);
+}
+"""
+
+TWO_CAPS_SRC = """
+KERNEL void two(cap_t x, cap_t y, int64_t n)
+{
+    cap_store_f64(x, 0, 1.0);
+    cap_store_f64(y, 0, (double)n);
+}
+"""
+
+GRID_SRC = """
+KERNEL void grid(cap_t idx, cap_t dim, cap_t count)
+{
+    int64_t b = rt_block_idx();
+    cap_store_i64(idx, b, b);
+    cap_store_i64(dim, b, rt_grid_dim());
+    cap_store_i64(count, b, cap_load_i64(count, b) + 1);
+}
+"""
+
+SPIN_SRC = """
+KERNEL void spin(cap_t x)
+{
+    int64_t k = 0;
+    while (cap_load_i64(x, 0) != 12345) {
+        k++;
+    }
+    cap_store_i64(x, 1, k);
+}
+"""
+
+SPIN_SOME_SRC = """
+KERNEL void spin_some(cap_t out)
+{
+    int64_t b = rt_block_idx();
+    if (b % 3 == 1) {
+        for (;;) { }
+    }
+    cap_store_i64(out, b, b + 1);
+}
+"""
+
+STORE0_SRC = """
+KERNEL void store0(cap_t x)
+{
+    cap_store_f64(x, 0, 42.0);
+}
+"""
+
+LOAD0_SRC = """
+KERNEL void load0(cap_t x, cap_t out)
+{
+    cap_store_f64(out, 0, cap_load_f64(x, 0));
+}
+"""
+
+ADDR_SRC = """
+KERNEL void addr(cap_t x, cap_t out)
+{
+    cap_store_i64(out, 0, cap_to_int(x));
+}
+"""
+
+BAD_SRC = """
+KERNEL void bad(cap_t x, int64_t n)
+{
+    for (int64_t i = 0; i <= n; i++) cap_store_f64(x, i, 1.0);
+}"""
+
+
+@pytest.fixture(scope="module")
+def fill():
+    return runtime.compile(FILL_SRC, "fill")
+
+
+# ---------------------------------------------------------------------------
+# API surface
+
+
+def test_public_names_exist():
+    """The names other issues rely on are exported."""
+    for name in ("compile", "launch", "CapabilityFault", "VerifyError", "KernelTimeout"):
+        assert hasattr(runtime, name), name
+    for name in ("alloc", "wrap", "from_int", "Capability"):
+        assert hasattr(capabilities, name), name
+    assert issubclass(CapabilityFault, runtime.CapqrError)
+    assert issubclass(KernelTimeout, runtime.CapqrError)
+    assert runtime.threads() >= 1
+
+
+def test_alloc_attributes_and_zeroed():
+    c = capabilities.alloc((3, 4), np.float32, name="mat")
+    assert c.name == "mat"
+    assert c.nbytes == 48
+    assert np.dtype(c.dtype) == np.float32
+    assert c.perms == "rw"
+    a = c.numpy()
+    assert a.shape == (3, 4) and a.dtype == np.float32
+    assert not a.any()
+    a[1, 2] = 5.0
+    assert c.numpy()[1, 2] == 5.0  # the view is the buffer, not a copy
+
+
+def test_alloc_rejects_bad_dtype_and_perms():
+    with pytest.raises(TypeError):
+        capabilities.alloc(4, np.complex128)
+    with pytest.raises(ValueError):
+        capabilities.alloc(4, np.float64, perms="w")
+
+
+def test_compile_returns_kernel_with_signature():
+    k = runtime.compile(ORDER_SRC, "order")
+    assert isinstance(k, runtime.Kernel)
+    assert k.name == "order" and k.checked and k.mode == "checked"
+    assert [kind for _, kind in k.signature.params] == ["cap", "int64", "cap", "double",
+                                                        "float"]
+    raw = runtime.compile(ORDER_SRC, "order", checked=False)
+    assert not raw.checked and raw.mode == "raw"
+    assert raw is not k
+
+
+# ---------------------------------------------------------------------------
+# launch argument matching
+
+
+def test_caps_and_scalars_matched_in_order():
+    """Caps fill cap_t params in order, args fill the scalars in order, even interleaved."""
+    k = runtime.compile(ORDER_SRC, "order")
+    a = capabilities.wrap(np.arange(6, dtype=np.float64))
+    b = capabilities.alloc(6, np.float64)
+    runtime.launch(k, [a, b], args=(5, 3.0, 0.5))
+    np.testing.assert_array_equal(b.numpy(), [0.5, 3.5, 6.5, 9.5, 12.5, 0.0])
+
+
+def test_single_cap_not_in_a_list(fill):
+    x = capabilities.alloc(4, np.float64)
+    runtime.launch(fill, x, args=(4, 2.0))
+    assert (x.numpy() == 2.0).all()
+
+
+def test_numpy_integer_and_float_scalars_accepted(fill):
+    x = capabilities.alloc(4, np.float64)
+    runtime.launch(fill, [x], args=(np.int64(3), np.float32(1.5)))
+    np.testing.assert_array_equal(x.numpy(), [1.5, 1.5, 1.5, 0.0])
+
+
+@pytest.mark.parametrize(
+    "caps_kind,args",
+    [
+        ("none", (1,)),            # too few caps
+        ("three", (1,)),           # too many caps
+        ("ndarray", (1,)),         # a numpy array where a cap is needed
+        ("int", (1,)),             # an address where a cap is needed
+        ("ok", ()),                # too few scalars
+        ("ok", (1, 2)),            # too many scalars
+        ("ok", ("1",)),            # str for int64_t
+        ("ok", (1.0,)),            # float for int64_t
+        ("ok", (True,)),           # bool for int64_t
+        ("ok", (None,)),           # None for int64_t
+    ],
+)
+def test_wrong_count_or_type_is_typeerror_before_running(caps_kind, args):
+    """Nothing runs: x keeps its contents when the launch is refused."""
+    k = runtime.compile(TWO_CAPS_SRC, "two")
+    x = capabilities.alloc(1, np.float64, name="x")
+    y = capabilities.alloc(1, np.float64, name="y")
+    caps = {
+        "none": [],
+        "three": [x, y, y],
+        "ndarray": [x, np.zeros(1)],
+        "int": [x, int(y)],
+        "ok": [x, y],
+    }[caps_kind]
+    with pytest.raises(TypeError):
+        runtime.launch(k, caps, args=args)
+    assert x.numpy()[0] == 0.0 and y.numpy()[0] == 0.0
+    runtime.launch(k, [x, y], args=(7,))  # and the kernel itself works
+    assert x.numpy()[0] == 1.0 and y.numpy()[0] == 7.0
+
+
+def test_float_scalar_rejects_non_numbers():
+    k = runtime.compile(ORDER_SRC, "order")
+    a = capabilities.alloc(2, np.float64)
+    b = capabilities.alloc(2, np.float64)
+    with pytest.raises(TypeError):
+        runtime.launch(k, [a, b], args=(2, "3.0", 1.0))
+    with pytest.raises(TypeError):
+        runtime.launch(k, [a, b], args=(2, 3.0, [1.0]))
+
+
+@pytest.mark.parametrize("grid", [-1, 2.0, True, "4", None])
+def test_bad_grid_is_typeerror(fill, grid):
+    x = capabilities.alloc(4, np.float64)
+    with pytest.raises(TypeError):
+        runtime.launch(fill, [x], args=(4, 1.0), grid=grid)
+    assert not x.numpy().any()
+
+
+# ---------------------------------------------------------------------------
+# grid semantics
+
+
+@pytest.mark.parametrize("grid", [1, 2, 7, 64, 1000])
+def test_every_block_runs_exactly_once(grid):
+    """rt_block_idx() covers 0..grid-1 once each; rt_grid_dim() == grid everywhere."""
+    k = runtime.compile(GRID_SRC, "grid")
+    n = grid + 3
+    idx = capabilities.wrap(np.full(n, -1, dtype=np.int64))
+    dim = capabilities.alloc(n, np.int64)
+    count = capabilities.alloc(n, np.int64)
+    runtime.launch(k, [idx, dim, count], grid=grid)
+    np.testing.assert_array_equal(idx.numpy()[:grid], np.arange(grid))
+    assert (idx.numpy()[grid:] == -1).all()
+    assert (dim.numpy()[:grid] == grid).all() and not dim.numpy()[grid:].any()
+    assert (count.numpy()[:grid] == 1).all() and not count.numpy()[grid:].any()
+
+
+def test_grid_zero_runs_nothing(fill):
+    x = capabilities.alloc(8, np.float64)
+    runtime.launch(fill, [x], args=(8, 3.0), grid=0)
+    assert not x.numpy().any()
+
+
+def test_grid_stride_loop_covers_everything(fill):
+    x = capabilities.alloc(1001, np.float64)
+    runtime.launch(fill, [x], args=(1001, 4.0), grid=13)
+    assert (x.numpy() == 4.0).all()
+
+
+def test_concurrent_launches_from_python_threads(fill):
+    """Launches release the GIL and may overlap; each gets its own results."""
+    bufs = [capabilities.alloc(5000, np.float64) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(5):
+                runtime.launch(fill, [bufs[i]], args=(5000, float(i + 1)), grid=8)
+        except BaseException as e:  # noqa: BLE001 - surfaced below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors
+    for i, b in enumerate(bufs):
+        assert (b.numpy() == i + 1).all()
+
+
+# ---------------------------------------------------------------------------
+# timeouts
+
+
+def test_timeout_stops_infinite_loops_and_pool_survives(fill):
+    """Every block spins forever (more blocks than workers); the deadline stops them."""
+    k = runtime.compile(SPIN_SRC, "spin")
+    x = capabilities.alloc(2, np.int64)
+    t0 = time.monotonic()
+    with pytest.raises(KernelTimeout) as ei:
+        runtime.launch(k, [x], grid=4 * runtime.threads() + 3, timeout=0.3)
+    elapsed = time.monotonic() - t0
+    assert 0.25 <= elapsed < 10.0
+    assert ei.value.kernel == "spin" and ei.value.timeout == 0.3
+    assert x.numpy()[1] == 0  # no block got past its loop
+    # The worker pool is still usable afterwards.
+    y = capabilities.alloc(777, np.float64)
+    runtime.launch(fill, [y], args=(777, 9.0), grid=32)
+    assert (y.numpy() == 9.0).all()
+
+
+def test_timeout_with_some_blocks_looping():
+    """Blocks 1, 4, 7, ... loop forever; the rest may finish; the launch still times out."""
+    k = runtime.compile(SPIN_SOME_SRC, "spin_some")
+    out = capabilities.alloc(12, np.int64)
+    with pytest.raises(KernelTimeout) as ei:
+        runtime.launch(k, [out], grid=12, timeout=0.2)
+    assert ei.value.blocks_done is None or ei.value.blocks_done <= 8
+    got = out.numpy()
+    for b in range(12):
+        assert got[b] in ((0, b + 1) if b % 3 != 1 else (0,)), (b, got[b])
+
+
+def test_timeout_not_reached_is_normal_completion(fill):
+    x = capabilities.alloc(100, np.float64)
+    runtime.launch(fill, [x], args=(100, 1.25), grid=4, timeout=30.0)
+    assert (x.numpy() == 1.25).all()
+
+
+def test_timeout_must_be_positive(fill):
+    x = capabilities.alloc(4, np.float64)
+    with pytest.raises(ValueError):
+        runtime.launch(fill, [x], args=(4, 1.0), timeout=0)
+    assert not x.numpy().any()
+
+
+def test_repeated_timeouts_do_not_leak_workers(fill):
+    """Several timed-out launches in a row; then a big grid still completes."""
+    k = runtime.compile(SPIN_SRC, "spin")
+    x = capabilities.alloc(2, np.int64)
+    for _ in range(3):
+        with pytest.raises(KernelTimeout):
+            runtime.launch(k, [x], grid=3, timeout=0.05)
+    y = capabilities.alloc(10_000, np.float64)
+    runtime.launch(fill, [y], args=(10_000, 2.5), grid=100, timeout=30.0)
+    assert (y.numpy() == 2.5).all()
+
+
+# ---------------------------------------------------------------------------
+# the kernel cache
+
+
+def test_kernel_cache_hit_is_fast_and_same_object():
+    src = FILL_SRC.replace("fill", "fill_cache")
+    k1 = runtime.compile(src, "fill_cache")
+    t0 = time.perf_counter()
+    k2 = runtime.compile(src, "fill_cache")
+    dt = time.perf_counter() - t0
+    assert k2 is k1
+    assert dt < 0.05, f"cache hit took {dt:.3f}s"
+
+
+def test_cache_key_distinguishes_mode_and_source():
+    k = runtime.compile(FILL_SRC, "fill")
+    assert runtime.compile(FILL_SRC, "fill", checked=False) is not k
+    other = runtime.compile(FILL_SRC.replace("v);", "v + 1.0);"), "fill")
+    assert other is not k
+    x = capabilities.alloc(3, np.float64)
+    runtime.launch(other, [x], args=(3, 1.0))
+    assert (x.numpy() == 2.0).all()
+
+
+# ---------------------------------------------------------------------------
+# checked and raw builds agree on correct kernels
+
+EQUIV_KERNELS = {
+    # f64 with a static helper and a grid-stride loop
+    "axpy64": ("""
+static double twice(double v) { return v + v; }
+KERNEL void axpy64(cap_t x, cap_t y, int64_t n, double a)
+{
+    for (int64_t i = rt_block_idx(); i < n; i += rt_grid_dim())
+        cap_store_f64(y, i, fma(a, cap_load_f64(x, i), twice(cap_load_f64(y, i))));
+}""", np.float64),
+    # f32 3-point smoothing through a local array, cap_len_f32 for the length
+    "smooth32": ("""
+KERNEL void smooth32(cap_t x, cap_t y, int64_t n, double a)
+{
+    float w[3];
+    w[0] = 0.25f; w[1] = 0.5f; w[2] = 0.25f;
+    int64_t len = cap_len_f32(x);
+    for (int64_t i = 1 + rt_block_idx(); i < len - 1; i += rt_grid_dim()) {
+        float acc = 0.0f;
+        for (int k = 0; k < 3; k++) acc = fmaf(w[k], cap_load_f32(x, i - 1 + k), acc);
+        cap_store_f32(y, i, acc * (float)a);
+    }
+}""", np.float32),
+    # f16 storage, float arithmetic, per-block window through cap_offset_f16
+    "half16": ("""
+KERNEL void half16(cap_t x, cap_t y, int64_t n, double a)
+{
+    int64_t chunk = (n + rt_grid_dim() - 1) / rt_grid_dim();
+    int64_t lo = rt_block_idx() * chunk;
+    if (lo >= n) return;
+    cap_t xs = cap_offset_f16(x, lo);
+    cap_t ys = cap_offset_f16(y, lo);
+    int64_t m = cap_len_f16(xs) < chunk ? cap_len_f16(xs) : chunk;
+    for (int64_t i = 0; i < m; i++)
+        cap_store_f16(ys, i, sqrtf(fabsf(cap_load_f16(xs, i))) * (float)a);
+}""", np.float16),
+    # i32 per-block prefix sums with cap_offset_i32 / cap_len_i32
+    "scan32": ("""
+KERNEL void scan32(cap_t x, cap_t y, int64_t n, double a)
+{
+    int64_t b = rt_block_idx();
+    int64_t chunk = 16;
+    if (b * chunk >= n) return;
+    cap_t xs = cap_offset_i32(x, b * chunk);
+    cap_t ys = cap_offset_i32(y, b * chunk);
+    int64_t m = cap_len_i32(xs) < chunk ? cap_len_i32(xs) : chunk;
+    int32_t s = 0;
+    for (int64_t i = 0; i < m; i++) {
+        s = s + cap_load_i32(xs, i);
+        cap_store_i32(ys, i, s);
+    }
+}""", np.int32),
+    # i64 hashing with a 2-D local table and a static helper using it by value
+    "hash64": ("""
+static uint64_t mix(uint64_t h, int64_t v)
+{
+    h ^= (uint64_t)v;
+    h *= 0x100000001b3ULL;
+    return h ^ (h >> 29);
+}
+KERNEL void hash64(cap_t x, cap_t y, int64_t n, double a)
+{
+    int64_t t[2][4];
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 4; c++) t[r][c] = r * 4 + c + 1;
+    for (int64_t i = rt_block_idx(); i < n; i += rt_grid_dim()) {
+        uint64_t h = 0xcbf29ce484222325ULL;
+        h = mix(h, cap_load_i64(x, i));
+        h = mix(h, t[i % 2][i % 4]);
+        cap_store_i64(y, i, (int64_t)h);
+    }
+}""", np.int64),
+}
+
+
+def _equiv_inputs(name: str, dtype, n: int, rng):
+    if np.dtype(dtype).kind == "f":
+        x = rng.standard_normal(n).astype(dtype)
+        y = rng.standard_normal(n).astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        lo, hi = (-1000, 1000) if dtype == np.int32 else (info.min, info.max)
+        x = rng.integers(lo, hi, n, dtype=dtype, endpoint=True)
+        y = np.zeros(n, dtype=dtype)
+    return x, y
+
+
+@pytest.mark.parametrize("name", sorted(EQUIV_KERNELS))
+@pytest.mark.parametrize("n,grid", [(1, 1), (37, 3), (1000, 8)])
+def test_checked_and_raw_identical(name, n, grid):
+    src, dtype = EQUIV_KERNELS[name]
+    kc = runtime.compile(src, name)
+    kr = runtime.compile(src, name, checked=False)
+    rng = np.random.default_rng(n * 31 + grid)
+    x, y = _equiv_inputs(name, dtype, n, rng)
+    outs = []
+    for k in (kc, kr):
+        xc = capabilities.wrap(x.copy())
+        yc = capabilities.wrap(y.copy())
+        runtime.launch(k, [xc, yc], args=(n, 1.5), grid=grid)
+        np.testing.assert_array_equal(xc.numpy(), x)  # inputs untouched
+        outs.append(yc.numpy().copy())
+    assert outs[0].tobytes() == outs[1].tobytes()
+    assert outs[0].tobytes() != y.tobytes() or n == 1 and name == "smooth32"
+
+
+def test_checked_results_match_numpy_reference():
+    """The checked f64 and i32 kernels compute what they claim (not just agree with raw)."""
+    src, _ = EQUIV_KERNELS["axpy64"]
+    k = runtime.compile(src, "axpy64")
+    x = np.linspace(-1, 1, 50)
+    y = np.linspace(2, 3, 50)
+    yc = capabilities.wrap(y.copy())
+    runtime.launch(k, [capabilities.wrap(x), yc], args=(50, 0.5), grid=4)
+    np.testing.assert_allclose(yc.numpy(), 0.5 * x + 2 * y, rtol=1e-15)
+    src, _ = EQUIV_KERNELS["scan32"]
+    k = runtime.compile(src, "scan32")
+    x = np.arange(40, dtype=np.int32)
+    yc = capabilities.alloc(40, np.int32)
+    runtime.launch(k, [capabilities.wrap(x), yc], args=(40, 0.0), grid=3)
+    want = np.concatenate([np.cumsum(x[i:i + 16]) for i in range(0, 40, 16)])
+    np.testing.assert_array_equal(yc.numpy(), want)
+
+
+# ---------------------------------------------------------------------------
+# wrapping host memory
+
+
+def test_wrap_numpy_is_zero_copy(fill):
+    a = np.zeros(10)
+    c = capabilities.wrap(a, name="host")
+    assert c.name == "host" and c.nbytes == 80 and c.perms == "rw"
+    assert np.shares_memory(c.numpy(), a)
+    runtime.launch(fill, [c], args=(10, 6.0))
+    assert (a == 6.0).all()  # the kernel wrote the caller's array
+    a[3] = -1.0
+    k = runtime.compile(LOAD0_SRC, "load0")
+    out = capabilities.alloc(1, np.float64)
+    runtime.launch(k, [capabilities.wrap(a[3:]), out])
+    assert out.numpy()[0] == -1.0  # and reads see the caller's writes
+
+
+def test_wrap_keeps_array_alive(fill):
+    c = capabilities.wrap(np.zeros(1000))
+    import gc
+
+    gc.collect()
+    runtime.launch(fill, [c], args=(1000, 5.0))
+    assert (c.numpy() == 5.0).all()
+
+
+def test_wrap_rejects_non_contiguous_and_readonly_arrays():
+    with pytest.raises(ValueError):
+        capabilities.wrap(np.zeros((4, 4))[:, 1])
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        capabilities.wrap(ro)
+    c = capabilities.wrap(ro, perms="r")  # read-only is fine for an "r" capability
+    assert c.perms == "r"
+    with pytest.raises(TypeError):
+        capabilities.wrap([1.0, 2.0])
+
+
+def test_wrap_cpu_torch_tensor(fill):
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(12, dtype=torch.float64)
+    c = capabilities.wrap(t, name="tensor")
+    assert c.nbytes == 96
+    runtime.launch(fill, [c], args=(12, 3.5), grid=3)
+    assert bool((t == 3.5).all())  # the tensor itself changed: zero-copy
+    assert int(c) == t.data_ptr()
+    t32 = torch.arange(8, dtype=torch.float32)
+    k = runtime.compile(EQUIV_KERNELS["smooth32"][0], "smooth32")
+    out = torch.zeros(8, dtype=torch.float32)
+    runtime.launch(k, [capabilities.wrap(t32, perms="r"), capabilities.wrap(out)],
+                   args=(8, 1.0))
+    assert out[1:7].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    with pytest.raises(ValueError):
+        capabilities.wrap(torch.zeros(4, 4).t())
+
+
+# ---------------------------------------------------------------------------
+# read-only capabilities
+
+
+def test_readonly_view_is_not_writeable():
+    c = capabilities.alloc(4, np.float64, perms="r")
+    v = c.numpy()
+    assert not v.flags.writeable
+    with pytest.raises(ValueError):
+        v[0] = 1.0
+    w = capabilities.wrap(np.arange(4.0), perms="r")
+    assert not w.numpy().flags.writeable
+
+
+def test_readonly_cap_can_be_loaded_not_stored():
+    a = np.array([2.5, 0.0])
+    ro = capabilities.wrap(a, perms="r", name="ro")
+    out = capabilities.alloc(1, np.float64)
+    runtime.launch(runtime.compile(LOAD0_SRC, "load0"), [ro, out])
+    assert out.numpy()[0] == 2.5
+    with pytest.raises(CapabilityFault) as ei:
+        runtime.launch(runtime.compile(STORE0_SRC, "store0"), [ro])
+    f = ei.value
+    assert (f.reason, f.access, f.buffer, f.kernel, f.index) == (
+        "read-only", "store", "ro", "store0", 0)
+    assert a[0] == 2.5
+
+
+# ---------------------------------------------------------------------------
+# free(), int(cap), from_int()
+
+
+def test_free_then_python_use_faults_freed():
+    c = capabilities.alloc(4, np.float64, name="gone")
+    c.free()
+    assert c.freed
+    for use in (c.numpy, lambda: int(c)):
+        with pytest.raises(CapabilityFault) as ei:
+            use()
+        assert ei.value.reason == "freed" and ei.value.buffer == "gone"
+
+
+def test_free_then_launch_faults_freed_and_runs_nothing():
+    k = runtime.compile(TWO_CAPS_SRC, "two")
+    x = capabilities.alloc(1, np.float64, name="x")
+    y = capabilities.alloc(1, np.float64, name="dead")
+    y.free()
+    with pytest.raises(CapabilityFault) as ei:
+        runtime.launch(k, [x, y], args=(3,))
+    assert ei.value.reason == "freed" and ei.value.buffer == "dead"
+    assert x.numpy()[0] == 0.0  # the launch never started
+
+
+def test_double_free_raises():
+    c = capabilities.alloc(4, np.float64, name="twice")
+    c.free()
+    with pytest.raises(CapabilityFault) as ei:
+        c.free()
+    assert ei.value.reason == "freed"
+    w = capabilities.wrap(np.zeros(3))
+    w.free()
+    with pytest.raises(CapabilityFault):
+        w.free()
+
+
+def test_int_of_cap_is_the_address():
+    a = np.zeros(5)
+    c = capabilities.wrap(a)
+    assert int(c) == a.ctypes.data
+    d = capabilities.alloc(5, np.float64)
+    assert int(d) == d.numpy().ctypes.data
+    out = capabilities.alloc(1, np.int64)
+    runtime.launch(runtime.compile(ADDR_SRC, "addr"), [d, out])
+    assert int(out.numpy()[0]) == int(d)  # cap_to_int agrees with int(cap)
+
+
+@pytest.mark.parametrize("src,name", [(STORE0_SRC, "store0"), (LOAD0_SRC, "load0")])
+def test_from_int_launch_faults_no_bounds(src, name):
+    a = np.array([7.0])
+    c = capabilities.wrap(a, name="real")
+    forged = capabilities.from_int(int(c))
+    assert int(forged) == int(c)
+    k = runtime.compile(src, name)
+    caps = [forged] if name == "store0" else [forged, capabilities.alloc(1, np.float64)]
+    with pytest.raises(CapabilityFault) as ei:
+        runtime.launch(k, caps)
+    f = ei.value
+    assert f.reason == "no-bounds" and f.kernel == name and f.block == 0
+    assert f.access == ("store" if name == "store0" else "load")
+    assert a[0] == 7.0
+
+
+# ---------------------------------------------------------------------------
+# fault attributes and recovery
+
+
+def test_fault_attributes_of_the_documented_example():
+    k = runtime.compile(BAD_SRC, "bad")
+    x = capabilities.alloc(10, np.float64, name="victim")
+    with pytest.raises(CapabilityFault) as ei:
+        runtime.launch(k, [x], args=(10,), grid=4)
+    f = ei.value
+    assert (f.reason, f.access, f.buffer, f.index, f.kernel, f.line) == (
+        "out-of-bounds", "store", "victim", 10, "bad", 4)
+    assert 0 <= f.block < 4
+    assert "victim" in str(f) and "out-of-bounds" in str(f)
+
+
+def test_pool_usable_after_many_faults(fill):
+    k = runtime.compile(BAD_SRC, "bad")
+    x = capabilities.alloc(10, np.float64)
+    for _ in range(20):
+        with pytest.raises(CapabilityFault):
+            runtime.launch(k, [x], args=(10,), grid=8)
+    y = capabilities.alloc(4096, np.float64)
+    runtime.launch(fill, [y], args=(4096, 8.0), grid=64)
+    assert (y.numpy() == 8.0).all()
