@@ -78,4 +78,16 @@ void gc_get_stats(gc_stats_t *out);
 int gc_is_live_id(uint64_t id);     /* header with this serial still allocated */
 uint64_t gc_count_objects(void);
 
+/* Additions (gc/fugc.c).  Prefer the _pinned forms from Python: the object
+ * is born with pins == 1, so no cycle can run between allocation and pin. */
+rt_obj *gc_alloc_pinned(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name);
+rt_obj *gc_wrap_pinned(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t perms,
+                       const char *name);
+uint64_t gc_cycles_completed(void);
+uint64_t gc_last_cycle_reclaimed(void);  /* headers reclaimed by the last cycle */
+uint64_t gc_late_roots(void);            /* white objects kept because pinned late */
+uint64_t gc_freed_payloads_released(void); /* FREED payloads released by sweeps */
+void gc_reset_handshake_stats(void);     /* forget latency samples (benchmarks) */
+rt_obj *gc_find_id(uint64_t id);         /* live header by serial, or NULL (tests) */
+
 #endif

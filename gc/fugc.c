@@ -1,0 +1,277 @@
+/*
+ * capqr's collector: a concurrent, non-moving mark-sweep collector with
+ * soft-handshake safepoints, modelled on Fil-C's FUGC.
+ *
+ * Objects (cap.h rt_obj) are a header + payload and never move.  Caps point
+ * at headers, so a freed object's payload can go while its header stays and
+ * later accesses trap as "freed" instead of reading reused memory.
+ *
+ * Roots: pins (Python handles), holds (arguments of running launches), the
+ * shadow-frame slots of every ENTERED thread's block, and, transitively, the
+ * slots of cap tables (dtype RT_DT_CAP) that still have a payload.
+ *
+ * Mark word: rt_obj.mark = epoch << 1 | SEEN.  Cycle E marks by CAS to
+ * E << 1; nothing is ever cleared (bumping the epoch whitens everything).
+ * SEEN records that a shadow slot held the object during E's stack scans.
+ *
+ * One cycle (gc_cycle below, run by the collector thread):
+ *  1. Splice the alloc list into the heap list.  Only the heap list is swept
+ *     by this cycle, so objects born during the cycle survive it whatever
+ *     epoch their allocator read.
+ *  2. epoch = E; barrier on (gc_marking = 1).  Allocation is now black
+ *     (new headers get mark E).  Soft handshake (no-op callback): once every
+ *     thread answered, every later cap-table store runs the Dijkstra barrier
+ *     (shade the stored target), and stores in flight before it completed.
+ *  3. Mark roots outside frames: objects with pins > 0 or holds > 0 (kept
+ *     in a root set, so this does not walk the heap).  gc_pin/gc_hold shade
+ *     while marking, so later roots are covered too.
+ *  4. Loop: drain the mark stack (parallel: collector + helper markers);
+ *     soft handshake whose callback scans the thread's own shadow frames
+ *     (marking with SEEN) -- ENTERED threads do it at a pollcheck, EXITED
+ *     threads have no frames and the collector answers for them under the
+ *     enter/exit CAS; if the mark stack is still empty after the handshake,
+ *     marking is complete (the fixpoint: a whole round of stack scans found
+ *     no new grey object, and every barrier shade before a thread's answer
+ *     is on the stack; after its answer a thread's roots are black, so its
+ *     later stores only store non-white targets).
+ *  5. Barrier off.  Sweep the heap list concurrently (sweep.c): white ->
+ *     release payload and header.  FREED objects: a sweep first latches the
+ *     free (FREE_LATCHED); a later cycle's sweep releases the payload only
+ *     if that cycle's stack scans did not SEE it and it is unpinned and
+ *     unheld: no running block can then hold a bounds snapshot of it (one
+ *     made after the free has zero bounds; one made before lives in a
+ *     shadow slot that every scan of the later cycle would see, or was a
+ *     temporary that died before the pollcheck that answered the scan).
+ *  6. CAPQR_GC_VERIFY: stop the world and check reachability independently.
+ *  7. Next trigger: bytes allocated since the cycle began exceed
+ *     max(ratio * live, floor) (CAPQR_GC_RATIO, default 1.5; CAPQR_GC_FLOOR,
+ *     default 1 MiB).
+ *
+ * CAPQR_GC_STW=1: one STOP handshake parks every ENTERED thread at a
+ * pollcheck (and blocks gc_enter) for the whole cycle; the collector scans
+ * the parked threads' frames itself, marks, sweeps and releases the world.
+ *
+ * Known limit: a Python thread that obtains a header from a table slot and
+ * pins it after marking ended while a kernel overwrote that slot keeps the
+ * object itself (sweep keeps pinned white objects) but not its children if
+ * it is a table.  Use gc_alloc_pinned to avoid the gc_alloc/gc_pin window.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "gc_internal.h"
+
+uint32_t gc_epoch = 1;
+int32_t gc_marking = 0;
+int gc_stw_mode = 0;
+int gc_verify_mode = 0;
+int32_t gc_enabled = 1;
+uint64_t gc_trigger_bytes = 1u << 20;
+pthread_mutex_t gc_cycle_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static double ratio = 1.5;
+static uint64_t floor_bytes = 1u << 20;
+
+static pthread_mutex_t coll_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t coll_cv = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
+static uint64_t cycles_started = 0, cycles_done = 0, collect_target = 0;
+static int32_t auto_requested = 0;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+double gc_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void update_trigger(void)
+{
+    double t = ratio * (double)__atomic_load_n(&gc_live_after, __ATOMIC_RELAXED);
+    uint64_t v = t > (double)floor_bytes ? (uint64_t)t : floor_bytes;
+    __atomic_store_n(&gc_trigger_bytes, v, __ATOMIC_RELAXED);
+}
+
+void gc_request_auto(void)
+{
+    int32_t exp = 0;
+    if (!__atomic_compare_exchange_n(&auto_requested, &exp, 1, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&coll_mu);
+    pthread_cond_signal(&coll_cv);
+    pthread_mutex_unlock(&coll_mu);
+}
+
+static void mark_stw(uint32_t epoch);
+static void scan_parked(rt_block *b, void *arg) { gc_scan_block(b, *(uint32_t *)arg); }
+
+static void gc_cycle(void)
+{
+    gc_sweep_result r;
+    memset(&r, 0, sizeof(r));
+    pthread_mutex_lock(&gc_cycle_mu);
+    __atomic_store_n(&gc_st_running, 1, __ATOMIC_RELEASE);
+    double t0 = gc_now();
+
+    /* 1 */
+    __atomic_store_n(&gc_alloc_since, 0, __ATOMIC_RELAXED);
+    gc_splice_alloc_list();
+    uint32_t epoch = __atomic_load_n(&gc_epoch, __ATOMIC_RELAXED) + 1;
+    /* 2: epoch first, so a barrier that sees marking also sees E */
+    __atomic_store_n(&gc_epoch, epoch, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_marking, 1, __ATOMIC_SEQ_CST);
+    if (gc_stw_mode) {
+        mark_stw(epoch);
+    } else {
+        gc_handshake(GC_HS_NOOP);
+        /* 3 */
+        gc_mark_roots(epoch);
+        /* 4 */
+        for (;;) {
+            gc_drain(epoch);
+            gc_handshake(GC_HS_SCAN);
+            if (gc_mark_stack_empty()) break;
+        }
+    }
+    /* 5 */
+    __atomic_store_n(&gc_marking, 0, __ATOMIC_SEQ_CST);
+    /* pins/holds from Python threads that shaded just before barrier-off */
+    gc_drain(epoch);
+    double t1 = gc_now();
+    gc_sweep(epoch, &r);
+    if (gc_stw_mode) gc_world_release();
+    double t2 = gc_now();
+
+    __atomic_add_fetch(&gc_st_objects_freed, r.objects_reclaimed, __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_st_last_reclaimed, r.objects_reclaimed, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_st_late_roots, r.late_roots, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_st_freed_payloads, r.freed_payloads_released, __ATOMIC_RELAXED);
+    gc_st_mark_s += t1 - t0;
+    gc_st_sweep_s += t2 - t1;
+    __atomic_store_n(&gc_live_after,
+                     __atomic_load_n(&gc_st_payload_alloc, __ATOMIC_ACQUIRE) -
+                         __atomic_load_n(&gc_st_bytes_freed, __ATOMIC_ACQUIRE),
+                     __ATOMIC_RELAXED);
+    update_trigger();
+
+    /* 6 */
+    if (gc_verify_mode) {
+        gc_verify();
+        gc_graveyard_flush();
+    }
+    __atomic_add_fetch(&gc_st_cycles, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&gc_st_running, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&gc_cycle_mu);
+}
+
+/* Stop-the-world marking: the world stays stopped through the sweep. */
+static void mark_stw(uint32_t epoch)
+{
+    gc_handshake(GC_HS_STOP);
+    gc_mark_roots(epoch);
+    gc_for_each_parked_block(scan_parked, &epoch);
+    gc_drain(epoch);
+}
+
+static void *collector_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&coll_mu);
+    for (;;) {
+        while (!(collect_target > cycles_started) &&
+               !(__atomic_load_n(&auto_requested, __ATOMIC_ACQUIRE) &&
+                 __atomic_load_n(&gc_enabled, __ATOMIC_ACQUIRE)))
+            pthread_cond_wait(&coll_cv, &coll_mu);
+        cycles_started++;
+        __atomic_store_n(&auto_requested, 0, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&coll_mu);
+        gc_cycle();
+        pthread_mutex_lock(&coll_mu);
+        cycles_done++;
+        pthread_cond_broadcast(&done_cv);
+    }
+    return NULL;
+}
+
+static double env_double(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    double d = strtod(v, &end);
+    return end == v ? dflt : d;
+}
+
+static void init_once_fn(void)
+{
+    gc_stw_mode = env_double("CAPQR_GC_STW", 0) != 0;
+    gc_verify_mode = (int)env_double("CAPQR_GC_VERIFY", 0);
+    ratio = env_double("CAPQR_GC_RATIO", 1.5);
+    if (ratio <= 0) ratio = 1.5;
+    double fl = env_double("CAPQR_GC_FLOOR", (double)(1u << 20));
+    floor_bytes = fl > 0 ? (uint64_t)fl : (1u << 20);
+    update_trigger();
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int helpers = (int)env_double("CAPQR_GC_MARKERS", (double)(ncpu > 1 ? ncpu - 1 : 0));
+    if (helpers < 0) helpers = 0;
+    if (helpers > 7) helpers = 7;
+    gc_markers_start(helpers);
+    pthread_t th;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &a, collector_main, NULL) != 0) {
+        fprintf(stderr, "capqr gc: cannot start the collector thread\n");
+        abort();
+    }
+    pthread_attr_destroy(&a);
+}
+
+int gc_init(void)
+{
+    pthread_once(&init_once, init_once_fn);
+    return 0;
+}
+
+void gc_collect(void)
+{
+    gc_init();
+    pthread_mutex_lock(&coll_mu);
+    /* A cycle already running may have missed our garbage: wait for the
+     * next one to start and finish. */
+    uint64_t target = cycles_started + 1;
+    if (collect_target < target) collect_target = target;
+    pthread_cond_signal(&coll_cv);
+    while (cycles_done < target) pthread_cond_wait(&done_cv, &coll_mu);
+    pthread_mutex_unlock(&coll_mu);
+}
+
+void gc_set_enabled(int enabled)
+{
+    gc_init();
+    __atomic_store_n(&gc_enabled, enabled ? 1 : 0, __ATOMIC_RELEASE);
+    if (enabled && __atomic_load_n(&gc_alloc_since, __ATOMIC_RELAXED) >
+                       __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED))
+        __atomic_store_n(&auto_requested, 1, __ATOMIC_RELEASE);
+    /* the collector may be waiting with a request noted while disabled */
+    pthread_mutex_lock(&coll_mu);
+    pthread_cond_signal(&coll_cv);
+    pthread_mutex_unlock(&coll_mu);
+}
+
+void gc_set_threshold(double r, uint64_t f)
+{
+    gc_init();
+    if (r > 0) ratio = r;
+    if (f > 0) floor_bytes = f;
+    update_trigger();
+}
+
+uint64_t gc_cycles_completed(void)
+{
+    return __atomic_load_n(&gc_st_cycles, __ATOMIC_ACQUIRE);
+}

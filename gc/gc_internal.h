@@ -1,0 +1,94 @@
+/*
+ * Collector-private declarations shared by the collector phases.  Not part of
+ * the ABI: the runtime core and Python only see gc.h.
+ */
+#ifndef CAPQR_GC_INTERNAL_H
+#define CAPQR_GC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stddef.h>
+#include "gc.h"
+
+/* Private rt_obj.flags bits (cap.h uses bits below 0x100). */
+#define GC_OBJ_FREE_LATCHED 0x100u /* FREED before this cycle began (set by a sweep) */
+#define GC_OBJ_DEAD 0x200u         /* header released (verify mode keeps it in a graveyard) */
+#define GC_OBJ_ROOTSET 0x400u      /* in the root set (pins or holds were non-zero once) */
+
+/* rt_obj.mark = epoch << 1 | SEEN.  An object is marked in cycle E iff
+ * mark >> 1 == E; SEEN says a shadow-frame slot held it during E's scans
+ * (a running block may hold a bounds snapshot, so its payload must stay). */
+#define GC_MARK_SEEN 1u
+
+/* rt_thread.state values beyond gc.h's EXITED/ENTERED. */
+#define GC_THREAD_BUSY 2 /* collector runs the handshake for an exited thread */
+#define GC_THREAD_GONE 3 /* unregistered: skipped */
+
+enum { GC_HS_NOOP = 0, GC_HS_SCAN = 1, GC_HS_STOP = 2 };
+
+/* ---- global collector state (fugc.c) ---------------------------------- */
+extern uint32_t gc_epoch;        /* mark epoch of the current/last cycle (atomic) */
+extern int32_t gc_marking;       /* store/pin barrier on (atomic) */
+extern int gc_stw_mode;          /* CAPQR_GC_STW */
+extern int gc_verify_mode;       /* CAPQR_GC_VERIFY: 1 abort, 2 count only */
+extern pthread_mutex_t gc_cycle_mu; /* held for a whole cycle */
+
+double gc_now(void);
+
+/* ---- heap (heap.c) ------------------------------------------------------ */
+extern pthread_mutex_t gc_list_mu; /* guards the heap list against walkers */
+extern rt_obj *gc_heap_list;       /* objects swept by the next cycle */
+rt_obj *gc_alloc_list_head(void);  /* objects allocated since the cycle began */
+void gc_splice_alloc_list(void);   /* move allocated objects into the heap list */
+void gc_release_payload(rt_obj *o);/* free() a payload once (sets PAYLOAD_GONE) */
+void gc_rootset_remove(rt_obj *o);
+void gc_rootset_each(void (*fn)(rt_obj *, void *), void *arg);
+extern uint64_t gc_alloc_since;    /* bytes allocated since the last cycle began */
+extern uint64_t gc_trigger_bytes;  /* alloc_since that starts a cycle */
+void gc_request_auto(void);        /* fugc.c: wake the collector */
+extern int32_t gc_enabled;
+
+/* ---- handshakes (handshake.c) ------------------------------------------- */
+extern int32_t gc_world_stopped;   /* STW: ENTERED threads park, no thread may enter */
+double gc_handshake(int kind);     /* returns latency in seconds */
+void gc_world_release(void);       /* end of a STOP handshake's pause */
+void gc_scan_block(rt_block *b, uint32_t epoch);
+/* Call fn on each ENTERED thread's block (world stopped). */
+void gc_for_each_parked_block(void (*fn)(rt_block *, void *), void *arg);
+
+/* ---- marking (mark.c) --------------------------------------------------- */
+int gc_try_mark(rt_obj *o, uint32_t epoch, int seen); /* 1 if it was white */
+void gc_shade(rt_obj *o);          /* barrier: mark and push a table */
+void gc_shade_stack(rt_obj *o, uint32_t epoch);
+void gc_mark_roots(uint32_t epoch);/* pins and holds */
+void gc_drain(uint32_t epoch);     /* parallel trace until the mark stack is empty */
+int gc_mark_stack_empty(void);
+void gc_markers_start(int nhelpers);
+int gc_nmarkers(void);
+
+/* ---- sweep (sweep.c) ---------------------------------------------------- */
+typedef struct gc_sweep_result {
+    uint64_t objects_reclaimed;     /* headers freed */
+    uint64_t payload_bytes_released;
+    uint64_t freed_payloads_released; /* FREED but reachable: payload only */
+    uint64_t objects_kept;
+    uint64_t late_roots;            /* white but pinned/held at sweep: kept */
+} gc_sweep_result;
+void gc_sweep(uint32_t epoch, gc_sweep_result *r);
+void gc_graveyard_flush(void);      /* verify mode: free the kept dead headers */
+extern rt_obj *gc_graveyard;
+
+/* ---- verify (verify.c) -------------------------------------------------- */
+uint64_t gc_verify(void);           /* number of violations */
+
+/* ---- stats (stats.c) ---------------------------------------------------- */
+extern uint64_t gc_st_cycles, gc_st_handshakes, gc_st_objects_freed, gc_st_bytes_freed;
+extern uint64_t gc_st_bytes_alloc, gc_st_objects_alloc, gc_st_payload_alloc;
+extern uint64_t gc_st_verify_failures, gc_st_last_reclaimed, gc_st_late_roots;
+extern uint64_t gc_st_freed_payloads;
+extern double gc_st_mark_s, gc_st_sweep_s;
+extern int32_t gc_st_running;
+extern uint64_t gc_live_after;      /* payload bytes live after the last sweep */
+void gc_record_handshake(double seconds);
+
+#endif

@@ -1,0 +1,304 @@
+/*
+ * Heap: object headers, payloads and the two object lists.
+ *
+ * New headers are pushed lock-free onto the alloc list.  At the start of a
+ * cycle the collector splices that list into the heap list, which only the
+ * collector modifies (under gc_list_mu, so gc_is_live_id/gc_count_objects may
+ * walk it).  A cycle sweeps only the heap list: an object allocated while a
+ * cycle runs is never swept by that cycle, even if the allocating thread read
+ * the previous epoch (so "black allocation" cannot lose a race).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "gc_internal.h"
+
+pthread_mutex_t gc_list_mu = PTHREAD_MUTEX_INITIALIZER;
+rt_obj *gc_heap_list = NULL;
+static rt_obj *alloc_list = NULL;
+static uint64_t serial = 0;
+uint64_t gc_alloc_since = 0;
+
+extern int32_t gc_n_entered; /* handshake.c */
+
+/* ---- root set: every object whose pins or holds ever became non-zero ----
+ * So a cycle visits only these for pin/hold roots, not the whole heap.  An
+ * object enters on its first pin/hold (flag GC_OBJ_ROOTSET, set under
+ * rs_mu, never cleared while the header lives) and leaves when swept.
+ * Open addressing with linear probing and backward-shift deletion. */
+static pthread_mutex_t rs_mu = PTHREAD_MUTEX_INITIALIZER;
+static rt_obj **rs_tab = NULL;
+static size_t rs_cap = 0, rs_n = 0;
+
+static size_t rs_hash(const rt_obj *o) { return (size_t)(((uintptr_t)o >> 4) * 0x9E3779B97F4A7C15ull); }
+
+static void rs_insert_locked(rt_obj *o)
+{
+    if (2 * (rs_n + 1) > rs_cap) {
+        size_t ncap = rs_cap ? 2 * rs_cap : 1024;
+        rt_obj **nt = calloc(ncap, sizeof(*nt));
+        if (!nt) abort();
+        for (size_t i = 0; i < rs_cap; i++)
+            if (rs_tab[i]) {
+                size_t j = rs_hash(rs_tab[i]) & (ncap - 1);
+                while (nt[j]) j = (j + 1) & (ncap - 1);
+                nt[j] = rs_tab[i];
+            }
+        free(rs_tab);
+        rs_tab = nt;
+        rs_cap = ncap;
+    }
+    size_t j = rs_hash(o) & (rs_cap - 1);
+    while (rs_tab[j]) {
+        if (rs_tab[j] == o) return;
+        j = (j + 1) & (rs_cap - 1);
+    }
+    rs_tab[j] = o;
+    rs_n++;
+}
+
+static void rootset_insert(rt_obj *o)
+{
+    pthread_mutex_lock(&rs_mu);
+    rs_insert_locked(o);
+    pthread_mutex_unlock(&rs_mu);
+}
+
+static void rootset_add(rt_obj *o)
+{
+    if (__atomic_load_n(&o->flags, __ATOMIC_ACQUIRE) & GC_OBJ_ROOTSET) return;
+    pthread_mutex_lock(&rs_mu);
+    if (!(__atomic_fetch_or(&o->flags, GC_OBJ_ROOTSET, __ATOMIC_ACQ_REL) & GC_OBJ_ROOTSET))
+        rs_insert_locked(o);
+    pthread_mutex_unlock(&rs_mu);
+}
+
+/* sweep: o is about to be freed */
+void gc_rootset_remove(rt_obj *o)
+{
+    pthread_mutex_lock(&rs_mu);
+    if (rs_cap) {
+        size_t mask = rs_cap - 1, i = rs_hash(o) & mask;
+        while (rs_tab[i] && rs_tab[i] != o) i = (i + 1) & mask;
+        if (rs_tab[i]) {
+            rs_tab[i] = NULL;
+            rs_n--;
+            /* backward shift: re-place the rest of the cluster */
+            for (size_t j = (i + 1) & mask; rs_tab[j]; j = (j + 1) & mask) {
+                rt_obj *x = rs_tab[j];
+                rs_tab[j] = NULL;
+                size_t k = rs_hash(x) & mask;
+                while (rs_tab[k]) k = (k + 1) & mask;
+                rs_tab[k] = x;
+            }
+        }
+    }
+    pthread_mutex_unlock(&rs_mu);
+}
+
+void gc_rootset_each(void (*fn)(rt_obj *, void *), void *arg)
+{
+    pthread_mutex_lock(&rs_mu);
+    for (size_t i = 0; i < rs_cap; i++)
+        if (rs_tab[i]) fn(rs_tab[i], arg);
+    pthread_mutex_unlock(&rs_mu);
+}
+
+rt_obj *gc_alloc_list_head(void) { return __atomic_load_n(&alloc_list, __ATOMIC_ACQUIRE); }
+
+void gc_splice_alloc_list(void)
+{
+    pthread_mutex_lock(&gc_list_mu);
+    rt_obj *h = __atomic_exchange_n(&alloc_list, NULL, __ATOMIC_ACQ_REL);
+    if (h) {
+        rt_obj *t = h;
+        while (t->next) t = t->next;
+        t->next = gc_heap_list;
+        gc_heap_list = h;
+    }
+    pthread_mutex_unlock(&gc_list_mu);
+}
+
+static rt_obj *new_header(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name,
+                          int32_t pins)
+{
+    rt_obj *o = calloc(1, sizeof(rt_obj));
+    if (!o) return NULL;
+    o->nbytes = nbytes;
+    o->dtype = dtype;
+    o->perms = perms;
+    o->pins = pins;
+    if (pins) { o->flags |= GC_OBJ_ROOTSET; }
+    if (name) strncpy(o->name, name, RT_NAME_MAX - 1);
+    o->id = __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED);
+    /* Black allocation: marked in the current epoch.  Between cycles that is
+     * the last cycle's epoch, i.e. white for the next one. */
+    o->mark = __atomic_load_n(&gc_epoch, __ATOMIC_ACQUIRE) << 1;
+    return o;
+}
+
+static void publish(rt_obj *o, uint64_t counted)
+{
+    rt_obj *h = __atomic_load_n(&alloc_list, __ATOMIC_RELAXED);
+    do {
+        o->next = h;
+    } while (!__atomic_compare_exchange_n(&alloc_list, &h, o, 1, __ATOMIC_RELEASE,
+                                          __ATOMIC_RELAXED));
+    __atomic_add_fetch(&gc_st_objects_alloc, 1, __ATOMIC_RELAXED);
+    uint64_t since = __atomic_add_fetch(&gc_alloc_since, counted, __ATOMIC_RELAXED);
+    if (since > __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED) &&
+        __atomic_load_n(&gc_enabled, __ATOMIC_RELAXED))
+        gc_request_auto();
+}
+
+static rt_obj *alloc_common(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name,
+                            int32_t pins)
+{
+    gc_init();
+    void *p = calloc(1, nbytes ? nbytes : 1);
+    if (!p) return NULL;
+    rt_obj *o = new_header(nbytes, dtype, perms, name, pins);
+    if (!o) { free(p); return NULL; }
+    o->base = p;
+    o->rlen = nbytes;
+    o->wlen = (perms & RT_PERM_W) ? nbytes : 0;
+    if (pins) rootset_insert(o);
+    __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_st_payload_alloc, nbytes, __ATOMIC_RELAXED);
+    publish(o, nbytes + sizeof(rt_obj));
+    return o;
+}
+
+rt_obj *gc_alloc(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name)
+{
+    return alloc_common(nbytes, dtype, perms, name, 0);
+}
+
+/* Allocated with pins == 1: no window in which a Python caller holds an
+ * unrooted header (between gc_alloc and gc_pin a whole cycle could run). */
+rt_obj *gc_alloc_pinned(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name)
+{
+    return alloc_common(nbytes, dtype, perms, name, 1);
+}
+
+static rt_obj *wrap_common(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t perms,
+                           const char *name, int32_t pins)
+{
+    gc_init();
+    rt_obj *o = new_header(nbytes, dtype, perms, name, pins);
+    if (!o) return NULL;
+    o->base = payload;
+    o->rlen = nbytes;
+    o->wlen = (perms & RT_PERM_W) ? nbytes : 0;
+    o->flags |= RT_OBJ_EXTERNAL;
+    if (pins) rootset_insert(o);
+    __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
+    publish(o, sizeof(rt_obj)); /* numpy's memory does not count toward our heap */
+    return o;
+}
+
+rt_obj *gc_wrap(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name)
+{
+    return wrap_common(payload, nbytes, dtype, perms, name, 0);
+}
+
+rt_obj *gc_wrap_pinned(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t perms,
+                       const char *name)
+{
+    return wrap_common(payload, nbytes, dtype, perms, name, 1);
+}
+
+void gc_release_payload(rt_obj *o)
+{
+    uint32_t old = __atomic_fetch_or(&o->flags, RT_OBJ_PAYLOAD_GONE, __ATOMIC_ACQ_REL);
+    if (old & (RT_OBJ_PAYLOAD_GONE | RT_OBJ_EXTERNAL)) return;
+    free(o->base);
+    __atomic_add_fetch(&gc_st_bytes_freed, o->nbytes, __ATOMIC_RELAXED);
+}
+
+int gc_free(rt_obj *o)
+{
+    uint32_t old = __atomic_fetch_or(&o->flags, RT_OBJ_FREED, __ATOMIC_SEQ_CST);
+    if (old & RT_OBJ_FREED) return -1;
+    __atomic_store_n(&o->rlen, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&o->wlen, 0, __ATOMIC_SEQ_CST);
+    /* Release at once only if no snapshot can exist: no Python handle, no
+     * running launch, no thread in kernel code (a thread entering later reads
+     * rlen == 0; seq_cst orders our stores before these loads), and no cycle
+     * running (a marker might be reading a table's payload). */
+    if ((old & RT_OBJ_EXTERNAL) || __atomic_load_n(&o->pins, __ATOMIC_SEQ_CST) > 0 ||
+        __atomic_load_n(&o->holds, __ATOMIC_SEQ_CST) != 0 ||
+        __atomic_load_n(&gc_n_entered, __ATOMIC_SEQ_CST) != 0)
+        return 0;
+    if (pthread_mutex_trylock(&gc_cycle_mu) == 0) {
+        if (__atomic_load_n(&gc_n_entered, __ATOMIC_SEQ_CST) == 0 &&
+            __atomic_load_n(&o->holds, __ATOMIC_SEQ_CST) == 0 &&
+            __atomic_load_n(&o->pins, __ATOMIC_SEQ_CST) <= 0)
+            gc_release_payload(o);
+        pthread_mutex_unlock(&gc_cycle_mu);
+    }
+    return 0;
+}
+
+void gc_pin(rt_obj *o)
+{
+    rootset_add(o); /* before the count: a root scan that sees pins > 0 must find it */
+    __atomic_add_fetch(&o->pins, 1, __ATOMIC_SEQ_CST);
+    /* Pin barrier: a pin taken after the root scan must still mark. */
+    if (__atomic_load_n(&gc_marking, __ATOMIC_SEQ_CST)) gc_shade(o);
+}
+
+void gc_unpin(rt_obj *o)
+{
+    if (__atomic_sub_fetch(&o->pins, 1, __ATOMIC_ACQ_REL) == 0 &&
+        (__atomic_load_n(&o->flags, __ATOMIC_ACQUIRE) & RT_OBJ_EXTERNAL)) {
+        /* numpy may release the memory now: detach it from every cap */
+        __atomic_store_n(&o->rlen, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&o->wlen, 0, __ATOMIC_RELEASE);
+        __atomic_fetch_or(&o->flags, RT_OBJ_FREED | RT_OBJ_PAYLOAD_GONE, __ATOMIC_ACQ_REL);
+    }
+}
+
+void gc_hold(rt_obj *o)
+{
+    rootset_add(o);
+    __atomic_add_fetch(&o->holds, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&gc_marking, __ATOMIC_SEQ_CST)) gc_shade(o);
+}
+
+void gc_unhold(rt_obj *o) { __atomic_sub_fetch(&o->holds, 1, __ATOMIC_ACQ_REL); }
+
+static int walk(int (*fn)(rt_obj *, void *), void *arg)
+{
+    int r = 0;
+    pthread_mutex_lock(&gc_list_mu);
+    for (rt_obj *o = gc_alloc_list_head(); o && !r; o = o->next) r = fn(o, arg);
+    for (rt_obj *o = gc_heap_list; o && !r; o = o->next) r = fn(o, arg);
+    pthread_mutex_unlock(&gc_list_mu);
+    return r;
+}
+
+static int match_id(rt_obj *o, void *arg) { return o->id == *(uint64_t *)arg; }
+static int count_one(rt_obj *o, void *arg) { (void)o; (*(uint64_t *)arg)++; return 0; }
+
+int gc_is_live_id(uint64_t id) { return walk(match_id, &id); }
+
+uint64_t gc_count_objects(void)
+{
+    uint64_t n = 0;
+    walk(count_one, &n);
+    return n;
+}
+
+/* Header of a live object by id (NULL if reclaimed); for tests/debugging. */
+static int find_id(rt_obj *o, void *arg)
+{
+    void **a = arg;
+    if (o->id == *(uint64_t *)a[0]) { a[1] = o; return 1; }
+    return 0;
+}
+rt_obj *gc_find_id(uint64_t id)
+{
+    void *a[2] = {&id, NULL};
+    walk(find_id, a);
+    return a[1];
+}
