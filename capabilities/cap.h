@@ -105,7 +105,7 @@ typedef union rt_arg {
 enum { RT_OK = 0, RT_FAULT_OOB = 1, RT_FAULT_READONLY = 2, RT_FAULT_FREED = 3,
        RT_FAULT_NOBOUNDS = 4, RT_FAULT_LOCAL = 5, RT_FAULT_TIMEOUT = 6,
        RT_FAULT_CANCELLED = 7, RT_FAULT_ALLOC = 8, RT_FAULT_ARG = 9,
-       RT_FAULT_DIVZERO = 10 };
+       RT_FAULT_DIVZERO = 10, RT_FAULT_TYPE = 11 };
 enum { RT_ACC_LOAD = 1, RT_ACC_STORE = 2 };
 
 typedef struct rt_fault_rec {
@@ -311,16 +311,27 @@ static inline cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
     return b->api->alloc(b, n, dt, line);
 }
 
+/* Cap tables: the snapshot in a table's cap_t has zero numeric bounds (so
+ * cap_load_i64 & co. can never read or forge the raw slot bytes); slot
+ * accesses check the header's current bounds, the dtype, and 16-byte slot
+ * alignment (a misaligned origin would read p as obj). */
+static inline int rt_slot_ok(cap_t t, int64_t i, int store)
+{
+    rt_obj *o = t.obj;
+    uint64_t len;
+    if (!o || o->dtype != RT_DT_CAP) return 0;
+    len = store ? __atomic_load_n(&o->wlen, __ATOMIC_ACQUIRE)
+                : __atomic_load_n(&o->rlen, __ATOMIC_ACQUIRE);
+    return RT_INB(t, i, 16, len) && (RT_OFF(t, i, 16) & 15) == 0;
+}
 static inline cap_t rt_load_cap(rt_block *b, cap_t t, int64_t i, int32_t line)
 {
-    if (!RT_INB(t, i, 16, t.rlen) || !t.obj || t.obj->dtype != RT_DT_CAP)
-        b->api->fault(b, &t, i, 16, RT_ACC_LOAD, line);
+    if (!rt_slot_ok(t, i, 0)) b->api->fault(b, &t, i, 16, RT_ACC_LOAD, line);
     return b->api->load_cap(b, &((const rt_capslot *)(t.p))[i]);
 }
 static inline void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t line)
 {
-    if (!RT_INB(t, i, 16, t.wlen) || !t.obj || t.obj->dtype != RT_DT_CAP)
-        b->api->fault(b, &t, i, 16, RT_ACC_STORE, line);
+    if (!rt_slot_ok(t, i, 1)) b->api->fault(b, &t, i, 16, RT_ACC_STORE, line);
     b->api->store_cap(b, &((rt_capslot *)(t.p))[i], v);
 }
 

@@ -34,7 +34,8 @@ class CapabilityFault(CapqrError):
     Attributes: ``kernel``, ``block``, ``buffer`` (name), ``index`` (element
     index), ``access`` (``"load"``/``"store"``), ``reason`` (``"out-of-bounds"``,
     ``"read-only"``, ``"freed"``, ``"no-bounds"``, ``"local-array"``,
-    ``"alloc"``), ``line`` (kernel source line or None), ``thread`` (GPU only).
+    ``"alloc"``, ``"division-by-zero"``, ``"type"`` (numbers through a cap table or
+    slots through a number buffer)), ``line`` (kernel source line or None), ``thread`` (GPU only).
     """
 
     def __init__(

@@ -12,7 +12,7 @@ from .errors import CapabilityFault, KernelTimeout
 ffi, lib = core.ffi, core.lib
 
 FAULT_REASONS = {1: "out-of-bounds", 2: "read-only", 3: "freed", 4: "no-bounds",
-                 5: "local-array", 8: "alloc", 10: "division-by-zero"}
+                 5: "local-array", 8: "alloc", 10: "division-by-zero", 11: "type"}
 RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED = 6, 7
 ACCESS = {0: None, 1: "load", 2: "store"}
 #: How often the waiting host thread wakes to deliver signals (Ctrl-C) and
@@ -141,6 +141,8 @@ def fault_from_record(kernel_name: str, rec: Any) -> CapabilityFault:
     detail = ""
     if reason == "local-array":
         detail = "local array index outside its declared size"
+    elif reason == "type":
+        detail = "cap tables hold capabilities: use cap_load_cap/cap_store_cap, aligned slots"
     elif reason == "division-by-zero":
         detail = "integer division or remainder by zero"
         buf = None

@@ -112,9 +112,9 @@ static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsiz
                         off < o->nbytes && off + (uint64_t)elsize <= o->nbytes;
         if (fl & RT_OBJ_FREED)
             r.kind = RT_FAULT_FREED;
+        else if ((o->dtype == RT_DT_CAP) != (elsize == 16))
+            r.kind = RT_FAULT_TYPE;   /* numbers from a cap table, or slots of a number buffer */
         else if (access == RT_ACC_STORE && in_object && !(o->perms & RT_PERM_W))
-            r.kind = RT_FAULT_READONLY;
-        else if (access == RT_ACC_STORE && in_object && c->wlen == 0)
             r.kind = RT_FAULT_READONLY;
         else
             r.kind = RT_FAULT_OOB;
@@ -168,6 +168,7 @@ cap_t rt_cap_of(rt_obj *o, int64_t offset_bytes)
     c.rlen = __atomic_load_n(&o->rlen, __ATOMIC_ACQUIRE);
     c.wlen = __atomic_load_n(&o->wlen, __ATOMIC_ACQUIRE);
     c.obj = o;
+    if (o->dtype == RT_DT_CAP) c.rlen = c.wlen = 0; /* slots only via rt_load/store_cap */
     return c;
 }
 
