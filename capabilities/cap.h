@@ -138,11 +138,12 @@ struct rt_launch;
 typedef struct rt_api {
     int32_t abi_version;
     /* record a fault and unwind the block (never returns) */
-    void (*fault)(struct rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
-                  int32_t access, int32_t line);
-    void (*fault_local)(struct rt_block *b, const char *array, int64_t index, int32_t line);
+    __attribute__((noreturn)) void (*fault)(struct rt_block *b, const cap_t *c, int64_t index,
+                                            int32_t elsize, int32_t access, int32_t line);
+    __attribute__((noreturn)) void (*fault_local)(struct rt_block *b, const char *array,
+                                                  int64_t index, int32_t line);
     /* integer division or remainder by zero (would be SIGFPE) */
-    void (*fault_div)(struct rt_block *b, int32_t line);
+    __attribute__((noreturn)) void (*fault_div)(struct rt_block *b, int32_t line);
     /* pollcheck slow path: handshake callback, timeout, cancel */
     void (*poll)(struct rt_block *b);
     /* allocation from kernels: a fresh zeroed object; faults when out of memory */

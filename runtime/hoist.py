@@ -329,8 +329,8 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.No
                     subs.append((ref, dims[depth]))
 
     A().visit(loop.stmt)
-    if not accesses and not subs:
-        return None
+    # Even with nothing to hoist, a countable innermost loop gets the
+    # short-trip copy without per-iteration pollchecks.
     counter[0] += 1
     k = counter[0]
     h0, hb, hs = f"__h{k}_a", f"__h{k}_b", f"__h{k}_span"

@@ -49,10 +49,10 @@ static rt_thread *workers = NULL;
 static pthread_t *worker_ids = NULL;
 static int64_t kernels_running = 0;   /* blocks in kernel code, all launches (atomic) */
 
-static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
+__attribute__((noreturn)) static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
                        int32_t access, int32_t line);
-static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line);
-static void fault_div_impl(rt_block *b, int32_t line);
+__attribute__((noreturn)) static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line);
+__attribute__((noreturn)) static void fault_div_impl(rt_block *b, int32_t line);
 static void poll_impl(rt_block *b);
 static cap_t alloc_impl(rt_block *b, int64_t n, int32_t dtype, int32_t line);
 static void store_cap_impl(rt_block *b, rt_capslot *slot, cap_t v);
@@ -86,7 +86,7 @@ static void record_fault(rt_launch *L, const rt_fault_rec *r)
     request_stop(L, r->kind);
 }
 
-static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
+__attribute__((noreturn)) static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
                        int32_t access, int32_t line)
 {
     rt_fault_rec r;
@@ -123,7 +123,7 @@ static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsiz
     longjmp(b->jmp, 1);
 }
 
-static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line)
+__attribute__((noreturn)) static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line)
 {
     rt_fault_rec r;
     memset(&r, 0, sizeof r);
@@ -138,7 +138,7 @@ static void fault_local_impl(rt_block *b, const char *array, int64_t index, int3
     longjmp(b->jmp, 1);
 }
 
-static void fault_div_impl(rt_block *b, int32_t line)
+__attribute__((noreturn)) static void fault_div_impl(rt_block *b, int32_t line)
 {
     rt_fault_rec r;
     memset(&r, 0, sizeof r);
