@@ -87,27 +87,45 @@ def main(argv: list[str] | None = None) -> Path:
     """Run the benchmark and write the JSON; returns its path."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--repeat-large", type=int, default=7,
+                    help="repeats for n >= 4096 (each launch takes seconds there)")
     ap.add_argument("--shapes", default="", help="e.g. 20x32,40x176 (default: contest shapes)")
     ap.add_argument("--out", default="")
     ns = ap.parse_args(argv)
     from runtime.cuda import driver as drv
-    from runtime.cuda import nvrtc
 
     shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
               if ns.shapes else CONTEST_SHAPES)
     dev = drv.device()
-    rows = []
+    rows: list[dict] = []
+    out = Path(ns.out) if ns.out else (Path(__file__).parent / "results" /
+                                       f"gpu-{_dt.date.today().isoformat()}.json")
     for b, n in shapes:
-        r = bench_shape(b, n, ns.repeat)
+        rep = ns.repeat_large if n >= 4096 else ns.repeat
+        r = bench_shape(b, n, rep)
+        r["repeat"] = rep
         rows.append(r)
+        _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive
+        tt = r.get("torch_geqrf_ms") or float("nan")
         print(f"({b:4d},{n:5d}) checked {r['checked_ms']:10.3f} ms  raw {r['raw_ms']:10.3f} ms  "
-              f"overhead {r['overhead']:.3f}x  torch {r.get('torch_geqrf_ms') or float('nan'):10.3f}"
+              f"overhead {r['overhead']:.3f}x  torch {tt:10.3f}"
               f" ms  speedup {r.get('speedup_vs_torch', float('nan')):.2f}x", flush=True)
+    res = _write(out, dev, rows, ns.repeat)
+    print(f"geomean overhead {res['geomean_overhead']:.3f}x"
+          + (f", geomean speedup vs torch.geqrf {res['geomean_speedup_vs_torch']:.2f}x"
+             if "geomean_speedup_vs_torch" in res else ""))
+    print(f"wrote {out}")
+    return out
+
+
+def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
+    from runtime.cuda import nvrtc
+
     res = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": dev.name, "compute_capability": list(dev.cc), "sm_count": dev.sm_count,
         "driver_version": dev.driver_version, "compiler": nvrtc.version(),
-        "python": platform.python_version(), "repeat": ns.repeat,
+        "python": platform.python_version(), "repeat": repeat,
         "method": "median of CUDA-event times of the kernel alone; input restored by a "
                   "device-to-device copy outside the timed region; float32",
         "kernel": "kernels/gpu/qr.c (unblocked Householder, one block per matrix)",
@@ -123,15 +141,9 @@ def main(argv: list[str] | None = None) -> Path:
             res["torch_version"] = torch.__version__
         except ImportError:
             pass
-    out = Path(ns.out) if ns.out else (Path(__file__).parent / "results" /
-                                       f"gpu-{_dt.date.today().isoformat()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"geomean overhead {res['geomean_overhead']:.3f}x"
-          + (f", geomean speedup vs torch.geqrf {res['geomean_speedup_vs_torch']:.2f}x"
-             if sp else ""))
-    print(f"wrote {out}")
-    return out
+    return res
 
 
 if __name__ == "__main__":

@@ -243,7 +243,8 @@ def qr_residuals(A: np.ndarray, H: np.ndarray, tau: np.ndarray) -> tuple[np.ndar
         from scipy.linalg import lapack
 
         rr, oo = [], []
-        for a, h, t in zip(A.astype(np.float64), H.astype(np.float64), tau.astype(np.float64)):
+        for a, h, t in zip(A.astype(np.float64), H.astype(np.float64), tau.astype(np.float64),
+                           strict=True):
             q, _, _ = lapack.dorgqr(h, t)
             r = np.triu(h)
             rr.append(np.linalg.norm(r - q.T @ a, 1) / (n * EPS32 * max(np.linalg.norm(a, 1),
@@ -324,3 +325,26 @@ def test_qr_matches_lapack_convention() -> None:
         (h_ref, tau_ref), _ = scipy_linalg.qr(a[b].astype(np.float64), mode="raw")
         np.testing.assert_allclose(H[b], h_ref, atol=2e-4, rtol=2e-3)
         np.testing.assert_allclose(tau[b], tau_ref, atol=2e-5, rtol=1e-4)
+
+
+def test_hoisted_loop_still_faults_at_exact_element() -> None:
+    """A counted loop runs unchecked only when its whole index range was proven in
+    bounds; otherwise the checked copy runs and faults at the first bad element."""
+    src = """
+KERNEL void rowcopy(cap_t dst, cap_t src, int64_t n, int64_t stride)
+{
+    int64_t t = rt_thread_idx();
+    for (int64_t i = 0; i < n; i++)
+        cap_store_f32(dst, t * stride + i, cap_load_f32(src, t * stride + i) + 1.0f);
+}
+"""
+    k = cuda.compile(src, "rowcopy")
+    assert "rt_range_ok" in k.cuda.text  # the loop was versioned
+    src_c = cuda.to_device(np.arange(32 * 16, dtype=np.float32), perms="r", name="src")
+    dst = cuda.alloc_device(32 * 16, np.float32, name="dst")
+    cuda.launch(k, [dst, src_c], args=(16, 16), grid=1, block=32)
+    np.testing.assert_array_equal(dst.numpy(), np.arange(32 * 16, dtype=np.float32) + 1)
+    with pytest.raises(CapabilityFault) as ei:  # thread 31 runs past the end at i = 16
+        cuda.launch(k, [dst, src_c], args=(17, 16), grid=1, block=32)
+    f = ei.value
+    assert (f.thread, f.index, f.access, f.buffer) == (31, 32 * 16, "load", "src")

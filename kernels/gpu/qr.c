@@ -80,10 +80,8 @@ KERNEL void gpu_qr(cap_t A, cap_t tau, int64_t n)
                 for (int64_t i = 0; i < m; i++)
                     d += smem_v[i] * cap_load_f32(M, (k + i) * n + j);
                 d = d * tkf;
-                for (int64_t i = 0; i < m; i++) {
-                    int64_t idx = (k + i) * n + j;
-                    cap_store_f32(M, idx, cap_load_f32(M, idx) - d * smem_v[i]);
-                }
+                for (int64_t i = 0; i < m; i++)
+                    cap_store_f32(M, (k + i) * n + j, cap_load_f32(M, (k + i) * n + j) - d * smem_v[i]);
             }
         }
         rt_sync_threads();
