@@ -106,6 +106,36 @@ void gc_request_auto(void)
     pthread_mutex_unlock(&coll_mu);
 }
 
+/* Test hook: park the collector at a phase so tests can act "during
+ * marking" / "during sweeping" deterministically.  1: marking (concurrent:
+ * barrier on, roots marked, before the stack scans; STW: barrier on, before
+ * the world stops); 2: sweeping (concurrent: barrier off, before the sweep;
+ * STW: after the world restarted). */
+static int32_t dbg_pause_at = 0, dbg_phase = 0;
+static pthread_mutex_t dbg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dbg_cv = PTHREAD_COND_INITIALIZER;
+
+static void dbg_point(int32_t phase)
+{
+    if (__atomic_load_n(&dbg_pause_at, __ATOMIC_ACQUIRE) != phase) return;
+    pthread_mutex_lock(&dbg_mu);
+    __atomic_store_n(&dbg_phase, phase, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&dbg_pause_at, __ATOMIC_ACQUIRE) == phase)
+        pthread_cond_wait(&dbg_cv, &dbg_mu);
+    __atomic_store_n(&dbg_phase, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&dbg_mu);
+}
+
+void gc_debug_pause(int32_t phase)
+{
+    pthread_mutex_lock(&dbg_mu);
+    __atomic_store_n(&dbg_pause_at, phase, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&dbg_cv);
+    pthread_mutex_unlock(&dbg_mu);
+}
+
+int32_t gc_debug_phase(void) { return __atomic_load_n(&dbg_phase, __ATOMIC_ACQUIRE); }
+
 static void mark_stw(uint32_t epoch);
 static void scan_parked(rt_block *b, void *arg) { gc_scan_block(b, *(uint32_t *)arg); }
 
@@ -125,11 +155,13 @@ static void gc_cycle(void)
     __atomic_store_n(&gc_epoch, epoch, __ATOMIC_SEQ_CST);
     __atomic_store_n(&gc_marking, 1, __ATOMIC_SEQ_CST);
     if (gc_stw_mode) {
+        dbg_point(1);
         mark_stw(epoch);
     } else {
         gc_handshake(GC_HS_NOOP);
         /* 3 */
         gc_mark_roots(epoch);
+        dbg_point(1);
         /* 4 */
         for (;;) {
             gc_drain(epoch);
@@ -142,9 +174,11 @@ static void gc_cycle(void)
     /* pins/holds from Python threads that shaded just before barrier-off */
     gc_drain(epoch);
     double t1 = gc_now();
+    if (!gc_stw_mode) dbg_point(2);
     gc_sweep(epoch, &r);
     if (gc_stw_mode) gc_world_release();
     double t2 = gc_now();
+    if (gc_stw_mode) dbg_point(2);
 
     __atomic_add_fetch(&gc_st_objects_freed, r.objects_reclaimed, __ATOMIC_RELAXED);
     __atomic_store_n(&gc_st_last_reclaimed, r.objects_reclaimed, __ATOMIC_RELAXED);

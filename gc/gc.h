@@ -89,5 +89,11 @@ uint64_t gc_late_roots(void);            /* white objects kept because pinned la
 uint64_t gc_freed_payloads_released(void); /* FREED payloads released by sweeps */
 void gc_reset_handshake_stats(void);     /* forget latency samples (benchmarks) */
 rt_obj *gc_find_id(uint64_t id);         /* live header by serial, or NULL (tests) */
+uint64_t gc_last_id(void);               /* serial of the newest object */
+/* Test hook: gc_debug_pause(1) parks the collector in its marking phase,
+ * (2) in its sweeping phase, (0) resumes; gc_debug_phase() says where it
+ * is parked now (0: not parked). */
+void gc_debug_pause(int32_t phase);
+int32_t gc_debug_phase(void);
 
 #endif

@@ -7,3 +7,6 @@ uint64_t gc_late_roots(void);
 uint64_t gc_freed_payloads_released(void);
 void gc_reset_handshake_stats(void);
 rt_obj *gc_find_id(uint64_t id);
+uint64_t gc_last_id(void);
+void gc_debug_pause(int32_t phase);
+int32_t gc_debug_phase(void);

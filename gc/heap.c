@@ -280,6 +280,8 @@ static int walk(int (*fn)(rt_obj *, void *), void *arg)
 static int match_id(rt_obj *o, void *arg) { return o->id == *(uint64_t *)arg; }
 static int count_one(rt_obj *o, void *arg) { (void)o; (*(uint64_t *)arg)++; return 0; }
 
+uint64_t gc_last_id(void) { return __atomic_load_n(&serial, __ATOMIC_ACQUIRE); }
+
 int gc_is_live_id(uint64_t id) { return walk(match_id, &id); }
 
 uint64_t gc_count_objects(void)
