@@ -95,5 +95,6 @@ uint64_t gc_last_id(void);               /* serial of the newest object */
  * is parked now (0: not parked). */
 void gc_debug_pause(int32_t phase);
 int32_t gc_debug_phase(void);
+void gc_handshake_observed_us(double out[3]); /* p50/p99/max incl. collector wakeup */
 
 #endif

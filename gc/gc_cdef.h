@@ -10,3 +10,4 @@ rt_obj *gc_find_id(uint64_t id);
 uint64_t gc_last_id(void);
 void gc_debug_pause(int32_t phase);
 int32_t gc_debug_phase(void);
+void gc_handshake_observed_us(double out[3]);

@@ -89,6 +89,6 @@ extern uint64_t gc_st_freed_payloads;
 extern double gc_st_mark_s, gc_st_sweep_s;
 extern int32_t gc_st_running;
 extern uint64_t gc_live_after;      /* payload bytes live after the last sweep */
-void gc_record_handshake(double seconds);
+void gc_record_handshake(double seconds, double observed);
 
 #endif

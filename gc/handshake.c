@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <time.h>
 #include <errno.h>
+#include <unistd.h>
 #include "gc_internal.h"
 
 volatile int32_t rt_poll_word = 0;
@@ -32,6 +33,28 @@ static uint32_t hs_mark_epoch = 0;   /* mark epoch the SCAN callback marks with 
 int32_t gc_n_entered = 0;            /* threads ENTERED or entering */
 int32_t gc_world_stopped = 0;
 static uint64_t world_gen = 0;       /* bumped by each release */
+
+/* Latency is request -> last answer, timestamped by the answering side (a
+ * thread at its pollcheck, or the collector acting for an exited thread), so
+ * it measures how fast threads respond, not how fast the collector thread
+ * gets a CPU back to notice (on an oversubscribed machine that can take a
+ * scheduler timeslice; gc_handshake() returns that observed time). */
+static uint64_t hs_last_ack_ns = 0;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void note_ack(void)
+{
+    uint64_t t = now_ns(), cur = __atomic_load_n(&hs_last_ack_ns, __ATOMIC_RELAXED);
+    while (t > cur && !__atomic_compare_exchange_n(&hs_last_ack_ns, &cur, t, 1, __ATOMIC_RELAXED,
+                                                   __ATOMIC_RELAXED))
+        ;
+}
 
 static pthread_mutex_t hs_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t hs_cv = PTHREAD_COND_INITIALIZER;
@@ -81,8 +104,14 @@ void gc_thread_unregister(rt_thread *t)
     if (self == t) self = NULL;
 }
 
+static int32_t hs_waiting = 0;   /* collector blocked on hs_cv: answers must signal */
+
 static void notify_collector(void)
 {
+    /* Fast answer path: no syscall unless the collector sleeps (it sets
+     * hs_waiting before its last check; seq_cst pairs with our done store,
+     * and its timed wait bounds any miss). */
+    if (!__atomic_load_n(&hs_waiting, __ATOMIC_SEQ_CST)) return;
     pthread_mutex_lock(&hs_mu);
     pthread_cond_signal(&hs_cv);
     pthread_mutex_unlock(&hs_mu);
@@ -159,6 +188,7 @@ void gc_handshake_poll(rt_thread *t)
     uint64_t gen = __atomic_load_n(&world_gen, __ATOMIC_ACQUIRE); /* no release before our answer */
     if (kind == GC_HS_SCAN)
         gc_scan_block(t->block, __atomic_load_n(&hs_mark_epoch, __ATOMIC_ACQUIRE));
+    note_ack();
     __atomic_store_n(&t->handshake_done, e, __ATOMIC_RELEASE);
     notify_collector();
     if (kind == GC_HS_STOP) park_while_stopped(gen);
@@ -166,8 +196,10 @@ void gc_handshake_poll(rt_thread *t)
 
 double gc_handshake(int kind)
 {
-    double t0 = gc_now();
     pthread_mutex_lock(&threads_mu);
+    uint64_t t0_ns = now_ns();
+    double t0 = gc_now();
+    __atomic_store_n(&hs_last_ack_ns, t0_ns, __ATOMIC_RELAXED);
     if (kind == GC_HS_STOP) __atomic_store_n(&gc_world_stopped, 1, __ATOMIC_SEQ_CST);
     __atomic_store_n(&hs_kind, kind, __ATOMIC_RELEASE);
     __atomic_store_n(&hs_mark_epoch, __atomic_load_n(&gc_epoch, __ATOMIC_ACQUIRE),
@@ -175,15 +207,23 @@ double gc_handshake(int kind)
     uint64_t e = __atomic_add_fetch(&hs_epoch, 1, __ATOMIC_SEQ_CST);
     __atomic_fetch_or(&rt_poll_word, RT_POLL_HANDSHAKE, __ATOMIC_SEQ_CST);
     unsigned rounds = 0;
+    /* Spin only with a spare CPU: otherwise the spinning collector occupies
+     * the CPU of the very thread whose answer it waits for. */
+    static long ncpu = 0;
+    if (!ncpu) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned spin_rounds =
+        ncpu > (long)__atomic_load_n(&gc_n_entered, __ATOMIC_RELAXED) + 1 ? 200 : 0;
     pthread_mutex_lock(&hs_mu);
     for (;;) {
         int pending = 0;
+        if (rounds >= spin_rounds) __atomic_store_n(&hs_waiting, 1, __ATOMIC_SEQ_CST);
         for (rt_thread *t = threads; t; t = t->next) {
             if (__atomic_load_n(&t->handshake_done, __ATOMIC_ACQUIRE) >= e) continue;
             int32_t s = RT_THREAD_EXITED;
             if (__atomic_compare_exchange_n(&t->state, &s, GC_THREAD_BUSY, 0, __ATOMIC_SEQ_CST,
                                             __ATOMIC_SEQ_CST)) {
                 /* Exited: no block, no roots; the callback is a no-op. */
+                note_ack();
                 __atomic_store_n(&t->handshake_done, e, __ATOMIC_RELEASE);
                 __atomic_store_n(&t->state, RT_THREAD_EXITED, __ATOMIC_SEQ_CST);
                 continue;
@@ -192,7 +232,7 @@ double gc_handshake(int kind)
             pending++;
         }
         if (!pending) break;
-        if (++rounds < 200) {
+        if (++rounds < spin_rounds) {
             /* Busy threads answer within one loop iteration: spin briefly
              * before paying for a sleep/wakeup. */
             pthread_mutex_unlock(&hs_mu);
@@ -207,12 +247,14 @@ double gc_handshake(int kind)
             pthread_cond_timedwait(&hs_cv, &hs_mu, &ts);
         }
     }
+    __atomic_store_n(&hs_waiting, 0, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&hs_mu);
     __atomic_fetch_and(&rt_poll_word, ~RT_POLL_HANDSHAKE, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&threads_mu);
-    double lat = gc_now() - t0;
-    gc_record_handshake(lat);
-    return lat;
+    double observed = gc_now() - t0;
+    gc_record_handshake(1e-9 * (double)(__atomic_load_n(&hs_last_ack_ns, __ATOMIC_RELAXED) - t0_ns),
+                        observed);
+    return observed;
 }
 
 void gc_world_release(void)

@@ -19,13 +19,17 @@ static pthread_mutex_t st_mu = PTHREAD_MUTEX_INITIALIZER;
 static double hs_ring[HS_RING];
 static uint64_t hs_n;
 static double hs_max;
+static double obs_ring[HS_RING];   /* request -> collector noticed */
+static double obs_max;
 
-void gc_record_handshake(double s)
+void gc_record_handshake(double s, double observed)
 {
     pthread_mutex_lock(&st_mu);
     hs_ring[hs_n % HS_RING] = s;
+    obs_ring[hs_n % HS_RING] = observed;
     hs_n++;
     if (s > hs_max) hs_max = s;
+    if (observed > obs_max) obs_max = observed;
     pthread_mutex_unlock(&st_mu);
     __atomic_add_fetch(&gc_st_handshakes, 1, __ATOMIC_RELAXED);
 }
@@ -49,6 +53,7 @@ void gc_reset_handshake_stats(void)
     pthread_mutex_lock(&st_mu);
     hs_n = 0;
     hs_max = 0;
+    obs_max = 0;
     pthread_mutex_unlock(&st_mu);
 }
 
@@ -86,6 +91,21 @@ void gc_get_stats(gc_stats_t *out)
     out->handshake_p50_us = pct(tmp, n, 0.50) * 1e6;
     out->handshake_p99_us = pct(tmp, n, 0.99) * 1e6;
     out->handshake_max_us = hs_max * 1e6;
+    pthread_mutex_unlock(&st_mu);
+}
+
+/* Handshake latency as the collector thread observed it (includes its own
+ * wakeup delay): p50, p99, max in microseconds. */
+void gc_handshake_observed_us(double out[3])
+{
+    static double tmp[HS_RING];
+    pthread_mutex_lock(&st_mu);
+    size_t n = hs_n < HS_RING ? (size_t)hs_n : HS_RING;
+    memcpy(tmp, obs_ring, n * sizeof(double));
+    qsort(tmp, n, sizeof(double), cmp_d);
+    out[0] = pct(tmp, n, 0.50) * 1e6;
+    out[1] = pct(tmp, n, 0.99) * 1e6;
+    out[2] = obs_max * 1e6;
     pthread_mutex_unlock(&st_mu);
 }
 

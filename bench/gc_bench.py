@@ -1,0 +1,182 @@
+"""Collector benchmark (issue 3): soft-handshake latency with 2 and 8 busy
+threads, mutator throughput with cycles running back to back vs the collector
+disabled, and sustained kernel allocation rate.
+
+Each measurement runs in a fresh process (the worker count, CAPQR_THREADS,
+is fixed at import).  ``python -m bench.gc_bench [--quick]`` prints JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SPIN_SRC = """
+KERNEL void spin(cap_t flag)
+{
+    int64_t k = 0;
+    while (cap_load_i64(flag, 0) == 0) { k++; }
+}
+"""
+
+# Mutator work: a long loop of loads/stores with a pollcheck per iteration.
+WORK_SRC = """
+KERNEL void work(cap_t x, int64_t n, int64_t reps)
+{
+    int64_t b = rt_block_idx();
+    double acc = 0.0;
+    for (int64_t r = 0; r < reps; r++) {
+        for (int64_t i = 0; i < n; i++) {
+            acc = acc * 0.999 + cap_load_f64(x, i);
+            if (acc > 1e300) acc = 0.0;
+        }
+        cap_store_f64(x, (b + r) % n, acc * 1e-9);
+    }
+}
+"""
+
+ALLOC_SRC = """
+KERNEL void churn(cap_t keep, int64_t iters, int64_t n)
+{
+    int64_t b = rt_block_idx();
+    cap_t t = cap_alloc_cap(4);
+    for (int64_t it = 0; it < iters; it++) {
+        cap_t x = cap_alloc_f32(n);
+        cap_store_f32(x, 0, 1.0f);
+        cap_store_cap(t, it % 4, x);
+    }
+    cap_store_cap(keep, b, t);
+}
+"""
+
+HANDSHAKE_CHILD = r"""
+import json, sys, threading, time
+import numpy as np
+import capabilities, runtime, runtime.core
+from runtime.core import lib
+n, secs = int(sys.argv[1]), float(sys.argv[2])
+k = runtime.compile(SPIN_SRC, "spin")
+flag = capabilities.alloc(1, np.int64)
+th = threading.Thread(target=lambda: runtime.launch(k, [flag], grid=n, timeout=120))
+th.start()
+while lib.rt_core_kernels_running() < n:
+    time.sleep(0.001)
+runtime.gc_collect()
+lib.gc_reset_handshake_stats()
+t0 = time.perf_counter(); cycles = 0
+while time.perf_counter() - t0 < secs:
+    runtime.gc_collect(); cycles += 1
+s = runtime.gc_stats()
+obs = runtime.core.ffi.new("double[3]")
+lib.gc_handshake_observed_us(obs)
+flag.numpy()[0] = 1
+th.join()
+print(json.dumps(dict(busy_threads=n, cycles=cycles, handshake_p50_us=s["handshake_p50_us"],
+                      handshake_p99_us=s["handshake_p99_us"], handshake_max_us=s["handshake_max_us"],
+                      collector_observed_p50_us=obs[0], collector_observed_p99_us=obs[1])))
+"""
+
+THROUGHPUT_CHILD = r"""
+import json, sys, threading, time
+import numpy as np
+import capabilities, runtime
+reps = int(sys.argv[1]); rounds = int(sys.argv[2])
+k = runtime.compile(WORK_SRC, "work")
+nthr = runtime.threads()
+x = capabilities.alloc(4096, np.float64)
+x.numpy()[:] = 1.0
+def once():
+    t = time.perf_counter()
+    runtime.launch(k, [x], args=(4096, reps), grid=nthr, timeout=300)
+    return time.perf_counter() - t
+once()
+def measure(running):
+    stop = [False]; cycles = [0]
+    def hammer():
+        while not stop[0]:
+            runtime.gc_collect(); cycles[0] += 1
+    th = None
+    if running:
+        th = threading.Thread(target=hammer); th.start()
+    ts = [once() for _ in range(rounds)]
+    stop[0] = True
+    if th: th.join()
+    return min(ts), cycles[0]
+runtime.gc_set_enabled(False)
+# interleave to cancel drift; best of rounds each
+d1, _ = measure(False); r1, c1 = measure(True); d2, _ = measure(False); r2, c2 = measure(True)
+runtime.gc_set_enabled(True)
+d, r = min(d1, d2), min(r1, r2)
+print(json.dumps(dict(threads=nthr, seconds_disabled=d, seconds_running=r,
+                      cycles_while_running=c1 + c2, throughput_ratio=d / r)))
+"""
+
+ALLOC_CHILD = r"""
+import json, sys, threading, time
+import numpy as np
+import capabilities, runtime
+iters = int(sys.argv[1])
+k = runtime.compile(ALLOC_SRC, "churn")
+nthr = runtime.threads()
+grid = 4 * nthr
+keep = capabilities.alloc(grid, "cap")
+peak = [0]; stop = [False]
+def watch():
+    while not stop[0]:
+        peak[0] = max(peak[0], runtime.gc_stats()["bytes_live"]); time.sleep(0.002)
+w = threading.Thread(target=watch); w.start()
+s0 = runtime.gc_stats(); t = time.perf_counter()
+runtime.launch(k, [keep], args=(iters, 64), grid=grid, timeout=300)
+dt = time.perf_counter() - t
+stop[0] = True; w.join()
+s1 = runtime.gc_stats()
+objs = s1["objects_allocated_total"] - s0["objects_allocated_total"]
+byts = s1["bytes_allocated_total"] - s0["bytes_allocated_total"]
+print(json.dumps(dict(threads=nthr, objects=objs, seconds=dt, objects_per_s=objs / dt,
+                      mib_per_s=byts / dt / 2**20, cycles=s1["cycles"] - s0["cycles"],
+                      peak_live_mib=peak[0] / 2**20,
+                      mark_s=s1["mark_seconds_total"] - s0["mark_seconds_total"],
+                      sweep_s=s1["sweep_seconds_total"] - s0["sweep_seconds_total"])))
+"""
+
+
+def _child(code: str, args: list, threads: int | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    if threads:
+        env["CAPQR_THREADS"] = str(threads)
+    prelude = (f"SPIN_SRC = {SPIN_SRC!r}\nWORK_SRC = {WORK_SRC!r}\nALLOC_SRC = {ALLOC_SRC!r}\n")
+    p = subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"gc_bench child failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool = False) -> dict:
+    secs = 1.0 if quick else 3.0
+    out = {"cpus": os.cpu_count()}
+    out["handshake"] = [_child(HANDSHAKE_CHILD, [n, secs], threads=n) for n in (2, 8)]
+    # Mutators on cpus-1 workers, so the collector thread has a core (as a
+    # concurrent collector assumes); also the fully subscribed case.
+    cpus = os.cpu_count() or 1
+    out["throughput"] = _child(THROUGHPUT_CHILD, [2000 if quick else 8000, 3 if quick else 5],
+                               threads=max(1, cpus - 1))
+    out["throughput_all_cores"] = _child(THROUGHPUT_CHILD, [2000 if quick else 8000, 3],
+                                         threads=cpus)
+    out["allocation"] = _child(ALLOC_CHILD, [5000 if quick else 50000])
+    out["goals"] = {
+        "handshake_p99_under_100us": {str(h["busy_threads"]): h["handshake_p99_us"] < 100
+                                      for h in out["handshake"]},
+        "mutator_slowdown_under_5pct": out["throughput"]["throughput_ratio"] > 0.95,
+    }
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
