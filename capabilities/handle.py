@@ -72,6 +72,7 @@ class Capability:
 
     def __init__(self, obj: Any, shape: tuple[int, ...], dtype: Any, perms: str, name: str,
                  keep: Any = None):
+        """Take over one pin of ``obj`` (already pinned by the allocator)."""
         if obj == ffi.NULL:
             raise MemoryError(f"capqr: cannot allocate buffer {name!r}")
         self._obj = obj
@@ -81,7 +82,8 @@ class Capability:
         self._name = name
         self._freed = False
         self._id = int(obj.id)
-        lib.gc_pin(obj)
+        # obj arrives pinned (gc_alloc_pinned/gc_wrap_pinned): no window in
+        # which a fresh object is unrooted.
 
         def unpin(_p: Any, o: Any = obj, k: Any = keep) -> None:
             lib.gc_unpin(o)
@@ -213,7 +215,7 @@ def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | No
     bits = _perm_bits(perms)
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     name = name or _auto_name("buf")
-    obj = lib.gc_alloc(n * itemsize, code, bits, name.encode()[:47])
+    obj = lib.gc_alloc_pinned(n * itemsize, code, bits, name.encode()[:47])
     return Capability(obj, shape, dtype, perms, name)
 
 
@@ -246,7 +248,7 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     _, code, _ = _dtype_code(array.dtype)
     name = name or _auto_name("arr")
     ptr = ffi.cast("void *", array.ctypes.data)
-    obj = lib.gc_wrap(ptr, array.nbytes, code, bits, name.encode()[:47])
+    obj = lib.gc_wrap_pinned(ptr, array.nbytes, code, bits, name.encode()[:47])
     return Capability(obj, array.shape, array.dtype, perms, name, keep=keep)
 
 
