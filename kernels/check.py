@@ -99,7 +99,8 @@ class CheckReport:
         w = self.worst()
         head = (f"QR check ({self.dtype}, eps={self.eps:.3g}): "
                 f"{'PASS' if self.ok else 'FAIL'}, {n - len(self.failures)}/{n} matrices pass; "
-                f"worst LAPACK resid {w['resid']:.3g} orth {w['orth']:.3g} (< {LAPACK_THRESHOLD:g}), "
+                f"worst LAPACK resid {w['resid']:.3g} orth {w['orth']:.3g} "
+                f"(< {LAPACK_THRESHOLD:g}), "
                 f"contest resid {w['contest_resid']:.3g} (<= {CONTEST_RESID:g}) "
                 f"orth {w['contest_orth']:.3g} (<= {CONTEST_ORTH:g})")
         lines = [head]

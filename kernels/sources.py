@@ -10,7 +10,7 @@ numbers refer to it; :func:`locate` maps them back to (file, line).
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 SRC_DIR = Path(__file__).with_name("src")
@@ -45,14 +45,14 @@ _F64_SUBS: list[tuple[str, str]] = [
     (r"\bgeqr2_f32\b", "geqr2_f64"),
     (r"\bgeqrf_f32\b", "geqrf_f64"),
     (r"\bfloat\b", "double"),
-    (r"\b(sqrt|fabs|copysign|hypot|fmax|fmin)f\(", r"\1("),
+    (r"\b(sqrt|fabs|copysign|hypot|fmax|fmin|fma)f\(", r"\1("),
     (r"1\.17549435e-38f", "2.2250738585072014e-308"),
     (r"5\.96046448e-08f", "1.1102230246251565e-16"),
     (r"\b(\d+\.\d*)f\b", r"\1"),
 ]
 
 
-@lru_cache(maxsize=None)
+@cache
 def read(name: str) -> str:
     """Text of one file in ``kernels/src``."""
     return (SRC_DIR / name).read_text()

@@ -41,7 +41,7 @@ static void larfb(cap_t V, int64_t ldv, int64_t vr, int64_t vc, int64_t jb, int6
             for (int64_t p = 0; p < pe; p++) {
                 float vq = cap_load_f32(V, (vr + t) * ldv + vc + p);
                 for (int l = 0; l < 64; l++)
-                    w[p][l] += vq * x[l];
+                    w[p][l] = fmaf(vq, x[l], w[p][l]);
             }
             if (t < jb) {
                 for (int l = 0; l < 64; l++)
@@ -56,7 +56,7 @@ static void larfb(cap_t V, int64_t ldv, int64_t vr, int64_t vc, int64_t jb, int6
             for (int64_t q = 0; q < p; q++) {
                 float tq = cap_load_f32(T, q * ldt + p);
                 for (int l = 0; l < 64; l++)
-                    w[p][l] += tq * w[q][l];
+                    w[p][l] = fmaf(tq, w[q][l], w[p][l]);
             }
         }
         /* C -= V W. */
@@ -68,7 +68,7 @@ static void larfb(cap_t V, int64_t ldv, int64_t vr, int64_t vc, int64_t jb, int6
             for (int64_t p = 0; p < pe; p++) {
                 float u = cap_load_f32(V, (vr + t) * ldv + vc + p);
                 for (int l = 0; l < 64; l++)
-                    x[l] -= u * w[p][l];
+                    x[l] = fmaf(-u, w[p][l], x[l]);
             }
             if (t < jb) {
                 for (int l = 0; l < 64; l++)

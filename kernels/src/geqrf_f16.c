@@ -55,7 +55,7 @@ KERNEL void geqrf_f16(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, 
                     float s = 1.0f;
                     for (int64_t t = p + 1; t < mr; t++) {
                         float v = cap_load_f32(P, t * nb + p);
-                        s += v * v;
+                        s = fmaf(v, v, s);
                     }
                     cap_store_f32(TAU, j + p, 2.0f / s);
                 }

@@ -6,6 +6,11 @@
  * at i * ld + j.  Householder vectors are columns, so they are strided, but
  * every inner loop below runs along a row (unit stride), which is what gcc
  * vectorises.  This is the orientation numpy gives us, so no transposes.
+ *
+ * Every multiply-add is an explicit fmaf(): gcc contracts a*b+c differently
+ * depending on how the surrounding code is shaped, and checked and raw
+ * builds are shaped differently, so implicit contraction would make their
+ * results differ in the last bit.  Explicit fmaf() makes them bitwise equal.
  */
 
 /* ||A[i0:i1, col]||_2, scaled by the largest magnitude so that neither the
@@ -23,7 +28,7 @@ static float nrm2_col(cap_t A, int64_t ld, int64_t col, int64_t i0, int64_t i1)
     float s = 0.0f;
     for (int64_t i = i0; i < i1; i++) {
         float x = cap_load_f32(A, i * ld + col) / amax;
-        s += x * x;
+        s = fmaf(x, x, s);
     }
     return amax * sqrtf(s);
 }
@@ -80,7 +85,7 @@ static void larf_left(cap_t A, int64_t ld, int64_t col, int64_t r, int64_t m,
     for (int64_t i = r + 1; i < m; i++) {
         float vi = cap_load_f32(A, i * ld + col);
         for (int64_t c = c0; c < c1; c++)
-            cap_store_f32(w, c, cap_load_f32(w, c) + vi * cap_load_f32(A, i * ld + c));
+            cap_store_f32(w, c, fmaf(vi, cap_load_f32(A, i * ld + c), cap_load_f32(w, c)));
     }
     for (int64_t c = c0; c < c1; c++) {
         float t = tau * cap_load_f32(w, c);
@@ -90,7 +95,7 @@ static void larf_left(cap_t A, int64_t ld, int64_t col, int64_t r, int64_t m,
     for (int64_t i = r + 1; i < m; i++) {
         float vi = cap_load_f32(A, i * ld + col);
         for (int64_t c = c0; c < c1; c++)
-            cap_store_f32(A, i * ld + c, cap_load_f32(A, i * ld + c) - vi * cap_load_f32(w, c));
+            cap_store_f32(A, i * ld + c, fmaf(-vi, cap_load_f32(w, c), cap_load_f32(A, i * ld + c)));
     }
 }
 
@@ -119,7 +124,7 @@ static void larft(cap_t A, int64_t ld, int64_t r, int64_t vc, int64_t jb, int64_
         for (int64_t p = 1; p < pl; p++) {
             float xp = x[p];
             for (int64_t q = 0; q < p; q++)
-                g[p][q] += xp * x[q];
+                g[p][q] = fmaf(xp, x[q], g[p][q]);
         }
     }
     for (int64_t p = 0; p < jb; p++) {
@@ -127,7 +132,7 @@ static void larft(cap_t A, int64_t ld, int64_t r, int64_t vc, int64_t jb, int64_
         for (int64_t q = 0; q < p; q++) {
             float s = 0.0f;
             for (int64_t s_i = q; s_i < p; s_i++)
-                s += cap_load_f32(T, q * ldt + s_i) * g[p][s_i];
+                s = fmaf(cap_load_f32(T, q * ldt + s_i), g[p][s_i], s);
             cap_store_f32(T, q * ldt + p, tp == 0.0f ? 0.0f : -tp * s);
         }
         cap_store_f32(T, p * ldt + p, tp);

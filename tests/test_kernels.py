@@ -1,0 +1,158 @@
+"""QR kernel family: every variant on contest-like shapes, rectangles, batches;
+checked == raw bitwise; input validation; the checker itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import check, qr
+
+F32_VARIANTS = [("unblocked", {}), ("blocked", {"nb": 32}), ("blocked", {"nb": 7})]
+
+# Contest (batch, n) shapes, the batch scaled down so each stays ~<1.5 GFlop in CI.
+CONTEST = [(20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048), (2, 4096)]
+
+
+def _ci_shape(batch: int, n: int, budget: float = 1.5e9) -> tuple[int, int]:
+    while n > 1024:
+        n //= 2
+    flops = 4 / 3 * n ** 3
+    return max(1, min(batch, int(budget // flops))), n
+
+
+def _rand(shape, dtype=np.float32, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("batch,n", CONTEST)
+def test_contest_shapes_blocked(batch, n):
+    b, nn = _ci_shape(batch, n)
+    A = _rand((b, nn, nn), seed=n)
+    H, tau = qr(A, "blocked")
+    assert H.shape == A.shape and tau.shape == (b, nn)
+    rep = check(A, H, tau)
+    assert rep.ok, str(rep)
+
+
+@pytest.mark.parametrize("variant,params", F32_VARIANTS + [("f16", {"nb": 16})])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (33, 20), (20, 33), (64, 64),
+                                   (3, 45, 31), (2, 31, 45), (5, 32, 32)])
+def test_variants_shapes(variant, params, shape):
+    A = _rand(shape, seed=sum(shape))
+    H, tau = qr(A, variant, **params)
+    if variant == "f16":
+        assert H.dtype == np.float16 and tau.dtype == np.float32
+        rep = check(A.astype(np.float16), H, tau)
+        # Half storage meets LAPACK's ratios with eps16; the float32 contest
+        # bound is reported, not assumed (it fails for small n).
+        assert rep.lapack_ok, str(rep)
+    else:
+        rep = check(A, H, tau)
+        assert rep.ok, str(rep)
+
+
+@pytest.mark.parametrize("variant", ["unblocked", "blocked"])
+def test_float64(variant):
+    A = _rand((2, 50, 37), np.float64, seed=3)
+    H, tau = qr(A, variant, nb=8) if variant == "blocked" else qr(A, variant)
+    assert H.dtype == np.float64
+    rep = check(A, H, tau)
+    assert rep.ok and rep.worst()["resid"] < 30, str(rep)
+
+
+@pytest.mark.parametrize("variant,params", F32_VARIANTS + [("f16", {"nb": 16})])
+def test_checked_equals_raw_bitwise(variant, params):
+    A = _rand((3, 70, 53), seed=11)
+    H1, t1 = qr(A, variant, checked=True, **params)
+    H2, t2 = qr(A, variant, checked=False, **params)
+    assert H1.tobytes() == H2.tobytes() and t1.tobytes() == t2.tobytes()
+
+
+def test_batched_equals_single():
+    A = _rand((4, 40, 30), seed=5)
+    H, tau = qr(A, "blocked", nb=16)
+    for i in range(4):
+        h, t = qr(A[i], "blocked", nb=16)
+        assert h.tobytes() == H[i].tobytes() and t.tobytes() == tau[i].tobytes()
+
+
+def test_grid_smaller_than_batch():
+    A = _rand((5, 20, 20), seed=6)
+    H, tau = qr(A, "blocked", grid=2)
+    H1, tau1 = qr(A, "blocked")
+    assert H.tobytes() == H1.tobytes()
+
+
+def test_nonfinite_input_rejected():
+    A = _rand((6, 6))
+    A[2, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        qr(A)
+    H, tau = qr(A, allow_nonfinite=True)
+    rep = check(A, H, tau)
+    assert not rep.ok and "NaN/Inf" in rep.matrices[0].reason
+
+
+def test_f16_overflow_raises_or_flags():
+    A = _rand((16, 16)) * 3e4  # entries fit in half, R's diagonal (~1e5) does not
+    with pytest.raises(kernels.HalfOverflowError):
+        qr(A, "f16")
+    H, tau = qr(A, "f16", allow_nonfinite=True)
+    assert not check(A, H, tau).ok
+    with pytest.raises(kernels.HalfOverflowError):
+        qr(_rand((4, 4)) * 1e6, "f16")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        qr(_rand((4, 4)), "nope")
+    with pytest.raises(ValueError):
+        qr(_rand((4, 4)), nb=0)
+    with pytest.raises(ValueError):
+        qr(_rand((4,)))
+
+
+def test_variants_listing():
+    v = kernels.variants()
+    assert {"unblocked", "blocked", "f16"} <= set(v)
+    assert v["blocked"].params["nb"] == 32 and "float32" in v["blocked"].dtypes
+
+
+def test_householder_product_orthonormal():
+    A = _rand((2, 30, 12), seed=9)
+    H, tau = qr(A)
+    Q = kernels.householder_product(H, tau)
+    assert Q.shape == (2, 30, 12) and Q.dtype == np.float64
+    for i in range(2):
+        np.testing.assert_allclose(Q[i].T @ Q[i], np.eye(12), atol=1e-5)
+        np.testing.assert_allclose(Q[i] @ np.triu(H[i][:12]), A[i], atol=1e-5)
+
+
+def test_checker_zero_matrix_and_garbage():
+    Z = np.zeros((5, 4), np.float32)
+    H, tau = qr(Z)
+    rep = check(Z, H, tau)
+    assert rep.ok and rep.matrices[0].resid == 0.0
+    A = _rand((2, 8, 8), seed=1)
+    H, tau = qr(A)
+    bad = H.copy()
+    bad[1, 0, 3] += 1.0  # corrupt R of the second matrix only
+    rep = check(A, bad, tau)
+    assert rep.matrices[0].ok and not rep.matrices[1].ok and not rep.ok
+    assert "residual" in str(rep)
+    badtau = tau.copy()
+    badtau[0, 2] = 0.5  # not a reflector: Q loses orthogonality
+    assert not check(A, H, badtau).matrices[0].lapack_ok
+    # R nonzero for a zero matrix: infinite ratio, not a division error
+    rep = check(Z, np.ones_like(Z), np.zeros(4, np.float32))
+    assert not rep.ok and rep.matrices[0].resid == float("inf")
+
+
+def test_torch_roundtrip():
+    torch = pytest.importorskip("torch")
+    A = torch.randn(3, 20, 15, dtype=torch.float32)
+    H, tau = qr(A)
+    assert isinstance(H, torch.Tensor) and isinstance(tau, torch.Tensor)
+    assert check(A, H, tau).ok
