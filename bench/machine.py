@@ -1,0 +1,133 @@
+"""What the numbers were measured on: CPU, threads, BLAS, compiler flags, commit, load."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (falls back to platform.processor())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> dict[str, Any]:
+    """HEAD commit and whether the working tree had uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def blas_info() -> list[dict[str, Any]]:
+    """threadpoolctl's view of the loaded BLAS/OpenMP libraries (after numpy/scipy/torch load)."""
+    import numpy  # noqa: F401  (load the libraries threadpoolctl should see)
+    import scipy.linalg  # noqa: F401
+    from threadpoolctl import threadpool_info
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    keep = ("user_api", "internal_api", "prefix", "version", "num_threads", "threading_layer",
+            "architecture", "filepath")
+    return [{k: d.get(k) for k in keep} for d in threadpool_info()]
+
+
+def torch_blas() -> dict[str, Any] | None:
+    """torch's BLAS/LAPACK (statically linked MKL is invisible to threadpoolctl)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    cfg = torch.__config__.show()
+    out: dict[str, Any] = {"threads": torch.get_num_threads()}
+    for key in ("BLAS_INFO", "LAPACK_INFO"):
+        if f"{key}=" in cfg:
+            out[key] = cfg.split(f"{key}=", 1)[1].split(",", 1)[0].strip()
+    line = next((ln.strip() for ln in cfg.splitlines() if "Math Kernel Library" in ln), None)
+    out["mkl"] = line
+    return out
+
+
+def compiler() -> dict[str, Any]:
+    """Kernel compiler identity and flags (identical for checked and raw builds)."""
+    from runtime.build import compiler_id
+    from runtime.kernel import cflags
+
+    return {"cc": compiler_id(), "kernel_cflags": cflags(),
+            "CAPQR_CFLAGS": os.environ.get("CAPQR_CFLAGS")}
+
+
+def threads() -> dict[str, Any]:
+    """Threads used by each side: capqr worker pool, torch, and the environment knobs."""
+    import runtime
+
+    out: dict[str, Any] = {"capqr_workers": runtime.threads(), "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        out["torch"] = torch.get_num_threads()
+    except ImportError:
+        out["torch"] = None
+    for var in ("CAPQR_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        out[var] = os.environ.get(var)
+    return out
+
+
+def loadavg() -> list[float] | None:
+    """1/5/15-minute load averages (other processes share the machine)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def describe() -> dict[str, Any]:
+    """Everything above plus host, date, versions, as one JSON-ready dict."""
+    import numpy
+    import scipy
+
+    try:
+        import torch
+
+        torch_v = torch.__version__
+    except ImportError:
+        torch_v = None
+    now = _dt.datetime.now(_dt.timezone.utc)
+    return {
+        "host": socket.gethostname(),
+        "date": now.date().isoformat(),
+        "datetime_utc": now.isoformat(timespec="seconds"),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__, "scipy": scipy.__version__, "torch": torch_v,
+        "threads": threads(),
+        "blas": blas_info(),
+        "torch_blas": torch_blas(),
+        "gc_impl": os.environ.get("CAPQR_GC_IMPL") or "gc/ (concurrent collector)",
+        "compiler": compiler(),
+        "git": git_commit(),
+        "loadavg_start": loadavg(),
+        "concurrent_load": "possible (shared machine: other processes may run during the "
+                           "benchmark; interleaved runs spread their effect evenly)",
+    }

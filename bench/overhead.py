@@ -1,0 +1,188 @@
+"""Overhead of capabilities: the same kernel source built checked, raw and raw_poll.
+
+For every case the three builds run interleaved on identical inputs; the
+headline ratio is median(checked) / median(raw).  ``raw_poll`` is the raw build
+plus pollchecks only (at loop back-edges, without the loop versioning that
+lets checked builds poll once after short loops), so raw_poll / raw is what
+naive safepoint polling alone costs.  The collector section times one checked kernel
+with the collector cycling back to back versus disabled.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .case import MODES, Case, calibrate_inner
+from .timing import Runner, Sample, geomean, interleaved, pick_repeats, time_once
+
+REPEATS = 7
+#: Cases that cannot repeat a launch inside one sample (QR overwrites its
+#: input) take more samples when short, up to MAX_SAMPLES, to fill this budget.
+SHORT_BUDGET_S, MAX_SAMPLES = 1.0, 51
+
+
+def _ratio(a: Sample, b: Sample) -> float:
+    return a.median / b.median if b.median > 0 else math.nan
+
+
+def measure_case(case: Case, repeats: int, tick: Callable[[], None] | None = None
+                 ) -> dict[str, Any]:
+    """Time one case in every mode (interleaved); per-launch seconds and ratios.
+
+    ``repeats`` is the minimum number of samples per mode.
+    """
+    runners = {m: case.make(m) for m in MODES}
+    inner = 1
+    if all(hasattr(r, "inner") for r in runners.values()):
+        # Same launch count per sample in every mode, calibrated on the checked build.
+        inner = calibrate_inner(runners["checked"])
+        for r in runners.values():
+            r.inner = inner  # type: ignore[attr-defined]
+    elif repeats > 1:
+        t = min(time_once(runners["raw"]) for _ in range(2))
+        repeats = pick_repeats(t * len(runners), SHORT_BUDGET_S, repeats, MAX_SAMPLES)
+    samples = interleaved(runners, repeats, warmup=1, tick=tick)
+    for s in samples.values():
+        s.times = [t / inner for t in s.times]
+    row: dict[str, Any] = {"family": case.family, "kernel": case.kernel, "size": case.size,
+                           "flops": case.flops, "launches_per_sample": inner, **case.meta}
+    for m, s in samples.items():
+        row[m] = s.as_dict()
+    row["ratio"] = _ratio(samples["checked"], samples["raw"])
+    row["ratio_min"] = samples["checked"].min / samples["raw"].min
+    row["poll_ratio"] = _ratio(samples["raw_poll"], samples["raw"])
+    if case.flops:
+        row["gflops_checked"] = case.flops / samples["checked"].median / 1e9
+        row["gflops_raw"] = case.flops / samples["raw"].median / 1e9
+    return row
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Geometric mean and worst checked/raw ratio per kernel, per family and overall."""
+    def stats(sel: list[dict[str, Any]]) -> dict[str, Any]:
+        rs = [r["ratio"] for r in sel]
+        ps = [r["poll_ratio"] for r in sel]
+        worst = max(sel, key=lambda r: r["ratio"]) if sel else None
+        return {"n": len(sel), "geomean": geomean(rs), "worst": max(rs) if rs else math.nan,
+                "worst_at": f"{worst['kernel']} {worst['size']}" if worst else None,
+                "poll_geomean": geomean(ps)}
+
+    out: dict[str, Any] = {"per_kernel": {}, "per_family": {}}
+    for k in dict.fromkeys(f"{r['family']}/{r['kernel']}" for r in rows):
+        out["per_kernel"][k] = stats([r for r in rows if f"{r['family']}/{r['kernel']}" == k])
+    for fam in dict.fromkeys(r["family"] for r in rows):
+        out["per_family"][fam] = stats([r for r in rows if r["family"] == fam])
+    out["all"] = stats(rows)
+    return out
+
+
+class _Cycler:
+    """A background thread running collector cycles back to back while switched on."""
+
+    def __init__(self) -> None:
+        import runtime
+
+        self._rt = runtime
+        self._on = threading.Event()
+        self._stop = False
+        self._busy = threading.Lock()  # held for the duration of each cycle
+        self._t = threading.Thread(target=self._loop, name="bench-gc-cycler", daemon=True)
+        self._t.start()
+
+    def _loop(self) -> None:
+        while not self._stop:
+            if not self._on.wait(0.05):
+                continue
+            with self._busy:
+                self._rt.gc_collect()  # releases the GIL for the whole cycle
+
+    def set(self, on: bool) -> None:
+        """Switch cycling on or off; off returns only once no cycle is in flight."""
+        if on:
+            self._on.set()
+        else:
+            self._on.clear()
+            with self._busy:
+                pass
+
+    def close(self) -> None:
+        self.set(False)
+        self._stop = True
+        self._t.join()
+
+
+class _GcRunner:
+    """Wrap a runner: reset() puts the collector in the wanted state before the timed run."""
+
+    def __init__(self, inner: Runner, cycler: _Cycler, running: bool):
+        self.inner, self.cycler, self.running = inner, cycler, running
+
+    def reset(self) -> None:
+        import runtime
+
+        self.cycler.set(False)
+        runtime.gc_set_enabled(self.running)
+        self.inner.reset()
+        self.cycler.set(self.running)
+
+    def run(self) -> None:
+        self.inner.run()
+
+
+def measure_gc(case: Case, repeats: int, tick: Callable[[], None] | None = None
+               ) -> dict[str, Any]:
+    """Checked ``case`` with the collector cycling back to back vs disabled (interleaved)."""
+    import runtime
+
+    base = case.make("checked")
+    cycler = _Cycler()
+    before = runtime.gc_stats()
+    try:
+        runners = {"disabled": _GcRunner(base, cycler, False),
+                   "running": _GcRunner(base, cycler, True)}
+        samples = interleaved(runners, repeats, warmup=1, tick=tick)
+    finally:
+        cycler.close()
+        runtime.gc_set_enabled(True)
+    after = runtime.gc_stats()
+    run_time = sum(samples["running"].times)
+    cycles = after["cycles"] - before["cycles"]
+    return {
+        "kernel": case.kernel, "size": case.size,
+        "disabled": samples["disabled"].as_dict(), "running": samples["running"].as_dict(),
+        "ratio": _ratio(samples["running"], samples["disabled"]),
+        "cycles_during_bench": cycles,
+        # cycles also run during resets and warm-up, so this is an upper bound
+        "cycles_per_s_upper": cycles / run_time if run_time > 0 else math.nan,
+        "handshake_p50_us": after["handshake_p50_us"],
+        "handshake_p99_us": after["handshake_p99_us"],
+        "handshake_max_us": after["handshake_max_us"],
+        "note": "collector cycling back to back (gc_collect in a loop) vs automatic "
+                "cycles disabled; on a 2-core machine the collector's threads compete "
+                "with the kernel's for cores",
+    }
+
+
+def run(cases: list[Case], gc_case: Case | None, repeats: int = REPEATS,
+        progress: Any = None) -> dict[str, Any]:
+    """Measure every case and the collector comparison; returns the JSON section."""
+    def tick() -> None:
+        if progress is not None:
+            progress.update(1)
+
+    rows = []
+    for c in cases:
+        if progress is not None:
+            progress.set_postfix_str(f"overhead {c.kernel} {c.size}")
+        rows.append(measure_case(c, repeats))
+        tick()
+    out: dict[str, Any] = {"repeats": repeats, "rows": rows, "summary": summarize(rows)}
+    if gc_case is not None:
+        if progress is not None:
+            progress.set_postfix_str(f"collector {gc_case.kernel} {gc_case.size}")
+        out["collector"] = measure_gc(gc_case, repeats)
+        tick()
+    return out

@@ -1,0 +1,198 @@
+"""capqr's QR kernels as benchmark cases (overhead) and implementations (peers).
+
+Overhead cases launch the kernel directly on prepared buffers, so the timed
+region is the kernel alone (``kernels.qr`` also copies and validates its
+input, identical work in every mode that would dilute the ratio).  The
+launch follows the kernel signatures documented in kernels/src:
+``(a, tau, work, batch, m, n[, nb])`` with one workspace slot per block.
+tests/test_bench_smoke.py checks that this runner reproduces ``kernels.qr``.
+Peer implementations use the public ``kernels.qr`` call, the cost a user sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .case import Case
+
+#: Overhead shapes (label, batch, n) per variant family; the unblocked kernel is
+#: BLAS-2 and slow, so it stops earlier.  Batched shapes use one block per matrix.
+OVERHEAD_SHAPES = {
+    "full": {
+        "geqr2": (("n=128", 1, 128), ("n=256", 1, 256), ("n=512", 1, 512),
+                  ("(20,32)", 20, 32), ("(40,176)", 40, 176)),
+        "blocked": (("n=128", 1, 128), ("n=256", 1, 256), ("n=512", 1, 512),
+                    ("n=1024", 1, 1024), ("(20,32)", 20, 32), ("(40,176)", 40, 176),
+                    ("(40,352)", 40, 352)),
+    },
+    "quick": {"geqr2": (("n=48", 1, 48), ("(4,32)", 4, 32)),
+              "blocked": (("n=64", 1, 64), ("(4,32)", 4, 32))},
+}
+GC_SHAPE = {"full": ("(40,176)", 40, 176), "quick": ("(4,32)", 4, 32)}
+
+
+def available() -> dict[str, Any]:
+    """``kernels.variants()`` if the kernels package provides it, else {}."""
+    try:
+        import kernels
+        from kernels import qr as kqr
+    except ImportError:
+        return {}
+    fn = getattr(kernels, "variants", None) or getattr(kqr, "variants", None)
+    return dict(fn()) if fn else {}
+
+
+def _qr_api() -> Any:
+    import kernels
+
+    if hasattr(kernels, "qr") and callable(kernels.qr):
+        return kernels.qr
+    from kernels.qr import qr
+
+    return qr
+
+
+class QrRunner:
+    """One QR launch on prepared buffers; reset() restores the input matrix (untimed)."""
+
+    def __init__(self, variant: Any, a3: np.ndarray, mode: str, nb: int | None = None):
+        import capabilities
+        import runtime
+        from kernels import sources
+
+        self._launch = runtime.launch
+        batch, m, n = a3.shape
+        k = min(m, n)
+        half = variant.family == "geqrf_f16"
+        store = np.float16 if half else np.float32
+        self.init = np.ascontiguousarray(a3, dtype=store)
+        src = sources.source(variant.family, "float32")
+        self.kernel = runtime.compile(src, sources.entry(variant.family, "float32"), mode=mode)
+        self.grid = batch
+        self.a = capabilities.alloc(self.init.shape, store, name="bench.qr.a")
+        self.view = self.a.numpy()
+        self.tau = capabilities.alloc((batch, k), np.float32, name="bench.qr.tau")
+        if variant.family == "geqr2":
+            work_n, self.args = self.grid * n, (batch, m, n)
+        else:
+            b = int(nb or variant.params.get("nb", 32))
+            work_n, self.args = self.grid * (m * b + b * b + b), (batch, m, n, b)
+        self.work = capabilities.alloc((work_n,), np.float32, name="bench.qr.work")
+
+    def reset(self) -> None:
+        np.copyto(self.view, self.init)
+
+    def run(self) -> None:
+        self._launch(self.kernel, [self.a, self.tau, self.work], args=self.args, grid=self.grid)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(H, tau) of the last run, copied out."""
+        return self.view.copy(), self.tau.numpy().copy()
+
+
+def _input(batch: int, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, n, n), dtype=np.float32)
+
+
+def _family_key(v: Any) -> str:
+    return "geqr2" if v.family == "geqr2" else "blocked"
+
+
+def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
+    """Checked-vs-raw cases for every QR variant (``sizes`` overrides the square sizes)."""
+    from .peers import qr_flops
+
+    out = []
+    shapes = OVERHEAD_SHAPES["quick" if quick else "full"]
+    for name, v in available().items():
+        sel = list(shapes[_family_key(v)])
+        if sizes:
+            sel = [(f"n={n}", 1, n) for n in sizes] + [s for s in sel if s[1] > 1]
+        for label, batch, n in sel:
+            a3 = _input(batch, n, seed=batch * 1009 + n)
+
+            def make(mode: str, v: Any = v, a3: np.ndarray = a3) -> QrRunner:
+                return QrRunner(v, a3, mode)
+
+            out.append(Case("qr", name, label, make, flops=batch * qr_flops(n, n),
+                            meta={"family_src": v.family}))
+    return out
+
+
+def gc_case(quick: bool) -> Case | None:
+    """The case timed with the collector running vs disabled (blocked QR, batched)."""
+    from .peers import qr_flops
+
+    vs = available()
+    name = "blocked" if "blocked" in vs else next(iter(vs), None)
+    if name is None:
+        return None
+    label, batch, n = GC_SHAPE["quick" if quick else "full"]
+    a3 = _input(batch, n, seed=4242)
+    return Case("qr", name, label, lambda mode: QrRunner(vs[name], a3, mode),
+                flops=batch * qr_flops(n, n))
+
+
+class _KernelsQr:
+    """Peer runner: ``kernels.qr(A, variant, checked)`` exactly as a user calls it."""
+
+    def __init__(self, a: np.ndarray, variant: str, checked: bool):
+        self.a, self.variant, self.checked = a, variant, checked
+        self.fn = _qr_api()
+        self.out: tuple[Any, Any] | None = None
+
+    def reset(self) -> None:
+        pass
+
+    def run(self) -> None:
+        self.out = self.fn(self.a, variant=self.variant, checked=self.checked)
+
+
+#: Work above which the non-default variants are skipped in the peer comparison:
+#: the unblocked kernel is BLAS-2 (never the fastest at size) and the half
+#: variant is timed where it is cheap; "blocked" runs on every shape.
+SECONDARY_MAX_FLOPS = 2e10
+
+
+def peer_limits() -> dict[str, float]:
+    """``max_flops`` for peers.run: every variant but "blocked" stops at SECONDARY_MAX_FLOPS."""
+    return {f"capqr:{n}": SECONDARY_MAX_FLOPS for n in available() if n != "blocked"}
+
+
+def peer_impls(include: list[str] | None = None) -> dict[str, Any]:
+    """``capqr:<variant>`` implementations (checked builds) for peers.run."""
+    out = {}
+    for name in available():
+        if include is not None and name not in include:
+            continue
+        out[f"capqr:{name}"] = lambda a, name=name: _KernelsQr(a, name, True)
+    return out
+
+
+def check(a: np.ndarray, runner: Any, max_mats: int | None = None) -> dict[str, Any] | None:
+    """Run ``kernels.check`` on the first few matrices of the last result (None if unavailable).
+
+    The float64 checker costs about as much as several factorisations, so
+    big shapes check one matrix and small ones up to four.
+    """
+    try:
+        import kernels
+    except ImportError:
+        return None
+    fn = getattr(kernels, "check", None)
+    if fn is None or getattr(runner, "out", None) is None:
+        return None
+    h, tau = runner.out
+    a3, h3, t3 = (a, h, tau) if a.ndim == 3 else (a[None], h[None], tau[None])
+    if max_mats is None:
+        max_mats = max(1, min(4, int(8 * (1024 / a3.shape[-1]) ** 3)))
+    k = min(max_mats, a3.shape[0])
+    try:
+        rep = fn(a3[:k], h3[:k], t3[:k])
+    except Exception as e:  # noqa: BLE001 - report, do not crash the benchmark
+        return {"passed": False, "error": f"{type(e).__name__}: {e}"[:300]}
+    worst = rep.worst() if hasattr(rep, "worst") else {}
+    return {"passed": bool(rep.ok), "matrices_checked": k,
+            "worst": {key: float(v) for key, v in worst.items()}}

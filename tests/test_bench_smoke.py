@@ -1,0 +1,125 @@
+"""Smoke test of the benchmark harness: ``python -m bench --quick`` runs and writes its outputs.
+
+Benchmarks are never assertions: this only checks that the harness runs, writes
+JSON/markdown/PNGs with the expected keys and finite numbers, so it cannot rot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=85)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    files = list(out.glob("*-quick.json"))
+    assert len(files) == 1, list(out.iterdir())
+    return json.loads(files[0].read_text()), out
+
+
+def test_quick_writes_outputs(quick_run: tuple[dict, Path]) -> None:
+    res, out = quick_run
+    assert res["quick"] is True
+    for key in ("meta", "overhead", "peers", "targets", "elapsed_s"):
+        assert key in res, key
+    assert (out / "latest.md").read_text().count("| target |") == 1
+    assert (out / "overhead.png").stat().st_size > 0
+    assert (out / "qr_speed.png").stat().st_size > 0
+
+
+def test_quick_metadata(quick_run: tuple[dict, Path]) -> None:
+    meta = quick_run[0]["meta"]
+    for key in ("host", "date", "cpu_model", "threads", "blas", "compiler", "git",
+                "concurrent_load"):
+        assert key in meta, key
+    assert meta["threads"]["capqr_workers"] >= 1
+    assert "-O3" in meta["compiler"]["kernel_cflags"]
+
+
+def test_quick_overhead_numbers(quick_run: tuple[dict, Path]) -> None:
+    ov = quick_run[0]["overhead"]
+    rows = ov["rows"]
+    assert {r["family"] for r in rows} >= {"micro", "qr"}
+    assert {r["kernel"] for r in rows if r["family"] == "micro"} == {"axpy", "gemm", "stencil"}
+    for r in rows:
+        for mode in ("checked", "raw", "raw_poll"):
+            assert _finite(r[mode]["median_s"]) and r[mode]["median_s"] > 0
+        assert _finite(r["ratio"]) and _finite(r["poll_ratio"])
+    s = ov["summary"]["all"]
+    assert _finite(s["geomean"]) and _finite(s["worst"]) and s["n"] == len(rows)
+    col = ov["collector"]
+    assert _finite(col["ratio"]) and col["running"]["repeats"] >= 1
+
+
+def test_quick_peer_numbers(quick_run: tuple[dict, Path]) -> None:
+    pe = quick_run[0]["peers"]
+    assert _finite(pe["sgemm"]["gflops"]) and pe["sgemm"]["gflops"] > 0
+    impls = {r["impl"] for r in pe["rows"]}
+    assert {"scipy", "torch", "numpy"} <= impls
+    assert any(i.startswith("capqr:") for i in impls)
+    for r in pe["rows"]:
+        assert "error" not in r, r
+        assert _finite(r["gflops"]) and r["gflops"] > 0 and _finite(r["frac_sgemm"])
+    shapes = {r["shape"] for r in pe["rows"]}
+    assert {"n=64", "n=128", "(20,32)"} <= shapes
+
+
+def test_quick_targets_reported(quick_run: tuple[dict, Path]) -> None:
+    ts = quick_run[0]["targets"]
+    assert len(ts) >= 6
+    for t in ts:
+        assert t["status"] in ("met", "not met", "no data")
+        assert t["goal"] and t["value"]
+
+
+def test_qr_runner_matches_kernels_qr() -> None:
+    """The overhead runner launches the kernel itself: it must compute what kernels.qr does."""
+    import kernels
+    from bench.qr import QrRunner, available
+
+    a3 = np.random.default_rng(3).standard_normal((3, 40, 40), dtype=np.float32)
+    for name, v in available().items():
+        for mode in ("checked", "raw"):
+            r = QrRunner(v, a3, mode)
+            r.reset()
+            r.run()
+            h, tau = r.result()
+            h_ref, tau_ref = kernels.qr(a3, variant=name, checked=mode == "checked")
+            np.testing.assert_array_equal(h, h_ref)
+            np.testing.assert_array_equal(tau, tau_ref)
+
+
+def test_interleaved_rotates_order() -> None:
+    from bench.timing import interleaved
+
+    order: list[str] = []
+
+    class R:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def reset(self) -> None:
+            pass
+
+        def run(self) -> None:
+            order.append(self.name)
+
+    s = interleaved({"a": R("a"), "b": R("b"), "c": R("c")}, repeats=3, warmup=0)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(len(v.times) == 3 for v in s.values())
