@@ -138,7 +138,9 @@ struct rt_launch;
 typedef struct rt_api {
     int32_t abi_version;
     /* record a fault and unwind the block (never returns) */
-    __attribute__((noreturn)) void (*fault)(struct rt_block *b, const cap_t *c, int64_t index,
+    /* c by value: taking its address in inlined checks would force every
+     * kernel's caps out of registers */
+    __attribute__((noreturn)) void (*fault)(struct rt_block *b, cap_t c, int64_t index,
                                             int32_t elsize, int32_t access, int32_t line);
     __attribute__((noreturn)) void (*fault_local)(struct rt_block *b, const char *array,
                                                   int64_t index, int32_t line);
@@ -153,7 +155,7 @@ typedef struct rt_api {
     cap_t (*load_cap)(struct rt_block *b, const rt_capslot *slot);
 } rt_api;
 
-#define RT_ABI_VERSION 3
+#define RT_ABI_VERSION 4
 
 typedef struct rt_block {
     int64_t block_idx;
@@ -170,13 +172,17 @@ typedef struct rt_block {
 typedef void (*rt_entry_fn)(rt_block *b, const rt_arg *args);
 
 /* ---- IEEE half <-> float (storage only; arithmetic is float) ------------ */
-static inline float rt_half_to_float(uint16_t h)
+/* Checks must vanish into the kernel's code even in large kernels, where
+ * gcc's inliner would otherwise give up on growth limits. */
+#define RT_INLINE static inline __attribute__((always_inline))
+
+RT_INLINE float rt_half_to_float(uint16_t h)
 {
     _Float16 v;
     __builtin_memcpy(&v, &h, 2);
     return (float)v;
 }
-static inline uint16_t rt_float_to_half(float f)
+RT_INLINE uint16_t rt_float_to_half(float f)
 {
     _Float16 v = (_Float16)f;
     uint16_t h;
@@ -188,6 +194,20 @@ static inline uint16_t rt_float_to_half(float f)
 #define RT_UNLIKELY(x) __builtin_expect(!!(x), 0)
 /* Indices beyond +-2^58 could wrap i*sizeof(T); they are out of every buffer. */
 #define RT_IDX_LIMIT ((uint64_t)1 << 58)
+
+__attribute__((noinline, cold, noreturn)) static void rt_fail_local(rt_block *b, const char *a,
+                                                                    int64_t i, int32_t line)
+{
+    b->api->fault_local(b, a, i, line);
+}
+/* The failure paths: out of line and cold, so the hot loop keeps only a
+ * compare and a never-taken branch. */
+__attribute__((noinline, cold, noreturn)) static void rt_fail(rt_block *b, cap_t c, int64_t i,
+                                                              int32_t S, int32_t access,
+                                                              int32_t line)
+{
+    b->api->fault(b, c, i, S, access, line);
+}
 
 #if !defined(RT_RAW) && !defined(RT_RAW_POLL)
 /* ====================== checked mode ===================================== */
@@ -204,14 +224,14 @@ static inline uint16_t rt_float_to_half(float f)
      RT_LIKELY(RT_OFF(c, i, S) < (LEN)) && RT_LIKELY(RT_OFF(c, i, S) + (S) <= (LEN)))
 
 #define RT_DEFINE_ACCESS(T, CT, S)                                                \
-    static inline CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
+    RT_INLINE CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
     {                                                                            \
-        if (!RT_INB(c, i, S, c.rlen)) b->api->fault(b, &c, i, S, RT_ACC_LOAD, line); \
+        if (!RT_INB(c, i, S, c.rlen)) rt_fail(b, c, i, S, RT_ACC_LOAD, line); \
         return ((const CT *)(c.p))[i];                                           \
     }                                                                            \
-    static inline void rt_store_##T(rt_block *b, cap_t c, int64_t i, CT v, int32_t line) \
+    RT_INLINE void rt_store_##T(rt_block *b, cap_t c, int64_t i, CT v, int32_t line) \
     {                                                                            \
-        if (!RT_INB(c, i, S, c.wlen)) b->api->fault(b, &c, i, S, RT_ACC_STORE, line); \
+        if (!RT_INB(c, i, S, c.wlen)) rt_fail(b, c, i, S, RT_ACC_STORE, line); \
         ((CT *)(c.p))[i] = v;                                                    \
     }
 
@@ -220,32 +240,32 @@ RT_DEFINE_ACCESS(f64, double, 8)
 RT_DEFINE_ACCESS(i32, int32_t, 4)
 RT_DEFINE_ACCESS(i64, int64_t, 8)
 
-static inline float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
+RT_INLINE float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
 {
-    if (!RT_INB(c, i, 2, c.rlen)) b->api->fault(b, &c, i, 2, RT_ACC_LOAD, line);
+    if (!RT_INB(c, i, 2, c.rlen)) rt_fail(b, c, i, 2, RT_ACC_LOAD, line);
     return rt_half_to_float(((const uint16_t *)(c.p))[i]);
 }
-static inline void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
+RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
 {
-    if (!RT_INB(c, i, 2, c.wlen)) b->api->fault(b, &c, i, 2, RT_ACC_STORE, line);
+    if (!RT_INB(c, i, 2, c.wlen)) rt_fail(b, c, i, 2, RT_ACC_STORE, line);
     ((uint16_t *)(c.p))[i] = rt_float_to_half(v);
 }
 
 /* Hoisted range check: the instrumenter proves an affine index stays within
  * [lo_i, hi_i] over a loop and checks both ends once, before the loop. */
-static inline void rt_check_range(rt_block *b, cap_t c, int64_t lo_i, int64_t hi_i,
+RT_INLINE void rt_check_range(rt_block *b, cap_t c, int64_t lo_i, int64_t hi_i,
                                   int32_t S, int32_t store, int32_t line)
 {
     uint64_t len = store ? c.wlen : c.rlen;
     if (!RT_INB(c, lo_i, (uint64_t)S, len))
-        b->api->fault(b, &c, lo_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
+        rt_fail(b, c, lo_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
     if (!RT_INB(c, hi_i, (uint64_t)S, len))
-        b->api->fault(b, &c, hi_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
+        rt_fail(b, c, hi_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
 }
 
 /* Loop-versioning guard (runtime/hoist.py): an affine index e0 + d*t for
  * t in [0, span] stays inside the object, without wrapping, at both ends. */
-static inline int rt_range_ok(cap_t c, int64_t e0, int64_t d, int64_t span, int64_t S,
+RT_INLINE int rt_range_ok(cap_t c, int64_t e0, int64_t d, int64_t span, int64_t S,
                               int store)
 {
     int64_t tot, eL;
@@ -266,14 +286,14 @@ static inline int rt_range_ok(cap_t c, int64_t e0, int64_t d, int64_t span, int6
 #define rt_uload_f16(c, i) rt_half_to_float(((const uint16_t *)((c).p))[i])
 #define rt_ustore_f16(c, i, v) (((uint16_t *)((c).p))[i] = rt_float_to_half(v))
 
-static inline int64_t rt_len(cap_t c, int64_t S)
+RT_INLINE int64_t rt_len(cap_t c, int64_t S)
 {
     int64_t off = (int64_t)(c.p - c.lo);
     int64_t n = ((int64_t)c.rlen - off) / S;
     return (off < 0 || n < 0) ? 0 : n;
 }
 
-static inline cap_t rt_offset(cap_t c, int64_t k, int64_t S)
+RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
 {
     /* Moving the origin is always allowed; checks stay relative to the object.
      * Wrapping arithmetic: an absurd k yields an origin every access rejects. */
@@ -282,9 +302,9 @@ static inline cap_t rt_offset(cap_t c, int64_t k, int64_t S)
     return c;
 }
 
-static inline int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
+RT_INLINE int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
 
-static inline cap_t rt_cap_from_int(int64_t x)
+RT_INLINE cap_t rt_cap_from_int(int64_t x)
 {
     cap_t c;
     c.p = (char *)(uintptr_t)x;
@@ -295,19 +315,19 @@ static inline cap_t rt_cap_from_int(int64_t x)
     return c;
 }
 
-static inline int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name,
+RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name,
                                    int32_t line)
 {
-    if (RT_UNLIKELY((uint64_t)i >= (uint64_t)n)) b->api->fault_local(b, name, i, line);
+    if (RT_UNLIKELY((uint64_t)i >= (uint64_t)n)) rt_fail_local(b, name, i, line);
     return i;
 }
 
-static inline void rt_pollcheck(rt_block *b)
+RT_INLINE void rt_pollcheck(rt_block *b)
 {
     if (RT_UNLIKELY(*b->poll)) b->api->poll(b);
 }
 
-static inline cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
+RT_INLINE cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
 {
     return b->api->alloc(b, n, dt, line);
 }
@@ -316,7 +336,7 @@ static inline cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
  * cap_load_i64 & co. can never read or forge the raw slot bytes); slot
  * accesses check the header's current bounds, the dtype, and 16-byte slot
  * alignment (a misaligned origin would read p as obj). */
-static inline int rt_slot_ok(cap_t t, int64_t i, int store)
+RT_INLINE int rt_slot_ok(cap_t t, int64_t i, int store)
 {
     rt_obj *o = t.obj;
     uint64_t len;
@@ -325,19 +345,19 @@ static inline int rt_slot_ok(cap_t t, int64_t i, int store)
                 : __atomic_load_n(&o->rlen, __ATOMIC_ACQUIRE);
     return RT_INB(t, i, 16, len) && (RT_OFF(t, i, 16) & 15) == 0;
 }
-static inline cap_t rt_load_cap(rt_block *b, cap_t t, int64_t i, int32_t line)
+RT_INLINE cap_t rt_load_cap(rt_block *b, cap_t t, int64_t i, int32_t line)
 {
-    if (!rt_slot_ok(t, i, 0)) b->api->fault(b, &t, i, 16, RT_ACC_LOAD, line);
+    if (!rt_slot_ok(t, i, 0)) rt_fail(b, t, i, 16, RT_ACC_LOAD, line);
     return b->api->load_cap(b, &((const rt_capslot *)(t.p))[i]);
 }
-static inline void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t line)
+RT_INLINE void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t line)
 {
-    if (!rt_slot_ok(t, i, 1)) b->api->fault(b, &t, i, 16, RT_ACC_STORE, line);
+    if (!rt_slot_ok(t, i, 1)) rt_fail(b, t, i, 16, RT_ACC_STORE, line);
     b->api->store_cap(b, &((rt_capslot *)(t.p))[i], v);
 }
 
 /* Shadow-frame slot update: returns v so it can wrap an assignment. */
-static inline cap_t rt_root(rt_frame *f, int32_t k, cap_t v)
+RT_INLINE cap_t rt_root(rt_frame *f, int32_t k, cap_t v)
 {
     f->slots[k] = v.obj;
     return v;
@@ -348,17 +368,17 @@ static inline cap_t rt_root(rt_frame *f, int32_t k, cap_t v)
 /* The same kernel with raw pointers and no checks.  Only for benchmarks and
  * for demonstrating what an unchecked bug does (in a subprocess). */
 #define RT_DEFINE_RAW(T, CT)                                                     \
-    static inline CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
+    RT_INLINE CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
     { (void)b; (void)line; return ((const CT *)(c.p))[i]; }                      \
-    static inline void rt_store_##T(rt_block *b, cap_t c, int64_t i, CT v, int32_t line) \
+    RT_INLINE void rt_store_##T(rt_block *b, cap_t c, int64_t i, CT v, int32_t line) \
     { (void)b; (void)line; ((CT *)(c.p))[i] = v; }
 RT_DEFINE_RAW(f32, float)
 RT_DEFINE_RAW(f64, double)
 RT_DEFINE_RAW(i32, int32_t)
 RT_DEFINE_RAW(i64, int64_t)
-static inline float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
+RT_INLINE float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
 { (void)b; (void)line; return rt_half_to_float(((const uint16_t *)(c.p))[i]); }
-static inline void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
+RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
 { (void)b; (void)line; ((uint16_t *)(c.p))[i] = rt_float_to_half(v); }
 #define rt_check_range(b, c, lo, hi, S, st, line) ((void)0)
 #define rt_range_ok(c, e0, d, span, S, st) 1
@@ -372,32 +392,32 @@ static inline void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_
 #define rt_ustore_i64(c, i, v) (((int64_t *)((c).p))[i] = (v))
 #define rt_uload_f16(c, i) rt_half_to_float(((const uint16_t *)((c).p))[i])
 #define rt_ustore_f16(c, i, v) (((uint16_t *)((c).p))[i] = rt_float_to_half(v))
-static inline int64_t rt_len(cap_t c, int64_t S)
+RT_INLINE int64_t rt_len(cap_t c, int64_t S)
 { int64_t off = (int64_t)(c.p - c.lo); return ((int64_t)c.rlen - off) / S; }
-static inline cap_t rt_offset(cap_t c, int64_t k, int64_t S) { c.p += k * S; return c; }
-static inline int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
-static inline cap_t rt_cap_from_int(int64_t x)
+RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S) { c.p += k * S; return c; }
+RT_INLINE int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
+RT_INLINE cap_t rt_cap_from_int(int64_t x)
 { cap_t c; c.p = (char *)(uintptr_t)x; c.lo = c.p; c.rlen = 0; c.wlen = 0; c.obj = 0; return c; }
-static inline int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name, int32_t line)
+RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name, int32_t line)
 { (void)b; (void)n; (void)name; (void)line; return i; }
 #ifdef RT_RAW_POLL
-static inline void rt_pollcheck(rt_block *b) { if (RT_UNLIKELY(*b->poll)) b->api->poll(b); }
+RT_INLINE void rt_pollcheck(rt_block *b) { if (RT_UNLIKELY(*b->poll)) b->api->poll(b); }
 #else
 #define rt_pollcheck(b) ((void)0)
 #endif
-static inline cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
+RT_INLINE cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
 { return b->api->alloc(b, n, dt, line); }
-static inline cap_t rt_load_cap(rt_block *b, cap_t t, int64_t i, int32_t line)
+RT_INLINE cap_t rt_load_cap(rt_block *b, cap_t t, int64_t i, int32_t line)
 { (void)line; return b->api->load_cap(b, &((const rt_capslot *)(t.p))[i]); }
-static inline void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t line)
+RT_INLINE void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t line)
 { (void)line; b->api->store_cap(b, &((rt_capslot *)(t.p))[i], v); }
-static inline cap_t rt_root(rt_frame *f, int32_t k, cap_t v) { f->slots[k] = v.obj; return v; }
+RT_INLINE cap_t rt_root(rt_frame *f, int32_t k, cap_t v) { f->slots[k] = v.obj; return v; }
 #endif
 
 /* Iteration span (last - a) of `for (i = a; i < b (or <= b); i += step)` when
  * a < b (a <= b), or 0 if it cannot be computed without overflow, including
  * the final `i += step` past the end. */
-static inline int rt_loop_span(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
+RT_INLINE int rt_loop_span(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
 {
     int64_t d, last, after;
     if (__builtin_sub_overflow(b, a, &d)) return 0;
@@ -409,13 +429,13 @@ static inline int rt_loop_span(int64_t a, int64_t b, int64_t step, int incl, int
 }
 /* Same for a 32-bit (int) loop counter: the start must fit an int and the
  * final `i += step` must not pass INT32_MAX. */
-static inline int rt_loop_span32(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
+RT_INLINE int rt_loop_span32(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
 {
     if (a < INT32_MIN || a > INT32_MAX || !rt_loop_span(a, b, step, incl, span)) return 0;
     return a + *span + step <= INT32_MAX;
 }
 /* Local-array subscript e0 + d*t for t in [0, span] stays in [0, dim). */
-static inline int rt_lrange_ok(int64_t e0, int64_t d, int64_t span, int64_t dim)
+RT_INLINE int rt_lrange_ok(int64_t e0, int64_t d, int64_t span, int64_t dim)
 {
     int64_t tot, eL;
     if (__builtin_mul_overflow(d, span, &tot) || __builtin_add_overflow(e0, tot, &eL)) return 0;
@@ -429,24 +449,24 @@ static inline int rt_lrange_ok(int64_t e0, int64_t d, int64_t span, int64_t dim)
  * for INT64_MIN / -1, which would kill the host.  Zero faults; -1 negates
  * (wrapping).  The instrumenter routes every `/` and `%` through RT_DIV/RT_MOD,
  * which pick these only for integer operands (_Generic on the result type). */
-static inline int64_t rt_idiv(rt_block *b, int64_t x, int64_t y, int32_t line)
+RT_INLINE int64_t rt_idiv(rt_block *b, int64_t x, int64_t y, int32_t line)
 {
     if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
     if (RT_UNLIKELY(y == -1)) return (int64_t)(0 - (uint64_t)x);
     return x / y;
 }
-static inline int64_t rt_imod(rt_block *b, int64_t x, int64_t y, int32_t line)
+RT_INLINE int64_t rt_imod(rt_block *b, int64_t x, int64_t y, int32_t line)
 {
     if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
     if (RT_UNLIKELY(y == -1)) return 0;
     return x % y;
 }
-static inline uint64_t rt_udiv(rt_block *b, uint64_t x, uint64_t y, int32_t line)
+RT_INLINE uint64_t rt_udiv(rt_block *b, uint64_t x, uint64_t y, int32_t line)
 {
     if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
     return x / y;
 }
-static inline uint64_t rt_umod(rt_block *b, uint64_t x, uint64_t y, int32_t line)
+RT_INLINE uint64_t rt_umod(rt_block *b, uint64_t x, uint64_t y, int32_t line)
 {
     if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
     return x % y;
@@ -459,7 +479,7 @@ static inline uint64_t rt_umod(rt_block *b, uint64_t x, uint64_t y, int32_t line
     int: (int)rt_imod(b, (x), (y), line), default: rt_imod(b, (x), (y), line))
 
 /* Frame push/pop (both modes: allocation from kernels needs roots). */
-static inline void rt_frame_push(rt_block *b, rt_frame *f, int32_t nslots)
+RT_INLINE void rt_frame_push(rt_block *b, rt_frame *f, int32_t nslots)
 {
     int32_t k;
     f->nslots = nslots;
@@ -470,7 +490,7 @@ static inline void rt_frame_push(rt_block *b, rt_frame *f, int32_t nslots)
 }
 /* Used as __attribute__((cleanup)), so every return path pops the frame;
  * a fault unwinds with longjmp and the launcher resets b->frames instead. */
-static inline void rt_frame_cleanup(rt_frame *f)
+RT_INLINE void rt_frame_cleanup(rt_frame *f)
 {
     __atomic_store_n(&f->blk->frames, f->up, __ATOMIC_RELEASE);
 }

@@ -1,6 +1,8 @@
 """Loop versioning: one range check before a loop instead of one per access.
 
-For an innermost counted loop ``for (T i = A; i < B; i += s)`` (``<=``, ``i++``
+Applied to innermost counted loops and to the loops directly around them
+(for the accesses in their own body; inner loops are versioned first).
+For a counted loop ``for (T i = A; i < B; i += s)`` (``<=``, ``i++``
 and ``++i`` too) whose body does not assign ``i``, every access
 ``cap_load_T(c, E)`` / ``cap_store_T(c, E, v)`` with ``c`` a loop-invariant cap
 variable and ``E`` affine in ``i`` with loop-invariant, side-effect-free
@@ -33,6 +35,9 @@ _PURE_CALLS_PREFIX = ("cap_len_",)
 _ACCESS_PREFIX = ("cap_load_", "cap_store_")
 _ELEM = ("f16", "f32", "f64", "i32", "i64")
 
+
+#: First statement of a loop body that must get no per-iteration pollcheck.
+NOPOLL_MARK = "RT_NOPOLL"
 
 #: Trip count under which the fast copy polls once after the loop.
 SHORT_TRIP = 1 << 16
@@ -82,41 +87,54 @@ def _local_arrays(func: c_ast.FuncDef) -> dict[str, list[int]]:
 
 
 def _walk(node: c_ast.Node, counter: list[int], no_poll: set[int]) -> None:
+    """Post-order: inner loops are versioned before the loops around them."""
     for attr in node.__slots__:
         if attr in ("coord", "__weakref__"):
             continue
         val = getattr(node, attr, None)
         if isinstance(val, list):
             for idx, item in enumerate(val):
-                if isinstance(item, c_ast.For) and _is_innermost(item):
-                    new = _version(item, counter, no_poll)
-                    if new is not None:
-                        val[idx] = new
-                        continue
                 if isinstance(item, c_ast.Node):
                     _walk(item, counter, no_poll)
+                if isinstance(item, c_ast.For):
+                    new = _maybe_version(item, counter, no_poll)
+                    if new is not None:
+                        val[idx] = new
         elif isinstance(val, c_ast.Node):
-            if isinstance(val, c_ast.For) and _is_innermost(val):
-                new = _version(val, counter, no_poll)
+            _walk(val, counter, no_poll)
+            if isinstance(val, c_ast.For):
+                new = _maybe_version(val, counter, no_poll)
                 if new is not None:
                     setattr(node, attr, new)
-                    continue
-            _walk(val, counter, no_poll)
 
 
-def _is_innermost(loop: c_ast.For) -> bool:
-    class V(c_ast.NodeVisitor):
-        found = False
+def _maybe_version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.Node | None:
+    """Version innermost loops and the loops directly around them (depth <= 1).
 
-        def visit_For(self, n: c_ast.Node) -> None:
-            self.found = True
+    Deeper nests are left alone: each level doubles the code.
+    """
+    depth = _loop_depth(loop.stmt)
+    if depth > 1:
+        return None
+    return _version(loop, counter, no_poll, innermost=depth == 0)
 
-        visit_While = visit_DoWhile = visit_For
 
-    v = V()
-    if loop.stmt is not None:
-        v.visit(loop.stmt)
-    return not v.found
+def _loop_depth(node: c_ast.Node | None) -> int:
+    """Deepest loop nesting under node (0: no loop)."""
+    if node is None:
+        return 0
+    best = 0
+    for attr in node.__slots__:
+        if attr in ("coord", "__weakref__"):
+            continue
+        val = getattr(node, attr, None)
+        items = val if isinstance(val, list) else [val]
+        for item in items:
+            if isinstance(item, (c_ast.For, c_ast.While, c_ast.DoWhile)):
+                best = max(best, 1 + _loop_depth(item.stmt))
+            elif isinstance(item, c_ast.Node):
+                best = max(best, _loop_depth(item))
+    return best
 
 
 def _ids(node: c_ast.Node | None) -> set[str]:
@@ -280,7 +298,8 @@ def _decl64(name: str, init: c_ast.Node) -> c_ast.Decl:
     return c_ast.Decl(name, [], [], [], [], t, init, None)
 
 
-def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.Node | None:
+def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
+             innermost: bool = True) -> c_ast.Node | None:
     shape = _loop_shape(loop)
     if shape is None or loop.stmt is None:
         return None
@@ -307,6 +326,11 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.No
                 return
             accesses.append(n)
 
+        def visit_For(self, n: c_ast.Node) -> None:
+            return None  # accesses in inner loops belong to their own versioning
+
+        visit_While = visit_DoWhile = visit_For
+
     V().visit(loop.stmt)
     # Local-array subscripts: a[E1][E2]... where every E is pure and affine.
     subs: list[tuple[c_ast.ArrayRef, int]] = []
@@ -328,12 +352,22 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.No
                         and not ((_ids(idx) - {var}) & changed)):
                     subs.append((ref, dims[depth]))
 
+        def visit_For(self, n: c_ast.Node) -> None:
+            return None
+
+        visit_While = visit_DoWhile = visit_For
+
     A().visit(loop.stmt)
+    if not innermost and not accesses and not subs:
+        return None
     # Even with nothing to hoist, a countable innermost loop gets the
     # short-trip copy without per-iteration pollchecks.
     counter[0] += 1
     k = counter[0]
     h0, hb, hs = f"__h{k}_a", f"__h{k}_b", f"__h{k}_span"
+    # The checked copy is taken before any access is renamed, so it keeps
+    # whatever the inner loops' own versioning did.
+    slow = copy.deepcopy(loop)
     guard_terms: list[c_ast.Node] = []
     seen: set[str] = set()
     from pycparser import c_generator
@@ -377,17 +411,35 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.No
         is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[pos]))
     cond = c_ast.BinaryOp("&&", is_int, c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), ok))
     fast = loop
-    slow = copy.deepcopy(loop)
-    _unhoist(slow)
+    if not innermost:
+        # Bodies with loops keep their per-iteration pollcheck.
+        return c_ast.Compound([
+            _decl64(h0, copy.deepcopy(a_expr)),
+            _decl64(hb, copy.deepcopy(b_expr)),
+            _decl64(hs, _const(0)),
+            c_ast.If(cond, c_ast.Compound([fast]), slow),
+        ])
     # A short fast loop (<= SHORT_TRIP iterations, no nested loops) answers
     # handshakes once after it instead of at every back-edge: a call in the
     # loop body would stop gcc from vectorising it.  Latency stays bounded.
     fast_short = copy.deepcopy(loop)
-    no_poll.add(id(fast_short))
+    # Marked structurally (not by node id) so copies made by an enclosing
+    # loop's versioning keep the property.
+    body = fast_short.stmt
+    items = list(body.block_items or []) if isinstance(body, c_ast.Compound) else [body]
+    fast_short.stmt = c_ast.Compound([c_ast.FuncCall(c_ast.ID(NOPOLL_MARK),
+                                                     c_ast.ExprList([]))] + items)
     short = c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)),
                            _const(SHORT_TRIP))
-    fast_block = c_ast.If(short, c_ast.Compound([fast_short, c_ast.FuncCall(
-        c_ast.ID("RT_POLL"), c_ast.ExprList([]))]), fast)
+    short_block = c_ast.Compound([fast_short, c_ast.FuncCall(c_ast.ID("RT_POLL"),
+                                                             c_ast.ExprList([]))])
+    trips = _const_trips(a_expr, b_expr, cmp, step)
+    if trips is not None and trips < SHORT_TRIP:
+        # Constant short loop: the copy with per-iteration polls could never
+        # run; leaving it out keeps the function small for gcc.
+        fast_block = short_block
+    else:
+        fast_block = c_ast.If(short, short_block, fast)
     return c_ast.Compound([
         _decl64(h0, copy.deepcopy(a_expr)),
         _decl64(hb, copy.deepcopy(b_expr)),
@@ -396,28 +448,27 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.No
     ])
 
 
+def _const_int(node: c_ast.Node) -> int | None:
+    if isinstance(node, c_ast.Constant) and node.type == "int":
+        try:
+            return int(node.value.rstrip("uUlL"), 0)
+        except ValueError:
+            return None
+    if isinstance(node, c_ast.UnaryOp) and node.op == "-":
+        v = _const_int(node.expr)
+        return None if v is None else -v
+    return None
+
+
+def _const_trips(a: c_ast.Node, b: c_ast.Node, cmp: str, step: int) -> int | None:
+    """Trip count of a loop with integer-literal bounds, else None."""
+    lo, hi = _const_int(a), _const_int(b)
+    if lo is None or hi is None:
+        return None
+    if cmp == "<=":
+        hi += 1
+    return max(0, (hi - lo + step - 1) // step)
+
+
 def _is_int(expr: c_ast.Node) -> c_ast.FuncCall:
     return c_ast.FuncCall(c_ast.ID("RT_IS_INT"), c_ast.ExprList([copy.deepcopy(expr)]))
-
-
-def _unhoist(node: c_ast.Node) -> None:
-    """Turn cap_uload/cap_ustore back into checked accesses (for the slow copy)."""
-
-    class V(c_ast.NodeVisitor):
-        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
-            if isinstance(n.name, c_ast.ID) and n.name.name.startswith(("cap_uload_",
-                                                                          "cap_ustore_")):
-                n.name = c_ast.ID(n.name.name.replace("cap_u", "cap_"), n.name.coord)
-            self.generic_visit(n)
-
-    V().visit(node)
-
-    class U(c_ast.NodeVisitor):
-        def visit_ArrayRef(self, n: c_ast.ArrayRef) -> None:
-            sub = n.subscript
-            if (isinstance(sub, c_ast.FuncCall) and isinstance(sub.name, c_ast.ID)
-                    and sub.name.name == "cap_uidx"):
-                n.subscript = sub.args.exprs[0]
-            self.generic_visit(n)
-
-    U().visit(node)

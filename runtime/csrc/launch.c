@@ -49,7 +49,7 @@ static rt_thread *workers = NULL;
 static pthread_t *worker_ids = NULL;
 static int64_t kernels_running = 0;   /* blocks in kernel code, all launches (atomic) */
 
-__attribute__((noreturn)) static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
+__attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t cv, int64_t index, int32_t elsize,
                        int32_t access, int32_t line);
 __attribute__((noreturn)) static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line);
 __attribute__((noreturn)) static void fault_div_impl(rt_block *b, int32_t line);
@@ -86,9 +86,10 @@ static void record_fault(rt_launch *L, const rt_fault_rec *r)
     request_stop(L, r->kind);
 }
 
-__attribute__((noreturn)) static void fault_impl(rt_block *b, const cap_t *c, int64_t index, int32_t elsize,
+__attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t cv, int64_t index, int32_t elsize,
                        int32_t access, int32_t line)
 {
+    const cap_t *c = &cv;
     rt_fault_rec r;
     memset(&r, 0, sizeof r);
     r.access = access;
