@@ -48,10 +48,11 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
     """
     from capabilities.handle import Capability, NoBoundsCap
 
-    if getattr(kernel, "target", "cpu") == "cuda":
+    if type(kernel).__name__ == "CudaKernel":  # GPU lane; importing it costs nothing
         from . import cuda
 
-        return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, **kw)
+        if isinstance(kernel, cuda.CudaKernel):
+            return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, **kw)
     if kw:
         raise TypeError(f"unexpected launch options {sorted(kw)} for a CPU kernel")
     sig = kernel.signature
