@@ -14,7 +14,9 @@
  * The inner loops have a constant trip count of 64 over local arrays, which
  * do not alias any buffer, so gcc vectorises them without runtime alias
  * checks; buffer accesses (checked) are O(mr * 64) per chunk against
- * O(mr * jb * 64) flops.  Ragged chunks are zero-padded, never special-cased.
+ * O(mr * jb * 64) flops.  Full chunks load/store a row with one unconditional
+ * affine loop (the instrumenter checks its range once); the ragged last chunk
+ * is zero-padded.
  * jb <= 128 (the caller clamps the panel width).
  *
  * The f16 kernel gets a copy of this file with the C loads/stores in half
@@ -35,8 +37,13 @@ static void larfb(cap_t V, int64_t ldv, int64_t vr, int64_t vc, int64_t jb, int6
         }
         for (int64_t t = 0; t < mr; t++) {
             int64_t rc = (cr + t) * ldc + cc + c0;
-            for (int l = 0; l < 64; l++)
-                x[l] = l < cw ? cap_load_f32(C, rc + l) : 0.0f;
+            if (cw == 64) {
+                for (int l = 0; l < 64; l++)
+                    x[l] = cap_load_f32(C, rc + l);
+            } else {
+                for (int l = 0; l < 64; l++)
+                    x[l] = l < cw ? cap_load_f32(C, rc + l) : 0.0f;
+            }
             int64_t pe = t < jb ? t : jb;
             for (int64_t p = 0; p < pe; p++) {
                 float vq = cap_load_f32(V, (vr + t) * ldv + vc + p);
@@ -62,8 +69,13 @@ static void larfb(cap_t V, int64_t ldv, int64_t vr, int64_t vc, int64_t jb, int6
         /* C -= V W. */
         for (int64_t t = 0; t < mr; t++) {
             int64_t rc = (cr + t) * ldc + cc + c0;
-            for (int l = 0; l < 64; l++)
-                x[l] = l < cw ? cap_load_f32(C, rc + l) : 0.0f;
+            if (cw == 64) {
+                for (int l = 0; l < 64; l++)
+                    x[l] = cap_load_f32(C, rc + l);
+            } else {
+                for (int l = 0; l < 64; l++)
+                    x[l] = l < cw ? cap_load_f32(C, rc + l) : 0.0f;
+            }
             int64_t pe = t < jb ? t : jb;
             for (int64_t p = 0; p < pe; p++) {
                 float u = cap_load_f32(V, (vr + t) * ldv + vc + p);
@@ -74,8 +86,11 @@ static void larfb(cap_t V, int64_t ldv, int64_t vr, int64_t vc, int64_t jb, int6
                 for (int l = 0; l < 64; l++)
                     x[l] -= w[t][l];
             }
-            for (int l = 0; l < 64; l++) {
-                if (l < cw)
+            if (cw == 64) {
+                for (int l = 0; l < 64; l++)
+                    cap_store_f32(C, rc + l, x[l]);
+            } else {
+                for (int l = 0; l < cw; l++)
                     cap_store_f32(C, rc + l, x[l]);
             }
         }
