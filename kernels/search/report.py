@@ -109,7 +109,9 @@ def plot(store: Store, path: str | Path, run_id: int | None = None) -> Path:
         ax.scatter(fx, [max(ys) * 1.05] * len(fx), marker="x", s=12, color="0.5",
                    label="failed (fault / check / verify / ...)")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("median launch time (ms)")
+    ax.set_ylabel("median launch time (ms, log scale)")
+    if ys:
+        ax.set_yscale("log")  # slow outliers (strided loop orders) would flatten the rest
     ax.set_title(f"kernels.search run {run_id}: best time vs iteration")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
