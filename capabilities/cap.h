@@ -322,8 +322,13 @@ RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *na
     return i;
 }
 
+/* A pollcheck is a safepoint: the host, the collector or another block may
+ * have written memory, so it is also a compiler barrier (a loop that waits
+ * for a flag in a buffer really re-reads it).  Non-escaping locals stay in
+ * registers. */
 RT_INLINE void rt_pollcheck(rt_block *b)
 {
+    __asm__ __volatile__("" ::: "memory");
     if (RT_UNLIKELY(*b->poll)) b->api->poll(b);
 }
 
@@ -401,7 +406,11 @@ RT_INLINE cap_t rt_cap_from_int(int64_t x)
 RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name, int32_t line)
 { (void)b; (void)n; (void)name; (void)line; return i; }
 #ifdef RT_RAW_POLL
-RT_INLINE void rt_pollcheck(rt_block *b) { if (RT_UNLIKELY(*b->poll)) b->api->poll(b); }
+RT_INLINE void rt_pollcheck(rt_block *b)
+{
+    __asm__ __volatile__("" ::: "memory");
+    if (RT_UNLIKELY(*b->poll)) b->api->poll(b);
+}
 #else
 #define rt_pollcheck(b) ((void)0)
 #endif

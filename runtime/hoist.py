@@ -411,6 +411,13 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
         is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[pos]))
     cond = c_ast.BinaryOp("&&", is_int, c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), ok))
     fast = loop
+    if innermost and not _leaf_body(loop.stmt):
+        # Calls that can wait for the collector (allocation, cap tables,
+        # helpers) need the per-iteration pollcheck, or a handshake could
+        # wait on a thread that waits on the collector.
+        innermost = False
+        if not accesses and not subs:
+            return None
     if not innermost:
         # Bodies with loops keep their per-iteration pollcheck.
         return c_ast.Compound([
@@ -446,6 +453,29 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
         _decl64(hs, _const(0)),
         c_ast.If(cond, c_ast.Compound([fast_block]), slow),
     ])
+
+
+def _leaf_body(node: c_ast.Node) -> bool:
+    """Only checked accesses, pure dialect calls and math: nothing that can block."""
+    from .verifier import MATH_FUNCS
+
+    class V(c_ast.NodeVisitor):
+        ok = True
+
+        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
+            name = n.name.name if isinstance(n.name, c_ast.ID) else ""
+            leaf = (name in MATH_FUNCS or name in ("cap_to_int", "cap_from_int", "cap_uidx",
+                                                    "rt_block_idx", "rt_grid_dim")
+                    or (name.startswith(("cap_load_", "cap_store_", "cap_uload_",
+                                         "cap_ustore_", "cap_len_", "cap_offset_"))
+                        and not name.endswith("_cap")))
+            if not leaf:
+                self.ok = False
+            self.generic_visit(n)
+
+    v = V()
+    v.visit(node)
+    return v.ok
 
 
 def _const_int(node: c_ast.Node) -> int | None:
