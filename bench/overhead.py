@@ -67,6 +67,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ps = [r["poll_ratio"] for r in sel]
         worst = max(sel, key=lambda r: r["ratio"]) if sel else None
         return {"n": len(sel), "geomean": geomean(rs), "worst": max(rs) if rs else math.nan,
+                # min(checked)/min(raw): less sensitive to background load than medians
+                "geomean_of_min": geomean([r["ratio_min"] for r in sel]),
                 "worst_at": f"{worst['kernel']} {worst['size']}" if worst else None,
                 "poll_geomean": geomean(ps)}
 

@@ -91,7 +91,9 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         g, w = s["geomean"], s["worst"]
         add(f"checked/raw geomean, {label}", f"<= {OVERHEAD_GEOMEAN:.2f}x", fmt_x(g, 3),
-            g <= OVERHEAD_GEOMEAN if _fin(g) else None, f"{s['n']} kernel x size cases")
+            g <= OVERHEAD_GEOMEAN if _fin(g) else None,
+            f"{s['n']} kernel x size cases; ratio of fastest runs: "
+            f"{fmt_x(s.get('geomean_of_min'), 3)}")
         add(f"checked/raw worst, {label}", f"<= {OVERHEAD_WORST:.2f}x", fmt_x(w, 3),
             w <= OVERHEAD_WORST if _fin(w) else None, f"at {s.get('worst_at')}")
 
@@ -106,7 +108,9 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"best checked QR faster than scipy sgeqrf, {label}", "speedup > 1x on every shape",
             f"{len(wins)}/{len(sel)} shapes; min {fmt_x(worst['speedup'])} at {worst['shape']}",
             len(wins) == len(sel),
-            ", ".join(f"{r['shape']} {fmt_x(r['speedup'])}" for r in sel))
+            ", ".join(f"{r['shape']} {fmt_x(r['speedup'])}" for r in sel)
+            + "; fastest run vs fastest run: "
+            + ", ".join(f"{r['shape']} {fmt_x(r.get('speedup_best'))}" for r in sel))
 
     gcb = res.get("gc_bench") if isinstance(res.get("gc_bench"), dict) else {}
     hs = [h for h in gcb.get("handshake", []) if isinstance(h, dict)]
@@ -188,17 +192,14 @@ def _overhead_md(ov: dict[str, Any]) -> list[str]:
             "checked/raw: it is the cost of naive safepoint polling, not a part of the checked "
             "build's overhead.", ""]
     s = ov.get("summary", {})
-    srows = [[k, str(v["n"]), fmt_x(v["geomean"], 3), f"{fmt_x(v['worst'], 3)} ({v['worst_at']})",
-              fmt_x(v["poll_geomean"])] for k, v in s.get("per_kernel", {}).items()]
-    for fam, v in s.get("per_family", {}).items():
-        srows.append([f"**{fam} (all)**", str(v["n"]), fmt_x(v["geomean"], 3),
-                      f"{fmt_x(v['worst'], 3)} ({v['worst_at']})", fmt_x(v["poll_geomean"])])
+    named = [(k, v) for k, v in s.get("per_kernel", {}).items()]
+    named += [(f"**{fam} (all)**", v) for fam, v in s.get("per_family", {}).items()]
     if s.get("all"):
-        v = s["all"]
-        srows.append(["**all**", str(v["n"]), fmt_x(v["geomean"], 3),
-                      f"{fmt_x(v['worst'], 3)} ({v['worst_at']})", fmt_x(v["poll_geomean"])])
-    out += _table(["kernel", "cases", "geomean checked/raw", "worst", "geomean raw_poll/raw"],
-                  srows)
+        named.append(("**all**", s["all"]))
+    srows = [[k, str(v["n"]), fmt_x(v["geomean"], 3), f"{fmt_x(v['worst'], 3)} ({v['worst_at']})",
+              fmt_x(v.get("geomean_of_min"), 3), fmt_x(v["poll_geomean"])] for k, v in named]
+    out += _table(["kernel", "cases", "geomean checked/raw", "worst",
+                   "geomean min(checked)/min(raw)", "geomean raw_poll/raw"], srows)
     col = ov.get("collector")
     if col:
         out += ["", f"Collector: checked {col['kernel']} {col['size']} with cycles back to back "
