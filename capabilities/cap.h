@@ -209,6 +209,38 @@ __attribute__((noinline, cold, noreturn)) static void rt_fail(rt_block *b, cap_t
     b->api->fault(b, c, i, S, access, line);
 }
 
+/* Unchecked accessors, used only where rt_range_ok covered the access. */
+#define rt_uload_f32(c, i) (((const float *)((c).p))[i])
+#define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
+#define rt_uload_f64(c, i) (((const double *)((c).p))[i])
+#define rt_ustore_f64(c, i, v) (((double *)((c).p))[i] = (v))
+#define rt_uload_i32(c, i) (((const int32_t *)((c).p))[i])
+#define rt_ustore_i32(c, i, v) (((int32_t *)((c).p))[i] = (v))
+#define rt_uload_i64(c, i) (((const int64_t *)((c).p))[i])
+#define rt_ustore_i64(c, i, v) (((int64_t *)((c).p))[i] = (v))
+#define rt_uload_f16(c, i) rt_half_to_float(((const uint16_t *)((c).p))[i])
+#define rt_ustore_f16(c, i, v) (((uint16_t *)((c).p))[i] = rt_float_to_half(v))
+
+RT_INLINE int64_t rt_len(cap_t c, int64_t S)
+{
+    int64_t off = (int64_t)(c.p - c.lo);
+    int64_t n = ((int64_t)c.rlen - off) / S;
+    return (off < 0 || n < 0) ? 0 : n;
+}
+
+RT_INLINE int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
+
+RT_INLINE cap_t rt_cap_from_int(int64_t x)
+{
+    cap_t c;
+    c.p = (char *)(uintptr_t)x;
+    c.lo = c.p;
+    c.rlen = 0;
+    c.wlen = 0;
+    c.obj = 0;
+    return c;
+}
+
 #if !defined(RT_RAW) && !defined(RT_RAW_POLL)
 /* ====================== checked mode ===================================== */
 
@@ -251,17 +283,6 @@ RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t li
     ((uint16_t *)(c.p))[i] = rt_float_to_half(v);
 }
 
-/* Hoisted range check: the instrumenter proves an affine index stays within
- * [lo_i, hi_i] over a loop and checks both ends once, before the loop. */
-RT_INLINE void rt_check_range(rt_block *b, cap_t c, int64_t lo_i, int64_t hi_i,
-                                  int32_t S, int32_t store, int32_t line)
-{
-    uint64_t len = store ? c.wlen : c.rlen;
-    if (!RT_INB(c, lo_i, (uint64_t)S, len))
-        rt_fail(b, c, lo_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
-    if (!RT_INB(c, hi_i, (uint64_t)S, len))
-        rt_fail(b, c, hi_i, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
-}
 
 /* Loop-versioning guard (runtime/hoist.py): an affine index e0 + d*t for
  * t in [0, span] stays inside the object, without wrapping, at both ends. */
@@ -274,24 +295,7 @@ RT_INLINE int rt_range_ok(cap_t c, int64_t e0, int64_t d, int64_t span, int64_t 
     return RT_INB(c, e0, (uint64_t)S, len) && RT_INB(c, eL, (uint64_t)S, len);
 }
 
-/* Unchecked accessors, used only where rt_range_ok covered the access. */
-#define rt_uload_f32(c, i) (((const float *)((c).p))[i])
-#define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
-#define rt_uload_f64(c, i) (((const double *)((c).p))[i])
-#define rt_ustore_f64(c, i, v) (((double *)((c).p))[i] = (v))
-#define rt_uload_i32(c, i) (((const int32_t *)((c).p))[i])
-#define rt_ustore_i32(c, i, v) (((int32_t *)((c).p))[i] = (v))
-#define rt_uload_i64(c, i) (((const int64_t *)((c).p))[i])
-#define rt_ustore_i64(c, i, v) (((int64_t *)((c).p))[i] = (v))
-#define rt_uload_f16(c, i) rt_half_to_float(((const uint16_t *)((c).p))[i])
-#define rt_ustore_f16(c, i, v) (((uint16_t *)((c).p))[i] = rt_float_to_half(v))
 
-RT_INLINE int64_t rt_len(cap_t c, int64_t S)
-{
-    int64_t off = (int64_t)(c.p - c.lo);
-    int64_t n = ((int64_t)c.rlen - off) / S;
-    return (off < 0 || n < 0) ? 0 : n;
-}
 
 RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
 {
@@ -302,18 +306,7 @@ RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
     return c;
 }
 
-RT_INLINE int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
 
-RT_INLINE cap_t rt_cap_from_int(int64_t x)
-{
-    cap_t c;
-    c.p = (char *)(uintptr_t)x;
-    c.lo = c.p;
-    c.rlen = 0;
-    c.wlen = 0;
-    c.obj = 0;
-    return c;
-}
 
 RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name,
                                    int32_t line)
@@ -385,24 +378,8 @@ RT_INLINE float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
 { (void)b; (void)line; return rt_half_to_float(((const uint16_t *)(c.p))[i]); }
 RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
 { (void)b; (void)line; ((uint16_t *)(c.p))[i] = rt_float_to_half(v); }
-#define rt_check_range(b, c, lo, hi, S, st, line) ((void)0)
 #define rt_range_ok(c, e0, d, span, S, st) 1
-#define rt_uload_f32(c, i) (((const float *)((c).p))[i])
-#define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
-#define rt_uload_f64(c, i) (((const double *)((c).p))[i])
-#define rt_ustore_f64(c, i, v) (((double *)((c).p))[i] = (v))
-#define rt_uload_i32(c, i) (((const int32_t *)((c).p))[i])
-#define rt_ustore_i32(c, i, v) (((int32_t *)((c).p))[i] = (v))
-#define rt_uload_i64(c, i) (((const int64_t *)((c).p))[i])
-#define rt_ustore_i64(c, i, v) (((int64_t *)((c).p))[i] = (v))
-#define rt_uload_f16(c, i) rt_half_to_float(((const uint16_t *)((c).p))[i])
-#define rt_ustore_f16(c, i, v) (((uint16_t *)((c).p))[i] = rt_float_to_half(v))
-RT_INLINE int64_t rt_len(cap_t c, int64_t S)
-{ int64_t off = (int64_t)(c.p - c.lo); return ((int64_t)c.rlen - off) / S; }
 RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S) { c.p += k * S; return c; }
-RT_INLINE int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
-RT_INLINE cap_t rt_cap_from_int(int64_t x)
-{ cap_t c; c.p = (char *)(uintptr_t)x; c.lo = c.p; c.rlen = 0; c.wlen = 0; c.obj = 0; return c; }
 RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name, int32_t line)
 { (void)b; (void)n; (void)name; (void)line; return i; }
 #ifdef RT_RAW_POLL

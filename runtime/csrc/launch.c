@@ -124,32 +124,31 @@ __attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t cv, int64_t 
     longjmp(b->jmp, 1);
 }
 
-__attribute__((noreturn)) static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line)
+/* Faults that name no buffer object: local arrays, division, allocation. */
+__attribute__((noreturn)) static void fault_plain(rt_block *b, int32_t kind, int64_t index,
+                                                  int32_t line, const char *what)
 {
     rt_fault_rec r;
     memset(&r, 0, sizeof r);
-    r.kind = RT_FAULT_LOCAL;
-    r.access = 0;
+    r.kind = kind;
     r.block = b->block_idx;
     r.index = index;
     r.line = line;
     r.thread = -1;
-    strncpy(r.buffer, array, RT_NAME_MAX - 1);
+    strncpy(r.buffer, what, RT_NAME_MAX - 1);
     record_fault(b->launch, &r);
     longjmp(b->jmp, 1);
 }
 
+__attribute__((noreturn)) static void fault_local_impl(rt_block *b, const char *array,
+                                                       int64_t index, int32_t line)
+{
+    fault_plain(b, RT_FAULT_LOCAL, index, line, array);
+}
+
 __attribute__((noreturn)) static void fault_div_impl(rt_block *b, int32_t line)
 {
-    rt_fault_rec r;
-    memset(&r, 0, sizeof r);
-    r.kind = RT_FAULT_DIVZERO;
-    r.block = b->block_idx;
-    r.line = line;
-    r.thread = -1;
-    strcpy(r.buffer, "<division>");
-    record_fault(b->launch, &r);
-    longjmp(b->jmp, 1);
+    fault_plain(b, RT_FAULT_DIVZERO, 0, line, "<division>");
 }
 
 static void poll_impl(rt_block *b)
@@ -175,32 +174,11 @@ cap_t rt_cap_of(rt_obj *o, int64_t offset_bytes)
 
 static cap_t alloc_impl(rt_block *b, int64_t n, int32_t dtype, int32_t line)
 {
-    if (dtype < RT_DT_F16 || dtype > RT_DT_CAP || n < 0 || n > ((int64_t)1 << 40)) {
-        rt_fault_rec r;
-        memset(&r, 0, sizeof r);
-        r.kind = RT_FAULT_ALLOC;
-        r.block = b->block_idx;
-        r.index = n;
-        r.line = line;
-        r.thread = -1;
-        strcpy(r.buffer, "<cap_alloc>");
-        record_fault(b->launch, &r);
-        longjmp(b->jmp, 1);
-    }
+    if (dtype < RT_DT_F16 || dtype > RT_DT_CAP || n < 0 || n > ((int64_t)1 << 40))
+        fault_plain(b, RT_FAULT_ALLOC, n, line, "<cap_alloc>");
     rt_obj *o = gc_alloc((uint64_t)n * (uint64_t)dtype_size[dtype], (uint32_t)dtype,
                          RT_PERM_R | RT_PERM_W, "<cap_alloc>");
-    if (!o) {
-        rt_fault_rec r;
-        memset(&r, 0, sizeof r);
-        r.kind = RT_FAULT_ALLOC;
-        r.block = b->block_idx;
-        r.index = n;
-        r.line = line;
-        r.thread = -1;
-        strcpy(r.buffer, "<cap_alloc: out of memory>");
-        record_fault(b->launch, &r);
-        longjmp(b->jmp, 1);
-    }
+    if (!o) fault_plain(b, RT_FAULT_ALLOC, n, line, "<cap_alloc: out of memory>");
     return rt_cap_of(o, 0);
 }
 
