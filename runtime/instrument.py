@@ -363,7 +363,7 @@ def instrument(parsed: ParsedSource, kernel: str, mode: str = "checked",
         fi = _FuncInstrumenter(funcs, frames, mode)
         caps = _cap_vars(ext) if frames else []
         fi.cap_slots = {n: k for k, n in enumerate(caps)}
-        if hoist and mode == "checked":
+        if hoist and mode in ("checked", "raw_poll"):  # raw_poll: same poll placement
             from .hoist import hoist_function
 
             fi.no_poll = hoist_function(ext)
