@@ -39,6 +39,12 @@ _ELEM = ("f16", "f32", "f64", "i32", "i64")
 #: First statement of a loop body that must get no per-iteration pollcheck.
 NOPOLL_MARK = "RT_NOPOLL"
 
+#: A loop nest polls once after itself when the outer loop has fewer than
+#: OUTER_SHORT_TRIP iterations and every inner loop at most INNER_CONST_TRIP
+#: (a constant): at most 2^20 leaf iterations between pollchecks.
+OUTER_SHORT_TRIP = 1 << 12
+INNER_CONST_TRIP = 256
+
 #: Trip count under which the fast copy polls once after the loop.
 SHORT_TRIP = 1 << 16
 
@@ -419,12 +425,21 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
         if not accesses and not subs:
             return None
     if not innermost:
-        # Bodies with loops keep their per-iteration pollcheck.
+        fast_block_o: c_ast.Node = fast
+        if _short_nest(loop.stmt):
+            # Few outer iterations over short constant inner loops: poll once
+            # after the whole nest, so gcc may unroll-and-jam it like raw code.
+            quiet = copy.deepcopy(fast)
+            _silence(quiet)
+            short_o = c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)),
+                                     _const(OUTER_SHORT_TRIP))
+            fast_block_o = c_ast.If(short_o, c_ast.Compound([quiet, c_ast.FuncCall(
+                c_ast.ID("RT_POLL"), c_ast.ExprList([]))]), fast)
         return c_ast.Compound([
             _decl64(h0, copy.deepcopy(a_expr)),
             _decl64(hb, copy.deepcopy(b_expr)),
             _decl64(hs, _const(0)),
-            c_ast.If(cond, c_ast.Compound([fast]), slow),
+            c_ast.If(cond, c_ast.Compound([fast_block_o]), slow),
         ])
     # A short fast loop (<= SHORT_TRIP iterations, no nested loops) answers
     # handshakes once after it instead of at every back-edge: a call in the
@@ -432,10 +447,7 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
     fast_short = copy.deepcopy(loop)
     # Marked structurally (not by node id) so copies made by an enclosing
     # loop's versioning keep the property.
-    body = fast_short.stmt
-    items = list(body.block_items or []) if isinstance(body, c_ast.Compound) else [body]
-    fast_short.stmt = c_ast.Compound([c_ast.FuncCall(c_ast.ID(NOPOLL_MARK),
-                                                     c_ast.ExprList([]))] + items)
+    _mark_nopoll(fast_short)
     short = c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)),
                            _const(SHORT_TRIP))
     short_block = c_ast.Compound([fast_short, c_ast.FuncCall(c_ast.ID("RT_POLL"),
@@ -476,6 +488,74 @@ def _leaf_body(node: c_ast.Node) -> bool:
     v = V()
     v.visit(node)
     return v.ok
+
+
+def _short_nest(body: c_ast.Node) -> bool:
+    """Body is leaf code plus inner for-loops with small constant trip counts."""
+    allowed = {"RT_POLL", "RT_NOPOLL", "rt_loop_span", "rt_loop_span32", "rt_lrange_ok",
+               "RT_IS_INT"}
+
+    class V(c_ast.NodeVisitor):
+        ok = True
+
+        def visit_While(self, n: c_ast.Node) -> None:
+            self.ok = False
+
+        visit_DoWhile = visit_While
+
+        def visit_For(self, n: c_ast.For) -> None:
+            shape = _loop_shape(n)
+            trips = _const_trips(shape[2], shape[3], shape[4], shape[5]) if shape else None
+            if trips is None or trips > INNER_CONST_TRIP:
+                self.ok = False
+            self.generic_visit(n)
+
+        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
+            name = n.name.name if isinstance(n.name, c_ast.ID) else ""
+            if name not in allowed and not name.startswith("cap_range_ok_") and not _leaf_body(n):
+                self.ok = False
+            if n.args is not None:
+                self.visit(n.args)
+
+    v = V()
+    v.visit(body)
+    return v.ok
+
+
+def _silence(node: c_ast.Node) -> None:
+    """Drop RT_POLL() statements and mark every loop inside as no-poll."""
+
+    class V(c_ast.NodeVisitor):
+        def generic_visit(self, n: c_ast.Node) -> None:
+            for attr in n.__slots__:
+                if attr in ("coord", "__weakref__"):
+                    continue
+                val = getattr(n, attr, None)
+                if isinstance(val, list):
+                    setattr(n, attr, [x for x in val if not _is_call(x, "RT_POLL")])
+                    for x in getattr(n, attr):
+                        if isinstance(x, c_ast.Node):
+                            self.visit(x)
+                elif isinstance(val, c_ast.Node):
+                    self.visit(val)
+            if isinstance(n, (c_ast.For, c_ast.While, c_ast.DoWhile)):
+                _mark_nopoll(n)
+
+    V().visit(node)
+
+
+def _is_call(n: object, name: str) -> bool:
+    return (isinstance(n, c_ast.FuncCall) and isinstance(n.name, c_ast.ID)
+            and n.name.name == name)
+
+
+def _mark_nopoll(loop: c_ast.Node) -> None:
+    body = loop.stmt
+    items = list(body.block_items or []) if isinstance(body, c_ast.Compound) else [body]
+    if items and _is_call(items[0], NOPOLL_MARK):
+        return
+    loop.stmt = c_ast.Compound([c_ast.FuncCall(c_ast.ID(NOPOLL_MARK), c_ast.ExprList([]))]
+                               + items)
 
 
 def _const_int(node: c_ast.Node) -> int | None:
