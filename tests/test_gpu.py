@@ -348,3 +348,26 @@ KERNEL void rowcopy(cap_t dst, cap_t src, int64_t n, int64_t stride)
         cuda.launch(k, [dst, src_c], args=(17, 16), grid=1, block=32)
     f = ei.value
     assert (f.thread, f.index, f.access, f.buffer) == (31, 32 * 16, "load", "src")
+
+
+def test_public_api_routes_to_the_gpu_lane() -> None:
+    """capabilities.alloc(device="cuda") / runtime.compile(target="cuda") / runtime.launch."""
+    import capabilities
+    import runtime
+
+    src = """
+KERNEL void inc(cap_t x, int64_t n)
+{
+    int64_t i = rt_block_idx() * rt_block_dim() + rt_thread_idx();
+    if (i <= n)
+        cap_store_f32(x, i, cap_load_f32(x, i) + 1.0f);
+}
+"""
+    k = runtime.compile(src, "inc", target="cuda")
+    x = capabilities.alloc(1000, np.float32, name="x", device="cuda")
+    runtime.launch(k, [x], args=(999,), grid=8, block=128)
+    assert np.array_equal(x.numpy(), np.ones(1000, np.float32))
+    with pytest.raises(runtime.CapabilityFault) as e:  # i == n == 1000: one past the end
+        runtime.launch(k, [x], args=(1000,), grid=8, block=128)
+    assert e.value.index == 1000 and e.value.block == 7 and e.value.thread == 1000 - 7 * 128
+    assert e.value.access in ("load", "store") and e.value.buffer == "x"
