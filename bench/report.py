@@ -104,13 +104,20 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             add(f"best checked QR faster than scipy sgeqrf, {label}", "speedup > 1x", "n/a", None)
             continue
         wins = [r for r in sel if r["speedup"] > 1]
+        wins_best = [r for r in sel if _fin(r.get("speedup_best")) and r["speedup_best"] > 1]
         worst = min(sel, key=lambda r: r["speedup"])
-        add(f"best checked QR faster than scipy sgeqrf, {label}", "speedup > 1x on every shape",
-            f"{len(wins)}/{len(sel)} shapes; min {fmt_x(worst['speedup'])} at {worst['shape']}",
-            len(wins) == len(sel),
-            ", ".join(f"{r['shape']} {fmt_x(r['speedup'])}" for r in sel)
-            + "; fastest run vs fastest run: "
-            + ", ".join(f"{r['shape']} {fmt_x(r.get('speedup_best'))}" for r in sel))
+        ok, ok_best = len(wins) == len(sel), len(wins_best) == len(sel)
+        name = f"best checked QR faster than scipy sgeqrf, {label}"
+        detail = (", ".join(f"{r['shape']} {fmt_x(r['speedup'])}" for r in sel)
+                  + "; fastest run vs fastest run: "
+                  + ", ".join(f"{r['shape']} {fmt_x(r.get('speedup_best'))}" for r in sel))
+        value = (f"{len(wins)}/{len(sel)} shapes (fastest runs: {len(wins_best)}/{len(sel)}); "
+                 f"min {fmt_x(worst['speedup'])} at {worst['shape']}")
+        add(name, "speedup > 1x on every shape", value, ok, detail)
+        if ok != ok_best:
+            # medians and fastest runs disagree: background load decided it, not the kernels
+            out[-1]["status"] = (f"unclear (medians: {_status(ok)}, "
+                                 f"fastest runs: {_status(ok_best)})")
 
     gcb = res.get("gc_bench") if isinstance(res.get("gc_bench"), dict) else {}
     hs = [h for h in gcb.get("handshake", []) if isinstance(h, dict)]
@@ -256,7 +263,10 @@ def _peers_md(pe: dict[str, Any]) -> list[str]:
                    f"warm-up): {', '.join(dict.fromkeys(warm))}.")
     capped = list(dict.fromkeys(r["shape"] for r in rows if r.get("capped")))
     out += ["", "capqr columns are checked builds called through `kernels.qr` (including its "
-            "input copy); shapes are (batch, n) with n x n matrices."]
+            "input copy); shapes are (batch, n) with n x n matrices. OpenBLAS's threaded "
+            "sgeqrf (scipy, numpy) slows down far more than single-threaded-per-matrix "
+            "kernels when other processes share the 2 cores, so the targets table also "
+            "compares fastest runs."]
     if capped:
         out.append(f"Repeats capped below the maximum to fit the time budget: {', '.join(capped)}.")
     errs = [f"{r['impl']} at {r['shape']}: {r['error']}" for r in rows if "error" in r]
@@ -330,13 +340,22 @@ def plot_overhead(ov: dict[str, Any], path: Path) -> Path | None:
     ax.barh([i + 0.2 for i in y], [r["ratio"] for r in rows], height=0.4, label="checked / raw")
     ax.barh([i - 0.2 for i in y], [r["poll_ratio"] for r in rows], height=0.4,
             label="raw_poll / raw", alpha=0.6)
+    # log scale: raw_poll ratios reach 10-20x, checked ones sit near 1
+    ax.set_xscale("log")
+    ticks = [0.5, 0.8, 1.0, 1.1, 1.25, 1.5, 2, 4, 8, 16, 32]
+    hi = max([r["ratio"] for r in rows] + [r["poll_ratio"] for r in rows] + [1.3])
+    lo = min([r["ratio"] for r in rows] + [r["poll_ratio"] for r in rows] + [0.9])
+    ax.set_xlim(lo * 0.9, hi * 1.1)
+    ax.set_xticks([t for t in ticks if lo * 0.9 <= t <= hi * 1.1])
+    ax.set_xticklabels([f"{t:g}" for t in ticks if lo * 0.9 <= t <= hi * 1.1], fontsize=7)
+    ax.minorticks_off()
     ax.axvline(1.0, color="k", lw=0.8)
     ax.axvline(OVERHEAD_GEOMEAN, color="g", ls="--", lw=0.8, label="geomean target 1.10")
     ax.axvline(OVERHEAD_WORST, color="r", ls="--", lw=0.8, label="worst target 1.25")
     ax.set_yticks(list(y))
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("time ratio (lower is better)")
+    ax.set_xlabel("time ratio vs raw, log scale (lower is better)")
     ax.set_title("capqr: checked vs raw, same source")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -416,3 +435,20 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "item"):
         return o.item()
     return str(o)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.report RESULT.json [OUT_DIR]``: regenerate latest.md and plots."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        raise SystemExit("usage: python -m bench.report RESULT.json [OUT_DIR]")
+    src = Path(args[0])
+    res = json.loads(src.read_text())
+    paths = write(res, Path(args[1]) if len(args) > 1 else src.parent)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+if __name__ == "__main__":
+    main()
