@@ -2,10 +2,9 @@
 
 For every case the three builds run interleaved on identical inputs; the
 headline ratio is median(checked) / median(raw).  ``raw_poll`` is the raw build
-plus pollchecks only (at loop back-edges, without the loop versioning that
-lets checked builds poll once after short loops), so raw_poll / raw is what
-naive safepoint polling alone costs.  The collector section times one checked kernel
-with the collector cycling back to back versus disabled.
+plus the pollchecks the instrumenter places (no bounds checks), so
+raw_poll / raw is the cost of safepoint polling alone.  The collector section
+times one checked kernel with the collector cycling back to back versus disabled.
 """
 
 from __future__ import annotations

@@ -193,11 +193,10 @@ def _overhead_md(ov: dict[str, Any]) -> list[str]:
                      fmt_x(r["poll_ratio"])])
     out += _table(["kernel", "size", "raw", "checked", "checked/raw",
                    "range (min/max..max/min)", "raw_poll/raw"], body)
-    out += ["", "raw_poll = `runtime.compile(mode=\"raw_poll\")`: the raw build plus "
-            "pollchecks only. It polls at loop back-edges without the loop versioning that lets "
-            "a checked build poll once after a short fast loop, so raw_poll/raw can exceed "
-            "checked/raw: it is the cost of naive safepoint polling, not a part of the checked "
-            "build's overhead.", ""]
+    out += ["", "raw_poll = `runtime.compile(mode=\"raw_poll\")`: the raw build plus the "
+            "pollchecks the instrumenter places, no bounds checks; raw_poll/raw is the cost of "
+            "safepoint polling alone. Range column: fastest checked / slowest raw .. slowest "
+            "checked / fastest raw (wide ranges = noisy samples).", ""]
     s = ov.get("summary", {})
     named = [(k, v) for k, v in s.get("per_kernel", {}).items()]
     named += [(f"**{fam} (all)**", v) for fam, v in s.get("per_family", {}).items()]
