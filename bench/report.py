@@ -421,13 +421,33 @@ def write(res: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     plots = [p for p in (plot_overhead(res.get("overhead", {}), out_dir / "overhead.png"),
                          plot_peers(res.get("peers", {}), out_dir / "qr_speed.png")) if p]
     md = out_dir / "latest.md"
-    md.write_text(markdown(res, plots))
+    text = markdown(res, plots)
+    md.write_text(text)
+    if not res.get("quick") and out_dir.resolve() == (REPO / "bench" / "results").resolve():
+        embed_in_readme(text)
     m = res.get("meta", {})
     # quick runs get their own name so a smoke run never replaces a full result
     suffix = "-quick" if res.get("quick") else ""
     js = out_dir / f"{m.get('host', 'host')}-{m.get('date', 'date')}{suffix}.json"
     js.write_text(json.dumps(res, indent=1, default=_json_default) + "\n")
     return {"json": js, "markdown": md, **{p.stem: p for p in plots}}
+
+
+README_BEGIN = "<!-- bench:begin -->"
+README_END = "<!-- bench:end -->"
+
+
+def embed_in_readme(text: str, readme: Path | None = None) -> bool:
+    """Replace the README's text between the bench markers; False if it has none."""
+    readme = readme or REPO / "README.md"
+    if not readme.exists():
+        return False
+    doc = readme.read_text()
+    i, j = doc.find(README_BEGIN), doc.find(README_END)
+    if i < 0 or j < i:
+        return False
+    readme.write_text(doc[:i + len(README_BEGIN)] + "\n" + text + doc[j:])
+    return True
 
 
 def _json_default(o: Any) -> Any:
