@@ -143,6 +143,17 @@ def _loop_depth(node: c_ast.Node | None) -> int:
     return best
 
 
+def array_chain(ref: c_ast.ArrayRef) -> tuple[c_ast.Node, list[c_ast.ArrayRef]]:
+    """a[i][j][k] -> (a, [a[i], a[i][j], a[i][j][k]]): the base and each subscript level."""
+    chain: list[c_ast.ArrayRef] = []
+    cur: c_ast.Node = ref
+    while isinstance(cur, c_ast.ArrayRef):
+        chain.append(cur)
+        cur = cur.name
+    chain.reverse()
+    return cur, chain
+
+
 def _ids(node: c_ast.Node | None) -> set[str]:
     out: set[str] = set()
 
@@ -343,12 +354,7 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
 
     class A(c_ast.NodeVisitor):
         def visit_ArrayRef(self, n: c_ast.ArrayRef) -> None:
-            chain: list[c_ast.ArrayRef] = []
-            cur: c_ast.Node = n
-            while isinstance(cur, c_ast.ArrayRef):
-                chain.append(cur)
-                cur = cur.name
-            chain.reverse()
+            cur, chain = array_chain(n)
             dims = _arrays.get(cur.name) if isinstance(cur, c_ast.ID) else None
             for depth, ref in enumerate(chain):
                 self.visit(ref.subscript)

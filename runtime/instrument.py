@@ -208,14 +208,9 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         return node
 
     def _rewrite_arrayref(self, node: c_ast.ArrayRef) -> c_ast.Node:
-        # Collect the chain a[i][j][k] -> base ID and subscripts, outermost last.
-        subs: list[c_ast.ArrayRef] = []
-        cur: c_ast.Node = node
-        while isinstance(cur, c_ast.ArrayRef):
-            subs.append(cur)
-            cur = cur.name
-        subs.reverse()
-        base = cur
+        from .hoist import array_chain
+
+        base, subs = array_chain(node)
         dims = self.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
         for depth, ref in enumerate(subs):
             sub = ref.subscript
