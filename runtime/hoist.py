@@ -411,17 +411,23 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
     span_ok = c_ast.FuncCall(c_ast.ID(span_fn), c_ast.ExprList([
         c_ast.ID(h0), c_ast.ID(hb), _const(step), _const(1 if cmp == "<=" else 0),
         c_ast.UnaryOp("&", c_ast.ID(hs))]))
-    ok: c_ast.Node = span_ok
-    for g in guard_terms:
-        ok = c_ast.BinaryOp("&&", ok, g)
     # Fast copy only if bounds and indices are signed integers (so the loop
-    # runs exactly over [A, last]), and the loop does not run or every guard
-    # holds.  rt_loop_span sets the span before the guards read it.
+    # runs exactly over [A, last]) and the span is computable (it is set by
+    # rt_loop_span in its own statement, before any guard reads it), and every
+    # guard holds.  The guards are joined with '&', not '&&': they are pure
+    # and cheap, and evaluated unconditionally gcc can hoist the ones that do
+    # not change in an enclosing loop.  A loop that does not run has span 0;
+    # if a guard fails for it, the checked copy runs zero iterations.
     is_int = c_ast.BinaryOp("&&", _is_int(a_expr), _is_int(b_expr))
     for g in guard_terms:
         pos = 0 if g.name.name == "rt_lrange_ok" else 1
         is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[pos]))
-    cond = c_ast.BinaryOp("&&", is_int, c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), ok))
+    hok = f"__h{k}_ok"
+    ok_init = c_ast.BinaryOp("&&", is_int,
+                             c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), span_ok))
+    cond: c_ast.Node = c_ast.ID(hok)
+    for g in guard_terms:
+        cond = c_ast.BinaryOp("&", cond, g)
     fast = loop
     if innermost and not _leaf_body(loop.stmt):
         # Calls that can wait for the collector (allocation, cap tables,
@@ -445,6 +451,7 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
             _decl64(h0, copy.deepcopy(a_expr)),
             _decl64(hb, copy.deepcopy(b_expr)),
             _decl64(hs, _const(0)),
+            _decl64(hok, ok_init),
             c_ast.If(cond, c_ast.Compound([fast_block_o]), slow),
         ])
     # A short fast loop (<= SHORT_TRIP iterations, no nested loops) answers
@@ -469,6 +476,7 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
         _decl64(h0, copy.deepcopy(a_expr)),
         _decl64(hb, copy.deepcopy(b_expr)),
         _decl64(hs, _const(0)),
+        _decl64(hok, ok_init),
         c_ast.If(cond, c_ast.Compound([fast_block]), slow),
     ])
 
