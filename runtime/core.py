@@ -130,7 +130,7 @@ def _load():
         sources=[str(p) for p in srcs],
         include_dirs=[str(CAP_INCLUDE), str(GC_DIR), str(CSRC)],
         extra_compile_args=flags,
-        libraries=["pthread"],
+        libraries=["pthread", "atomic"],
     )
     threads = int(os.environ.get("CAPQR_THREADS", "0") or 0)
     mod.lib.rt_core_init(threads)

@@ -182,22 +182,25 @@ static cap_t alloc_impl(rt_block *b, int64_t n, int32_t dtype, int32_t line)
     return rt_cap_of(o, 0);
 }
 
+/* Slots are read and written as one 16-byte atomic: blocks may store into
+ * the same slot concurrently, and a torn {p, obj} pair would pair one
+ * object's address with another's bounds (refused, but a spurious fault). */
 static void store_cap_impl(rt_block *b, rt_capslot *slot, cap_t v)
 {
     (void)b;
+    rt_capslot s = {v.p, v.obj};
     gc_store_barrier(v.obj);
-    __atomic_store_n(&slot->p, v.p, __ATOMIC_RELAXED);
-    __atomic_store_n(&slot->obj, v.obj, __ATOMIC_RELEASE);
+    __atomic_store(slot, &s, __ATOMIC_RELEASE);
 }
 
 static cap_t load_cap_impl(rt_block *b, const rt_capslot *slot)
 {
     (void)b;
-    rt_obj *o = __atomic_load_n(&slot->obj, __ATOMIC_ACQUIRE);
-    char *p = __atomic_load_n(&slot->p, __ATOMIC_RELAXED);
-    if (!o) return (cap_t){p, p, 0, 0, NULL};
-    cap_t c = rt_cap_of(o, 0);
-    c.p = p;
+    rt_capslot s;
+    __atomic_load((rt_capslot *)slot, &s, __ATOMIC_ACQUIRE);
+    if (!s.obj) return (cap_t){s.p, s.p, 0, 0, NULL};
+    cap_t c = rt_cap_of(s.obj, 0);
+    c.p = s.p;
     return c;
 }
 
