@@ -77,7 +77,8 @@ lib.gc_handshake_observed_us(obs)
 flag.numpy()[0] = 1
 th.join()
 print(json.dumps(dict(busy_threads=n, cycles=cycles, handshake_p50_us=s["handshake_p50_us"],
-                      handshake_p99_us=s["handshake_p99_us"], handshake_max_us=s["handshake_max_us"],
+                      handshake_p99_us=s["handshake_p99_us"],
+                      handshake_max_us=s["handshake_max_us"],
                       collector_observed_p50_us=obs[0], collector_observed_p99_us=obs[1])))
 """
 

@@ -192,7 +192,8 @@ def run_script(script: str, args: list, env_extra: dict, timeout: float = 120):
 
 @pytest.mark.parametrize("stw", ["0", "1"])
 def test_stress_verify_reclaims_within_two_cycles(stw):
-    r = run_script(STRESS_SCRIPT, [STRESS_SRC, "4000"], {"CAPQR_GC_VERIFY": "1", "CAPQR_GC_STW": stw})
+    env = {"CAPQR_GC_VERIFY": "1", "CAPQR_GC_STW": stw}
+    r = run_script(STRESS_SCRIPT, [STRESS_SRC, "4000"], env)
     assert r["verify"] == 1 and r["stw"] == (stw == "1")
     assert r["verify_failures"] == 0
     assert r["err"] == [0] * r["grid"], "a kernel read a corrupted/released payload"
@@ -444,14 +445,16 @@ class GCMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(h.dtype == "cap" and not h.freed for h in self.handles))
     @rule(data=st.data(), slot=st.integers(0, NSLOTS - 1))
     def clear_slot(self, data, slot):
-        t = data.draw(st.sampled_from([h for h in self.handles if h.dtype == "cap" and not h.freed]))
+        tables = [h for h in self.handles if h.dtype == "cap" and not h.freed]
+        t = data.draw(st.sampled_from(tables))
         runtime.launch(self.kern["clear"], [t], args=(slot,))
         self.nodes[t.id]["slots"][slot] = None
 
     @precondition(lambda self: any(h.dtype == "cap" and not h.freed for h in self.handles))
     @rule(data=st.data(), slot=st.integers(0, NSLOTS - 1))
     def launch_alloc(self, data, slot):
-        t = data.draw(st.sampled_from([h for h in self.handles if h.dtype == "cap" and not h.freed]))
+        tables = [h for h in self.handles if h.dtype == "cap" and not h.freed]
+        t = data.draw(st.sampled_from(tables))
         s0 = lib.gc_last_id()
         runtime.launch(self.kern["kalloc"], [t], args=(slot,))
         s1 = lib.gc_last_id()
