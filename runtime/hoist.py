@@ -26,6 +26,8 @@ mathematical one and lies between its two checked ends.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from typing import Any
 
 from pycparser import c_ast
 
@@ -94,10 +96,7 @@ def _local_arrays(func: c_ast.FuncDef) -> dict[str, list[int]]:
 
 def _walk(node: c_ast.Node, counter: list[int], no_poll: set[int]) -> None:
     """Post-order: inner loops are versioned before the loops around them."""
-    for attr in node.__slots__:
-        if attr in ("coord", "__weakref__"):
-            continue
-        val = getattr(node, attr, None)
+    for attr, val in node_fields(node):
         if isinstance(val, list):
             for idx, item in enumerate(val):
                 if isinstance(item, c_ast.Node):
@@ -130,10 +129,7 @@ def _loop_depth(node: c_ast.Node | None) -> int:
     if node is None:
         return 0
     best = 0
-    for attr in node.__slots__:
-        if attr in ("coord", "__weakref__"):
-            continue
-        val = getattr(node, attr, None)
+    for _attr, val in node_fields(node):
         items = val if isinstance(val, list) else [val]
         for item in items:
             if isinstance(item, (c_ast.For, c_ast.While, c_ast.DoWhile)):
@@ -141,6 +137,13 @@ def _loop_depth(node: c_ast.Node | None) -> int:
             elif isinstance(item, c_ast.Node):
                 best = max(best, _loop_depth(item))
     return best
+
+
+def node_fields(n: c_ast.Node) -> Iterator[tuple[str, Any]]:
+    """(field name, value) of a pycparser node's children (its __slots__ minus bookkeeping)."""
+    for attr in n.__slots__:
+        if attr not in ("coord", "__weakref__"):
+            yield attr, getattr(n, attr, None)
 
 
 def array_chain(ref: c_ast.ArrayRef) -> tuple[c_ast.Node, list[c_ast.ArrayRef]]:
@@ -228,10 +231,7 @@ def _subst(expr: c_ast.Node, var: str, repl: c_ast.Node) -> c_ast.Node:
 
     class T(c_ast.NodeVisitor):
         def generic_visit(self, n: c_ast.Node) -> None:
-            for attr in n.__slots__:
-                if attr in ("coord", "__weakref__"):
-                    continue
-                v = getattr(n, attr, None)
+            for attr, v in node_fields(n):
                 if isinstance(v, c_ast.ID) and v.name == var:
                     setattr(n, attr, copy.deepcopy(repl))
                 elif isinstance(v, c_ast.Node):
@@ -541,10 +541,7 @@ def _silence(node: c_ast.Node) -> None:
 
     class V(c_ast.NodeVisitor):
         def generic_visit(self, n: c_ast.Node) -> None:
-            for attr in n.__slots__:
-                if attr in ("coord", "__weakref__"):
-                    continue
-                val = getattr(n, attr, None)
+            for attr, val in node_fields(n):
                 if isinstance(val, list):
                     setattr(n, attr, [x for x in val if not _is_call(x, "RT_POLL")])
                     for x in getattr(n, attr):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pycparser import c_ast, c_generator
 
 from .errors import VerifyError
+from .hoist import node_fields
 from .parse import ParsedSource, is_user_node
 
 SIZES = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "cap": 16}
@@ -171,10 +172,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         return node
 
     def _rewrite_children(self, node: c_ast.Node) -> None:
-        for attr in node.__slots__:
-            if attr in ("coord", "__weakref__"):
-                continue
-            val = getattr(node, attr, None)
+        for attr, val in node_fields(node):
             if isinstance(val, c_ast.Node):
                 setattr(node, attr, self.rewrite(val))
             elif isinstance(val, list):
