@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pycparser import c_ast
@@ -51,69 +52,44 @@ INNER_CONST_TRIP = 256
 SHORT_TRIP = 1 << 16
 
 
-def hoist_function(func: c_ast.FuncDef) -> set[int]:
-    """Version every eligible innermost loop of ``func`` in place.
+@dataclass
+class _Ctx:
+    """Per-function state of one hoisting pass (no module globals: compiles may run
+    on several threads)."""
 
-    Returns the ids of loop nodes that must get no pollcheck in their body.
+    arrays: dict[str, tuple[int, ...]]  # local array name -> dims (from the verifier)
+    counter: int = 0                    # numbers the guard variables __h<k>_*
+
+
+def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> None:
+    """Version every eligible loop of ``func`` in place.
+
+    ``arrays`` maps the function's local arrays to their dimensions
+    (``VerifiedSource.local_arrays[name]``).
     """
-    counter = [0]
-    no_poll: set[int] = set()
-    global _arrays
-    _arrays = _local_arrays(func)
-    _walk(func.body, counter, no_poll)
-    return no_poll
+    _walk(func.body, _Ctx(arrays))
 
 
-_arrays: dict[str, list[int]] = {}
-
-
-def _local_arrays(func: c_ast.FuncDef) -> dict[str, list[int]]:
-    """name -> dims of local arrays; a name declared twice is left out (ambiguous)."""
-    found: dict[str, list[int]] = {}
-    dup: set[str] = set()
-
-    class V(c_ast.NodeVisitor):
-        def visit_Decl(self, n: c_ast.Decl) -> None:
-            dims: list[int] = []
-            t = n.type
-            while isinstance(t, c_ast.ArrayDecl):
-                try:
-                    dims.append(int(str(t.dim.value).rstrip("uUlL"), 0))
-                except (AttributeError, ValueError):
-                    dims = []
-                    break
-                t = t.type
-            if n.name in found or n.name in dup:
-                dup.add(n.name)
-                found.pop(n.name, None)
-            elif dims:
-                found[n.name] = dims
-            self.generic_visit(n)
-
-    V().visit(func)
-    return found
-
-
-def _walk(node: c_ast.Node, counter: list[int], no_poll: set[int]) -> None:
+def _walk(node: c_ast.Node, ctx: _Ctx) -> None:
     """Post-order: inner loops are versioned before the loops around them."""
     for attr, val in node_fields(node):
         if isinstance(val, list):
             for idx, item in enumerate(val):
                 if isinstance(item, c_ast.Node):
-                    _walk(item, counter, no_poll)
+                    _walk(item, ctx)
                 if isinstance(item, c_ast.For):
-                    new = _maybe_version(item, counter, no_poll)
+                    new = _maybe_version(item, ctx)
                     if new is not None:
                         val[idx] = new
         elif isinstance(val, c_ast.Node):
-            _walk(val, counter, no_poll)
+            _walk(val, ctx)
             if isinstance(val, c_ast.For):
-                new = _maybe_version(val, counter, no_poll)
+                new = _maybe_version(val, ctx)
                 if new is not None:
                     setattr(node, attr, new)
 
 
-def _maybe_version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_ast.Node | None:
+def _maybe_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
     """Version innermost loops and the loops directly around them (depth <= 1).
 
     Deeper nests are left alone: each level doubles the code.
@@ -121,7 +97,7 @@ def _maybe_version(loop: c_ast.For, counter: list[int], no_poll: set[int]) -> c_
     depth = _loop_depth(loop.stmt)
     if depth > 1:
         return None
-    return _version(loop, counter, no_poll, innermost=depth == 0)
+    return _version(loop, ctx, innermost=depth == 0)
 
 
 def _loop_depth(node: c_ast.Node | None) -> int:
@@ -315,8 +291,7 @@ def _decl64(name: str, init: c_ast.Node) -> c_ast.Decl:
     return c_ast.Decl(name, [], [], [], [], t, init, None)
 
 
-def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
-             innermost: bool = True) -> c_ast.Node | None:
+def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node | None:
     shape = _loop_shape(loop)
     if shape is None or loop.stmt is None:
         return None
@@ -355,7 +330,7 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
     class A(c_ast.NodeVisitor):
         def visit_ArrayRef(self, n: c_ast.ArrayRef) -> None:
             cur, chain = array_chain(n)
-            dims = _arrays.get(cur.name) if isinstance(cur, c_ast.ID) else None
+            dims = ctx.arrays.get(cur.name) if isinstance(cur, c_ast.ID) else None
             for depth, ref in enumerate(chain):
                 self.visit(ref.subscript)
                 idx = ref.subscript
@@ -374,8 +349,8 @@ def _version(loop: c_ast.For, counter: list[int], no_poll: set[int],
         return None
     # Even with nothing to hoist, a countable innermost loop gets the
     # short-trip copy without per-iteration pollchecks.
-    counter[0] += 1
-    k = counter[0]
+    ctx.counter += 1
+    k = ctx.counter
     h0, hb, hs = f"__h{k}_a", f"__h{k}_b", f"__h{k}_span"
     # The checked copy is taken before any access is renamed, so it keeps
     # whatever the inner loops' own versioning did.

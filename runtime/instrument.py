@@ -28,12 +28,12 @@ from pycparser import c_ast, c_generator
 
 from .errors import VerifyError
 from .hoist import node_fields
-from .parse import ParsedSource, is_user_node
+from .parse import is_user_node
+from .verifier import VerifiedSource
 
 SIZES = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "cap": 16}
 DT_CODES = {"f16": "RT_DT_F16", "f32": "RT_DT_F32", "f64": "RT_DT_F64", "i32": "RT_DT_I32",
             "i64": "RT_DT_I64", "cap": "RT_DT_CAP"}
-SCALAR_KINDS = {"int64_t": "int64", "double": "double", "float": "float"}
 ARG_FIELD = {"cap": "cap", "int64": "i64", "double": "f64", "float": "f32"}
 
 MODES = ("checked", "raw", "raw_poll")
@@ -61,26 +61,6 @@ class KernelSig:
     @property
     def scalar_params(self) -> list[tuple[str, str]]:
         return [(n, k) for n, k in self.params if k != "cap"]
-
-
-def _type_name(t: c_ast.Node) -> str | None:
-    """'cap_t', 'int64_t', ... for a plain TypeDecl; None for anything else."""
-    if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
-        return " ".join(t.type.names)
-    return None
-
-
-def kernel_signature(func: c_ast.FuncDef) -> KernelSig:
-    """Parameter kinds of a KERNEL function (already verified)."""
-    params: list[tuple[str, str]] = []
-    args = func.decl.type.args
-    for p in (args.params if args else []):
-        if isinstance(p, c_ast.Typename):  # (void)
-            continue
-        tn = _type_name(p.type)
-        kind = "cap" if tn == "cap_t" else SCALAR_KINDS.get(tn or "", "?")
-        params.append((p.name, kind))
-    return KernelSig(func.decl.name, params)
 
 
 def _id(name: str) -> c_ast.ID:
@@ -115,8 +95,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         self.funcs = funcs
         self.frames = frames
         self.mode = mode
-        self.arrays: dict[str, list[int]] = {}
-        self.no_poll: set[int] = set()
+        self.arrays: dict[str, tuple[int, ...]] = {}  # local arrays (from the verifier)
         self.cap_slots: dict[str, int] = {}
 
     # -- expression rewriting --------------------------------------------
@@ -196,9 +175,6 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
                      expr)
 
     def _rewrite_decl(self, node: c_ast.Decl) -> c_ast.Decl:
-        dims = _array_dims(node.type)
-        if dims is not None:
-            self.arrays[node.name] = dims
         if node.init is not None:
             node.init = self.rewrite(node.init)
             if self.frames and node.name in self.cap_slots:
@@ -271,33 +247,6 @@ def _pure_lvalue(lv: c_ast.Node, pure) -> bool:
     return False
 
 
-def _array_dims(t: c_ast.Node) -> list[int] | None:
-    dims: list[int] = []
-    while isinstance(t, c_ast.ArrayDecl):
-        dims.append(int(str(t.dim.value).rstrip("uUlL"), 0)
-                    if isinstance(t.dim, c_ast.Constant) else -1)
-        t = t.type
-    return dims or None
-
-
-def _cap_vars(func: c_ast.FuncDef) -> list[str]:
-    """cap_t params and locals of a function, in declaration order."""
-    names: list[str] = []
-
-    class V(c_ast.NodeVisitor):
-        def visit_Decl(self, node: c_ast.Decl) -> None:
-            if _type_name(node.type) == "cap_t" and node.name not in names:
-                names.append(node.name)
-            self.generic_visit(node)
-
-    args = func.decl.type.args
-    for p in (args.params if args else []):
-        if isinstance(p, c_ast.Decl) and _type_name(p.type) == "cap_t":
-            names.append(p.name)
-    V().visit(func.body)
-    return names
-
-
 def _creates_objects(ast: c_ast.FileAST) -> bool:
     class V(c_ast.NodeVisitor):
         found = False
@@ -332,16 +281,21 @@ class Instrumented:
     mode: str
 
 
-def instrument(parsed: ParsedSource, kernel: str, mode: str = "checked",
+def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
                hoist: bool = True) -> Instrumented:
-    """Produce the C source of a module exporting ``capqr_entry`` for ``kernel``."""
+    """Produce the C source of a module exporting ``capqr_entry`` for ``kernel``.
+
+    Signatures, cap_t variables and local arrays come from the verifier.
+    """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    ast = copy.deepcopy(parsed.ast)
+    if kernel not in verified.kernels:
+        raise KeyError(kernel)
+    sig = KernelSig(kernel, list(verified.kernels[kernel].params))
+    ast = copy.deepcopy(verified.parsed.ast)
     user = [e for e in ast.ext if is_user_node(e)]
     funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)}
     frames = _creates_objects(ast)
-    sig = None
     out_ext: list[c_ast.Node] = []
     for ext in user:
         if isinstance(ext, c_ast.Decl) and isinstance(ext.type, c_ast.FuncDecl):
@@ -351,15 +305,15 @@ def instrument(parsed: ParsedSource, kernel: str, mode: str = "checked",
         if not isinstance(ext, c_ast.FuncDef):
             out_ext.append(ext)
             continue
-        if ext.decl.name == kernel:
-            sig = kernel_signature(ext)
+        name = ext.decl.name
         fi = _FuncInstrumenter(funcs, frames, mode)
-        caps = _cap_vars(ext) if frames else []
+        fi.arrays = dict(verified.local_arrays.get(name, {}))
+        caps = list(verified.cap_locals.get(name, [])) if frames else []
         fi.cap_slots = {n: k for k, n in enumerate(caps)}
         if hoist and mode in ("checked", "raw_poll"):  # raw_poll: same poll placement
             from .hoist import hoist_function
 
-            fi.no_poll = hoist_function(ext)
+            hoist_function(ext, fi.arrays)
         ext.body = fi.rewrite(ext.body)
         _add_rt_param(ext.decl.type)
         if "static" not in ext.decl.storage:
@@ -372,8 +326,6 @@ def instrument(parsed: ParsedSource, kernel: str, mode: str = "checked",
                     pre.append(fi._root(p.name, _id(p.name)))
             ext.body.block_items = pre + list(ext.body.block_items or [])
         out_ext.append(ext)
-    if sig is None:
-        raise KeyError(kernel)
     gen = c_generator.CGenerator()
     body = gen.visit(c_ast.FileAST(out_ext))
     call_args = ", ".join(f"a[{i}].{ARG_FIELD[k]}" for i, (_, k) in enumerate(sig.params))

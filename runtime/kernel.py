@@ -99,7 +99,7 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
         raise VerifyError(None, f"kernel {name!r}",
                           f"no KERNEL function of that name (found {parsed.kernels})")
     _check_stack_budget(verified, name)
-    inst: Instrumented = instrument(parsed, name, mode, hoist=hoist)
+    inst: Instrumented = instrument(verified, name, mode, hoist=hoist)
     mod = build_module(
         f"_capqr_k_{key[:20]}",
         "void capqr_entry(void *b, const void *a);",
