@@ -241,6 +241,14 @@ RT_INLINE cap_t rt_cap_from_int(int64_t x)
     return c;
 }
 
+/* The last value e0 + d*span of an affine index, or 0 if computing it
+ * overflows (then the index sequence may wrap and no range guard holds). */
+RT_INLINE int rt_affine_end(int64_t e0, int64_t d, int64_t span, int64_t *end)
+{
+    int64_t tot;
+    return !__builtin_mul_overflow(d, span, &tot) && !__builtin_add_overflow(e0, tot, end);
+}
+
 #if !defined(RT_RAW) && !defined(RT_RAW_POLL)
 /* ====================== checked mode ===================================== */
 
@@ -283,19 +291,16 @@ RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t li
     ((uint16_t *)(c.p))[i] = rt_float_to_half(v);
 }
 
-
 /* Loop-versioning guard (runtime/hoist.py): an affine index e0 + d*t for
  * t in [0, span] stays inside the object, without wrapping, at both ends. */
 RT_INLINE int rt_range_ok(cap_t c, int64_t e0, int64_t d, int64_t span, int64_t S,
-                              int store)
+                          int store)
 {
-    int64_t tot, eL;
+    int64_t eL;
     uint64_t len = store ? c.wlen : c.rlen;
-    if (__builtin_mul_overflow(d, span, &tot) || __builtin_add_overflow(e0, tot, &eL)) return 0;
+    if (!rt_affine_end(e0, d, span, &eL)) return 0;
     return RT_INB(c, e0, (uint64_t)S, len) && RT_INB(c, eL, (uint64_t)S, len);
 }
-
-
 
 RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
 {
@@ -305,8 +310,6 @@ RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
     if (((uint64_t)k + RT_IDX_LIMIT) >= 2 * RT_IDX_LIMIT) { c.rlen = 0; c.wlen = 0; }
     return c;
 }
-
-
 
 RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name,
                                    int32_t line)
@@ -423,8 +426,8 @@ RT_INLINE int rt_loop_span32(int64_t a, int64_t b, int64_t step, int incl, int64
 /* Local-array subscript e0 + d*t for t in [0, span] stays in [0, dim). */
 RT_INLINE int rt_lrange_ok(int64_t e0, int64_t d, int64_t span, int64_t dim)
 {
-    int64_t tot, eL;
-    if (__builtin_mul_overflow(d, span, &tot) || __builtin_add_overflow(e0, tot, &eL)) return 0;
+    int64_t eL;
+    if (!rt_affine_end(e0, d, span, &eL)) return 0;
     return e0 >= 0 && e0 < dim && eL >= 0 && eL < dim;
 }
 /* Whether an expression has a signed integer type of at most 64 bits. */
