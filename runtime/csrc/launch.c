@@ -49,8 +49,8 @@ static rt_thread *workers = NULL;
 static pthread_t *worker_ids = NULL;
 static int64_t kernels_running = 0;   /* blocks in kernel code, all launches (atomic) */
 
-__attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t cv, int64_t index, int32_t elsize,
-                       int32_t access, int32_t line);
+__attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t c, int64_t index,
+                                                 int32_t elsize, int32_t access, int32_t line);
 __attribute__((noreturn)) static void fault_local_impl(rt_block *b, const char *array, int64_t index, int32_t line);
 __attribute__((noreturn)) static void fault_div_impl(rt_block *b, int32_t line);
 static void poll_impl(rt_block *b);
@@ -86,31 +86,43 @@ static void record_fault(rt_launch *L, const rt_fault_rec *r)
     request_stop(L, r->kind);
 }
 
-__attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t cv, int64_t index, int32_t elsize,
-                       int32_t access, int32_t line)
+/* A fault record for this block with everything but the kind and buffer. */
+static rt_fault_rec fault_rec(rt_block *b, int64_t index, int32_t line)
 {
-    const cap_t *c = &cv;
     rt_fault_rec r;
     memset(&r, 0, sizeof r);
-    r.access = access;
     r.block = b->block_idx;
     r.index = index;
-    r.elsize = elsize;
     r.line = line;
     r.thread = -1;
-    r.offset = (int64_t)(c->p - c->lo);
-    if (!c->obj) {
+    return r;
+}
+
+/* Publish the record (first fault of the launch wins) and unwind the block. */
+__attribute__((noreturn)) static void raise_fault(rt_block *b, const rt_fault_rec *r)
+{
+    record_fault(b->launch, r);
+    longjmp(b->jmp, 1);
+}
+
+__attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t c, int64_t index,
+                                                 int32_t elsize, int32_t access, int32_t line)
+{
+    rt_fault_rec r = fault_rec(b, index, line);
+    r.access = access;
+    r.elsize = elsize;
+    r.offset = (int64_t)(c.p - c.lo);
+    if (!c.obj) {
         r.kind = RT_FAULT_NOBOUNDS;
         strcpy(r.buffer, "<int-derived>");
     } else {
-        rt_obj *o = c->obj;
+        rt_obj *o = c.obj;
         uint32_t fl = __atomic_load_n(&o->flags, __ATOMIC_ACQUIRE);
         memcpy(r.buffer, o->name, RT_NAME_MAX);
         r.buffer[RT_NAME_MAX - 1] = 0;
         r.obj_id = o->id;
-        uint64_t off = (uint64_t)r.offset + (uint64_t)index * (uint64_t)elsize;
-        int in_object = ((uint64_t)index + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT &&
-                        off < o->nbytes && off + (uint64_t)elsize <= o->nbytes;
+        /* the same test as the access, against the object's full size */
+        int in_object = RT_INB(c, index, (uint64_t)elsize, o->nbytes);
         if (fl & RT_OBJ_FREED)
             r.kind = RT_FAULT_FREED;
         else if ((o->dtype == RT_DT_CAP) != (elsize == 16))
@@ -120,24 +132,17 @@ __attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t cv, int64_t 
         else
             r.kind = RT_FAULT_OOB;
     }
-    record_fault(b->launch, &r);
-    longjmp(b->jmp, 1);
+    raise_fault(b, &r);
 }
 
 /* Faults that name no buffer object: local arrays, division, allocation. */
 __attribute__((noreturn)) static void fault_plain(rt_block *b, int32_t kind, int64_t index,
                                                   int32_t line, const char *what)
 {
-    rt_fault_rec r;
-    memset(&r, 0, sizeof r);
+    rt_fault_rec r = fault_rec(b, index, line);
     r.kind = kind;
-    r.block = b->block_idx;
-    r.index = index;
-    r.line = line;
-    r.thread = -1;
     strncpy(r.buffer, what, RT_NAME_MAX - 1);
-    record_fault(b->launch, &r);
-    longjmp(b->jmp, 1);
+    raise_fault(b, &r);
 }
 
 __attribute__((noreturn)) static void fault_local_impl(rt_block *b, const char *array,
