@@ -115,7 +115,7 @@ class Capability:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self._shape, dtype=np.int64)) if self._shape else 1
+        return int(np.prod(self._shape, dtype=np.int64))
 
     @property
     def id(self) -> int:
@@ -213,7 +213,7 @@ def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | No
     shape = _shape_tuple(shape)
     _, code, itemsize = _dtype_code(dtype)
     bits = _perm_bits(perms)
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    n = int(np.prod(shape, dtype=np.int64))
     name = name or _auto_name("buf")
     obj = lib.gc_alloc_pinned(n * itemsize, code, bits, name.encode()[:47])
     return Capability(obj, shape, dtype, perms, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,11 +23,13 @@ WAIT_SLICE = 0.05
 
 def _scalar(kind: str, value: Any, pname: str, kernel: str) -> tuple[str, Any]:
     if kind == "int64":
-        if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value,
-                                                                                 "__index__"):
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            v = operator.index(value)  # ints and numpy integers; never truncates floats
+        except TypeError:
             raise TypeError(f"kernel {kernel!r}: argument {pname!r} is int64_t, "
-                            f"got {type(value).__name__}")
-        v = int(value.__index__() if hasattr(value, "__index__") else value)
+                            f"got {type(value).__name__}") from None
         if not -(2**63) <= v < 2**63:
             raise OverflowError(f"kernel {kernel!r}: argument {pname!r}={v} does not fit int64_t")
         return "i64", v
@@ -48,11 +51,10 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
     """
     from capabilities.handle import Capability, NoBoundsCap
 
-    if type(kernel).__name__ == "CudaKernel":  # GPU lane; importing it costs nothing
-        from . import cuda
+    from . import cuda  # importing the GPU lane never touches the driver
 
-        if isinstance(kernel, cuda.CudaKernel):
-            return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, **kw)
+    if isinstance(kernel, cuda.CudaKernel):
+        return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, **kw)
     if kw:
         raise TypeError(f"unexpected launch options {sorted(kw)} for a CPU kernel")
     sig = kernel.signature
