@@ -124,7 +124,7 @@ def describe() -> dict[str, Any]:
         "threads": threads(),
         "blas": blas_info(),
         "torch_blas": torch_blas(),
-        "gc_impl": os.environ.get("CAPQR_GC_IMPL") or "gc/ (concurrent collector)",
+        "gc_impl": "gc/ (concurrent collector)",
         "compiler": compiler(),
         "git": git_commit(),
         "loadavg_start": loadavg(),

@@ -100,13 +100,7 @@ CDEF_EXTRA_FILE = GC_DIR / "gc_cdef.h"  # optional: extra declarations the colle
 
 
 def _sources() -> list:
-    gc_files = sorted(GC_DIR.glob("*.c"))
-    stub = [p for p in gc_files if p.name == "heap_stub.c"]
-    if stub and os.environ.get("CAPQR_GC_IMPL") == "stub":  # development only
-        return sorted(CSRC.glob("*.c")) + stub
-    if any(p.name != "heap_stub.c" for p in gc_files):
-        gc_files = [p for p in gc_files if p.name != "heap_stub.c"]
-    return sorted(CSRC.glob("*.c")) + gc_files
+    return sorted(CSRC.glob("*.c")) + sorted(GC_DIR.glob("*.c"))
 
 
 def _headers() -> list:
@@ -116,7 +110,7 @@ def _headers() -> list:
 def _load():
     srcs = _sources()
     cdef = CDEF
-    if CDEF_EXTRA_FILE.exists() and not any(p.name == "heap_stub.c" for p in srcs):
+    if CDEF_EXTRA_FILE.exists():
         cdef += CDEF_EXTRA_FILE.read_text()
     flags = ["-O2", "-pthread", "-std=gnu11", "-fno-strict-aliasing", "-Wno-unused-function"]
     key = content_hash(

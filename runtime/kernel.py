@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from . import core
@@ -82,7 +84,7 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
     mode = mode or ("checked" if checked else "raw")
     flags = cflags()
     key = content_hash(source, str(name), mode, str(hoist), " ".join(flags), compiler_id(),
-                       (CAP_INCLUDE / "cap.h").read_text(), _instrumenter_version())
+                       _toolchain_version())
     with _lock:
         if key in _compiled:
             return _compiled[key]
@@ -147,14 +149,14 @@ def _prod(dims: Any) -> int:
     return out
 
 
-def _instrumenter_version() -> str:
-    """Hash of the instrumenter's own code, so changing it invalidates caches."""
-    from pathlib import Path
-
+@lru_cache(maxsize=1)
+def _toolchain_version() -> str:
+    """Hash of cap.h and the instrumenter's own code, so changing either invalidates
+    caches.  Read once per process: compile() is called on every kernels.qr call."""
     here = Path(__file__).resolve().parent
-    return content_hash(*[(here / f).read_text() for f in
-                          ("instrument.py", "hoist.py", "verifier.py", "parse.py")
-                          if (here / f).exists()])
+    return content_hash((CAP_INCLUDE / "cap.h").read_text(),
+                        *[(here / f).read_text() for f in
+                          ("instrument.py", "hoist.py", "verifier.py", "parse.py")])
 
 
 _ = core  # the core must be loaded before kernels run
