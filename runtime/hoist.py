@@ -404,49 +404,31 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     for g in guard_terms:
         cond = c_ast.BinaryOp("&", cond, g)
     fast = loop
-    if innermost and not _leaf_body(loop.stmt):
-        # Calls that can wait for the collector (allocation, cap tables,
-        # helpers) need the per-iteration pollcheck, or a handshake could
-        # wait on a thread that waits on the collector.
-        innermost = False
-        if not accesses and not subs:
-            return None
-    if not innermost:
-        fast_block_o: c_ast.Node = fast
-        if _short_nest(loop.stmt):
-            # Few outer iterations over short constant inner loops: poll once
-            # after the whole nest, so gcc may unroll-and-jam it like raw code.
-            quiet = copy.deepcopy(fast)
-            _silence(quiet)
-            short_o = c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)),
-                                     _const(OUTER_SHORT_TRIP))
-            fast_block_o = c_ast.If(short_o, c_ast.Compound([quiet, c_ast.FuncCall(
-                c_ast.ID("RT_POLL"), c_ast.ExprList([]))]), fast)
-        return c_ast.Compound([
-            _decl64(h0, copy.deepcopy(a_expr)),
-            _decl64(hb, copy.deepcopy(b_expr)),
-            _decl64(hs, _const(0)),
-            _decl64(hok, ok_init),
-            c_ast.If(cond, c_ast.Compound([fast_block_o]), slow),
-        ])
-    # A short fast loop (<= SHORT_TRIP iterations, no nested loops) answers
-    # handshakes once after it instead of at every back-edge: a call in the
-    # loop body would stop gcc from vectorising it.  Latency stays bounded.
-    fast_short = copy.deepcopy(loop)
-    # Marked structurally (not by node id) so copies made by an enclosing
-    # loop's versioning keep the property.
-    _mark_nopoll(fast_short)
-    short = c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)),
-                           _const(SHORT_TRIP))
-    short_block = c_ast.Compound([fast_short, c_ast.FuncCall(c_ast.ID("RT_POLL"),
-                                                             c_ast.ExprList([]))])
-    trips = _const_trips(a_expr, b_expr, cmp, step)
-    if trips is not None and trips < SHORT_TRIP:
-        # Constant short loop: the copy with per-iteration polls could never
-        # run; leaving it out keeps the function small for gcc.
-        fast_block = short_block
-    else:
-        fast_block = c_ast.If(short, short_block, fast)
+    fast_block: c_ast.Node = fast
+    leaf = innermost and _leaf_body(loop.stmt)
+    if innermost and not leaf and not accesses and not subs:
+        return None  # nothing to hoist, and the pollchecks must stay (see below)
+    if leaf:
+        # A short fast loop (< SHORT_TRIP iterations) answers handshakes once
+        # after it instead of at every back-edge: a call in the loop body would
+        # stop gcc from vectorising it.  Latency stays bounded.  Bodies that
+        # call anything able to wait for the collector (allocation, cap tables,
+        # helpers) keep the per-iteration pollcheck, or a handshake could wait
+        # on a thread that waits on the collector.
+        quiet = copy.deepcopy(loop)
+        _mark_nopoll(quiet)  # structurally, so enclosing copies keep it
+        trips = _const_trips(a_expr, b_expr, cmp, step)
+        if trips is not None and trips < SHORT_TRIP:
+            # constant short loop: the polling copy could never run
+            fast_block = _then_poll(quiet)
+        else:
+            fast_block = c_ast.If(_span_below(hs, step, SHORT_TRIP), _then_poll(quiet), fast)
+    elif not innermost and _short_nest(loop.stmt):
+        # Few outer iterations over short constant inner loops: poll once after
+        # the whole nest, so gcc may unroll-and-jam it like raw code.
+        quiet = copy.deepcopy(fast)
+        _silence(quiet)
+        fast_block = c_ast.If(_span_below(hs, step, OUTER_SHORT_TRIP), _then_poll(quiet), fast)
     return c_ast.Compound([
         _decl64(h0, copy.deepcopy(a_expr)),
         _decl64(hb, copy.deepcopy(b_expr)),
@@ -454,6 +436,16 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         _decl64(hok, ok_init),
         c_ast.If(cond, c_ast.Compound([fast_block]), slow),
     ])
+
+
+def _span_below(hs: str, step: int, limit: int) -> c_ast.BinaryOp:
+    """span / step < limit: the loop has fewer than limit + 1 iterations."""
+    return c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)), _const(limit))
+
+
+def _then_poll(quiet: c_ast.Node) -> c_ast.Compound:
+    """The quiet copy followed by one pollcheck."""
+    return c_ast.Compound([quiet, c_ast.FuncCall(c_ast.ID("RT_POLL"), c_ast.ExprList([]))])
 
 
 def _leaf_body(node: c_ast.Node) -> bool:
