@@ -110,7 +110,9 @@ void gc_request_auto(void)
  * marking" / "during sweeping" deterministically.  1: marking (concurrent:
  * barrier on, roots marked, before the stack scans; STW: barrier on, before
  * the world stops); 2: sweeping (concurrent: barrier off, before the sweep;
- * STW: after the world restarted). */
+ * STW: after the world restarted); 3: marking, concurrent only, after the
+ * roots were traced and before the first stack scan (a store into a root
+ * table now is only kept alive by the store barrier). */
 static int32_t dbg_pause_at = 0, dbg_phase = 0;
 static pthread_mutex_t dbg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t dbg_cv = PTHREAD_COND_INITIALIZER;
@@ -165,6 +167,7 @@ static void gc_cycle(void)
         /* 4 */
         for (;;) {
             gc_drain(epoch);
+            dbg_point(3);
             gc_handshake(GC_HS_SCAN);
             if (gc_mark_stack_empty()) break;
         }

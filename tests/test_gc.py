@@ -515,3 +515,71 @@ def _machine_kernels():
 GCMachine.TestCase.settings = settings(max_examples=15, stateful_step_count=20, deadline=None,
                                        suppress_health_check=list(HealthCheck))
 test_gc_state_machine = GCMachine.TestCase
+
+
+# ---------------------------------------------------------------------------
+# the Dijkstra store barrier, deterministically: a table that is already
+# black receives the only reference to an object that lived on a stack the
+# collector has not scanned yet, and the stack then dies before the scan.
+
+BARRIER_SCRIPT = r"""
+import json, sys, threading, time
+import numpy as np
+import capabilities, runtime
+from runtime.core import lib
+
+SRC = '''
+KERNEL void hold_then_store(cap_t flag, cap_t table)
+{
+    cap_t x = cap_alloc_f64(2);
+    cap_store_f64(x, 0, 42.0);
+    cap_store_i64(flag, 1, 1);
+    while (cap_load_i64(flag, 0) == 0) {
+        cap_store_i64(flag, 2, cap_load_i64(flag, 2) + 1);
+    }
+    cap_store_cap(table, 0, x);
+}
+
+KERNEL void read0(cap_t table, cap_t out)
+{
+    cap_t y = cap_load_cap(table, 0);
+    cap_store_f64(out, 0, cap_load_f64(y, 0));
+}
+'''
+hold = runtime.compile(SRC, "hold_then_store")
+read0 = runtime.compile(SRC, "read0")
+runtime.gc_set_enabled(False)
+table = capabilities.alloc(1, "cap", name="table")
+flag = capabilities.alloc(3, np.int64, name="flag")
+out = capabilities.alloc(1, np.float64, name="out")
+runtime.gc_collect()
+
+def wait(cond, what):
+    deadline = time.time() + 20
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.001)
+
+k = threading.Thread(target=runtime.launch, args=(hold, [flag, table]))
+k.start()
+wait(lambda: flag.numpy()[1] == 1, "kernel never allocated")   # x exists, born before the cycle
+lib.gc_debug_pause(3)
+c = threading.Thread(target=runtime.gc_collect)
+c.start()
+wait(lambda: lib.gc_debug_phase() == 3, "collector never reached phase 3")  # table is black
+flag.numpy()[0] = 1            # the kernel stores x into the table and its stack dies
+k.join(30)
+assert not k.is_alive()
+lib.gc_debug_pause(0)          # the stack scan finds nothing; only the barrier kept x
+c.join(30)
+runtime.gc_collect()
+runtime.launch(read0, [table, out])
+s = runtime.gc_stats()
+print(json.dumps(dict(value=float(out.numpy()[0]), verify_failures=s["verify_failures"])))
+"""
+
+
+def test_store_barrier_keeps_an_object_moved_into_a_black_table():
+    r = run_script(BARRIER_SCRIPT, [], {"CAPQR_GC_VERIFY": "1", "CAPQR_GC_STW": "0"}, timeout=60)
+    assert r["verify_failures"] == 0
+    assert r["value"] == 42.0
