@@ -137,6 +137,8 @@ def measure_shape(label: str, batch: int, n: int, impls: dict[str, Impl], sgemm_
             r = make(a)
             warm[name] = time_once(r)  # warm-up run; also sizes the repeat count
             runners[name] = r
+        except ModuleNotFoundError as e:  # an optional peer that is not installed
+            rows[name]["skipped"] = f"{e.name} not installed"
         except Exception as e:  # noqa: BLE001 - one failing implementation must not end the run
             rows[name]["error"] = f"{type(e).__name__}: {e}"[:300]
     round_s = sum(warm.values())

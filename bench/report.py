@@ -255,6 +255,9 @@ def _peers_md(pe: dict[str, Any]) -> list[str]:
     if lim:
         out.append("`-`: skipped to fit the time budget: " + ", ".join(
             f"{k} above {v:.0e} flops" for k, v in lim.items()) + ".")
+    absent = {r["impl"]: r["skipped"] for r in rows if "not installed" in r.get("skipped", "")}
+    if absent:
+        out.append("Not run: " + ", ".join(f"{k} ({v})" for k, v in absent.items()) + ".")
     warm = [r["shape"] for r in rows if r.get("warmup_counted")]
     if warm:
         out.append("Shapes whose round of all implementations took > "

@@ -6,6 +6,7 @@ JSON/markdown/PNGs with the expected keys and finite numbers, so it cannot rot.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -75,9 +76,23 @@ def test_quick_peer_numbers(quick_run: tuple[dict, Path]) -> None:
     assert any(i.startswith("capqr:") for i in impls)
     for r in pe["rows"]:
         assert "error" not in r, r
+        if "skipped" in r:
+            # only a peer whose package is really absent may be skipped (torch outside the
+            # test extra); test_quick_torch_peer measures it where it is installed
+            assert importlib.util.find_spec(r["impl"]) is None, r
+            continue
         assert _finite(r["gflops"]) and r["gflops"] > 0 and _finite(r["frac_sgemm"])
     shapes = {r["shape"] for r in pe["rows"]}
     assert {"n=64", "n=128", "(20,32)"} <= shapes
+
+
+def test_quick_torch_peer(quick_run: tuple[dict, Path]) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (it is in the test extra)")
+    rows = [r for r in quick_run[0]["peers"]["rows"] if r["impl"] == "torch"]
+    assert rows
+    for r in rows:
+        assert "skipped" not in r and "error" not in r, r
+        assert _finite(r["gflops"]) and r["gflops"] > 0
 
 
 def test_quick_targets_reported(quick_run: tuple[dict, Path]) -> None:
@@ -94,6 +109,7 @@ def test_qr_runner_matches_kernels_qr() -> None:
     from bench.qr import QrRunner, available
 
     a3 = np.random.default_rng(3).standard_normal((3, 40, 40), dtype=np.float32)
+    assert set(available()) == set(kernels.variants()) >= {"unblocked", "blocked", "f16"}
     for name, v in available().items():
         for mode in ("checked", "raw"):
             r = QrRunner(v, a3, mode)
