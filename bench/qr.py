@@ -34,24 +34,10 @@ GC_SHAPE = {"full": ("(40,176)", 40, 176), "quick": ("(4,32)", 4, 32)}
 
 
 def available() -> dict[str, Any]:
-    """``kernels.variants()`` if the kernels package provides it, else {}."""
-    try:
-        import kernels
-        from kernels import qr as kqr
-    except ImportError:
-        return {}
-    fn = getattr(kernels, "variants", None) or getattr(kqr, "variants", None)
-    return dict(fn()) if fn else {}
-
-
-def _qr_api() -> Any:
+    """The QR variants to benchmark (``kernels.variants()``)."""
     import kernels
 
-    if hasattr(kernels, "qr") and callable(kernels.qr):
-        return kernels.qr
-    from kernels.qr import qr
-
-    return qr
+    return kernels.variants()
 
 
 class QrRunner:
@@ -61,6 +47,7 @@ class QrRunner:
         import capabilities
         import runtime
         from kernels import sources
+        from kernels.qr import work_size
 
         self._launch = runtime.launch
         batch, m, n = a3.shape
@@ -75,11 +62,12 @@ class QrRunner:
         self.view = self.a.numpy()
         self.tau = capabilities.alloc((batch, k), np.float32, name="bench.qr.tau")
         if variant.family == "geqr2":
-            work_n, self.args = self.grid * n, (batch, m, n)
+            b, self.args = None, (batch, m, n)
         else:
-            b = int(nb or variant.params.get("nb", 32))
-            work_n, self.args = self.grid * (m * b + b * b + b), (batch, m, n, b)
-        self.work = capabilities.alloc((work_n,), np.float32, name="bench.qr.work")
+            b = int(nb or variant.params["nb"])
+            self.args = (batch, m, n, b)
+        self.work = capabilities.alloc((work_size(self.grid, m, n, b),), np.float32,
+                                       name="bench.qr.work")
 
     def reset(self) -> None:
         np.copyto(self.view, self.init)
@@ -121,17 +109,14 @@ def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
     return out
 
 
-def gc_case(quick: bool) -> Case | None:
+def gc_case(quick: bool) -> Case:
     """The case timed with the collector running vs disabled (blocked QR, batched)."""
     from .peers import qr_flops
 
-    vs = available()
-    name = "blocked" if "blocked" in vs else next(iter(vs), None)
-    if name is None:
-        return None
+    blocked = available()["blocked"]
     label, batch, n = GC_SHAPE["quick" if quick else "full"]
     a3 = _input(batch, n, seed=4242)
-    return Case("qr", name, label, lambda mode: QrRunner(vs[name], a3, mode),
+    return Case("qr", "blocked", label, lambda mode: QrRunner(blocked, a3, mode),
                 flops=batch * qr_flops(n, n))
 
 
@@ -139,8 +124,10 @@ class _KernelsQr:
     """Peer runner: ``kernels.qr(A, variant, checked)`` exactly as a user calls it."""
 
     def __init__(self, a: np.ndarray, variant: str, checked: bool):
+        import kernels
+
         self.a, self.variant, self.checked = a, variant, checked
-        self.fn = _qr_api()
+        self.fn = kernels.qr
         self.out: tuple[Any, Any] | None = None
 
     def reset(self) -> None:
@@ -172,17 +159,14 @@ def peer_impls(include: list[str] | None = None) -> dict[str, Any]:
 
 
 def check(a: np.ndarray, runner: Any, max_mats: int | None = None) -> dict[str, Any] | None:
-    """Run ``kernels.check`` on the first few matrices of the last result (None if unavailable).
+    """Run ``kernels.check`` on the first few matrices of the last result (None before a run).
 
     The float64 checker costs about as much as several factorisations, so
     big shapes check one matrix and small ones up to four.
     """
-    try:
-        import kernels
-    except ImportError:
-        return None
-    fn = getattr(kernels, "check", None)
-    if fn is None or getattr(runner, "out", None) is None:
+    import kernels
+
+    if getattr(runner, "out", None) is None:
         return None
     h, tau = runner.out
     a3, h3, t3 = (a, h, tau) if a.ndim == 3 else (a[None], h[None], tau[None])
@@ -190,9 +174,8 @@ def check(a: np.ndarray, runner: Any, max_mats: int | None = None) -> dict[str, 
         max_mats = max(1, min(4, int(8 * (1024 / a3.shape[-1]) ** 3)))
     k = min(max_mats, a3.shape[0])
     try:
-        rep = fn(a3[:k], h3[:k], t3[:k])
+        rep = kernels.check(a3[:k], h3[:k], t3[:k])
     except Exception as e:  # noqa: BLE001 - report, do not crash the benchmark
         return {"passed": False, "error": f"{type(e).__name__}: {e}"[:300]}
-    worst = rep.worst() if hasattr(rep, "worst") else {}
     return {"passed": bool(rep.ok), "matrices_checked": k,
-            "worst": {key: float(v) for key, v in worst.items()}}
+            "worst": {key: float(v) for key, v in rep.worst().items()}}

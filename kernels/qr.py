@@ -29,6 +29,18 @@ from . import sources
 NB_MAX = 128
 
 
+def work_size(grid: int, m: int, n: int, nb: int | None) -> int:
+    """Elements of the ``work`` scratch buffer a QR kernel launched on ``grid`` blocks gets.
+
+    One slot per block: a row of ``n`` for the unblocked kernel (``nb=None``,
+    kernels/src/geqr2.c) and ``m*nb + nb*nb + nb`` for the blocked ones (panel
+    P, T matrix, a scratch row; kernels/src/geqrf.c).  Every caller (``qr``,
+    the bench runner, the search gate, the tests) sizes ``work`` with this.
+    """
+    per_block = n if nb is None else m * nb + nb * nb + nb
+    return grid * per_block
+
+
 class HalfOverflowError(FloatingPointError):
     """The half-precision variant produced non-finite values from finite input."""
 
@@ -135,13 +147,13 @@ def qr(A: Any, variant: str = "blocked", checked: bool = True, *, nb: int | None
     hc = capabilities.wrap(h, name="qr.a")
     tc = capabilities.wrap(tau, name="qr.tau")
     if v.family == "geqr2":
-        work = capabilities.alloc((g * n,), tdt, name="qr.work")
+        work = capabilities.alloc((work_size(g, m, n, None),), tdt, name="qr.work")
         scalars: tuple = (batch, m, n)
     else:
         b = v.params["nb"] if nb is None else int(nb)
         if not 1 <= b <= NB_MAX:
             raise ValueError(f"panel width nb={b} outside 1..{NB_MAX}")
-        work = capabilities.alloc((g * (m * b + b * b + b),), np.float32 if dt == "float16"
+        work = capabilities.alloc((work_size(g, m, n, b),), np.float32 if dt == "float16"
                                   else tdt, name="qr.work")
         scalars = (batch, m, n, b)
     try:

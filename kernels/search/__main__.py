@@ -14,8 +14,8 @@ kernel contract (search candidates and submissions):
         cap_load_f16/cap_offset_f16), overwritten by LAPACK geqrf compact form
         (R on/above the diagonal, Householder vectors below, unit diagonal implicit)
   tau   batch x min(m,n) float32
-  work  float32 scratch, grid*(m*nb + nb*nb + 2*n + 2*nb) elements (nb = 128
-        when the kernel takes no nb)
+  work  float32 scratch of kernels.qr.work_size(grid, m, n, nb) elements:
+        grid*(m*nb + nb*nb + nb), or grid*n when the kernel takes no nb
   grid  = batch (one block per matrix: rt_block_idx())
   The gate: verify -> compile checked -> fresh random + stress inputs ->
   kernels.check (LAPACK ratios and contest bounds) -> median launch time;

@@ -23,8 +23,9 @@ Kernel contract (seed kernels and submissions alike)::
   by the LAPACK compact form (R on/above the diagonal, Householder vectors
   below, unit diagonal implicit);
 * ``tau``: batch x min(m, n) float32;
-* ``work``: float32 scratch of ``grid * (m*nb + nb*nb + 2*n + 2*nb)``
-  elements (``nb`` is 128 when the kernel takes no ``nb``);
+* ``work``: float32 scratch of :func:`kernels.qr.work_size` elements,
+  ``grid * (m*nb + nb*nb + nb)``, or ``grid * n`` when the kernel takes no
+  ``nb``;
 * launched with ``grid = batch`` (one block per matrix, ``rt_block_idx()``).
 """
 
@@ -43,16 +44,12 @@ from typing import Any
 
 import numpy as np
 
+from kernels.qr import work_size
+
 from . import inputs as inputs_mod
 from .mutations import storage_of
 
 STATUSES = ("ok", "verify_error", "compile_error", "fault", "timeout", "check_failed", "crash")
-NB_MAX = 128
-
-
-def work_elems(grid: int, m: int, n: int, nb: int) -> int:
-    """Size (float32 elements) of the scratch buffer the contract promises."""
-    return grid * (m * nb + nb * nb + 2 * n + 2 * nb)
 
 
 def default_task(source: str, entry: str, *, m: int, n: int, batch: int, nb: int = 32,
@@ -152,10 +149,10 @@ def _buffers(kern: Any, task: dict, a: np.ndarray) -> tuple:
     with np.errstate(over="ignore"):
         h = np.array(a, dtype=np.float16 if half else np.float32, order="C", copy=True)
     tau = np.zeros((batch, min(m, n)), dtype=np.float32)
-    nb = int(task["nb"]) if kern.signature.n_scalars == 4 else NB_MAX
-    work = capabilities.alloc((work_elems(batch, m, n, nb),), np.float32, name="work")
+    nb = int(task["nb"]) if kern.signature.n_scalars == 4 else None
+    work = capabilities.alloc((work_size(batch, m, n, nb),), np.float32, name="work")
     caps = [capabilities.wrap(h, name="a"), capabilities.wrap(tau, name="tau"), work]
-    args = (batch, m, n, nb)[:kern.signature.n_scalars]
+    args = (batch, m, n) if nb is None else (batch, m, n, nb)
     return h, tau, caps, args
 
 
