@@ -4,7 +4,8 @@
 ``householder_product`` forms Q, ``check`` judges a result (LAPACK ratios and
 contest bounds), ``variants()`` lists what exists.  Kernel C lives in
 ``kernels/src`` (see ``kernels.sources``); ``kernels.mutate`` makes faulty
-variants of it for safety fuzzing.
+variants of it (the safety fuzz) and renders the search's genomes
+(``kernels.search``).
 """
 
 from .check import CheckReport, MatrixReport, check

@@ -43,7 +43,7 @@ def _cfg(db: Path, **kw):
 def test_search_small_run(tmp_path: Path) -> None:
     import kernels
     import runtime
-    from kernels.search import mutations as mut
+    from kernels import mutate as mut
     from kernels.search import search
     from kernels.search.evaluate import STATUSES, _buffers, default_task
     from kernels.search.report import leaderboard, plot
@@ -160,11 +160,8 @@ def test_killed_workers_lose_no_record(tmp_path: Path) -> None:
     assert sorted(r.iteration for r in rows) == list(range(budget)), out[-3000:]
 
 
-SEED_OK = None
-
-
 def _seed_source() -> str:
-    from kernels.search import mutations as mut
+    from kernels import mutate as mut
 
     return mut.render(mut.seed_genomes()[0])[0]
 
@@ -207,7 +204,7 @@ def test_submit_rejects_hostile_kernel(tmp_path: Path) -> None:
 
 def test_submit_rejects_buggy_kernel(tmp_path: Path) -> None:
     # geqr2 with the column loop of the reflector update running one past the end
-    from kernels.search import mutations as mut
+    from kernels import mutate as mut
 
     src = mut.render({"family": "geqr2", "params": {}, "edits": []})[0]
     bad = src.replace("for (int64_t i = r + 1; i < m; i++)", "for (int64_t i = r + 1; i <= m; i++)")
@@ -250,7 +247,7 @@ def test_store_commits_each_result(tmp_path: Path) -> None:
 def test_mutations_render_and_group() -> None:
     import random
 
-    from kernels.search import mutations as mut
+    from kernels import mutate as mut
 
     rng = random.Random(0)
     g = mut.seed_genomes()[0]

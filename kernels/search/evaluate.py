@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from kernels.mutate import storage_of
 from kernels.qr import work_size
 
 from . import inputs as inputs_mod
-from .mutations import storage_of
 
 STATUSES = ("ok", "verify_error", "compile_error", "fault", "timeout", "check_failed", "crash")
 

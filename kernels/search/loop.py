@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import mutations as mut
+from kernels import mutate as mut
+
 from .backends import Dask, InProcess
 from .evaluate import default_task
 from .population import Member, Population

@@ -1,7 +1,7 @@
 """Population with idea diversity.
 
 Passing candidates are grouped by their structure signature
-(:func:`kernels.search.mutations.structure`: family, storage, loop order,
+(:func:`kernels.mutate.structure`: family, storage, loop order,
 algorithmic edits; not the numeric tile parameters).  Parents are drawn
 from the best few members of each of the best few *groups*, so a new idea
 that is not yet the global best still gets offspring instead of being

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import mutations as mut
+from kernels import mutate as mut
+
 from .store import Row, Store
 
 
