@@ -13,14 +13,16 @@ import numpy as np
 import capabilities
 import runtime
 
-# A "generated" kernel with the classic bug: the loop bound is off by one,
-# so the last row of every column update writes one element past the end.
+# A "generated" kernel with the classic bug: the store index is off by one
+# (``j + 1``), so each row is written one element to the right and the last
+# row's last store lands one element past the end of the buffer.  The loads
+# stay in bounds: the fault is the store.
 BUGGY = """
-KERNEL void scale_rows(cap_t a, int64_t m, int64_t n, float s)
+KERNEL void scale_rows(cap_t src, cap_t dst, int64_t m, int64_t n, float s)
 {
     int64_t r = rt_block_idx();
-    for (int64_t j = 0; j <= n; j++)
-        cap_store_f32(a, r * n + j, s * cap_load_f32(a, r * n + j));
+    for (int64_t j = 0; j < n; j++)
+        cap_store_f32(dst, r * n + j + 1, s * cap_load_f32(src, r * n + j));
 }
 """
 
@@ -51,18 +53,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\nNow a generated kernel with an off-by-one store, on a buffer with canaries:")
     m, n = 8, 16
+    src = capabilities.wrap(rng.standard_normal(m * n).astype(np.float32), perms="r",
+                            name="src")
     backing = rng.standard_normal(m * n + 64).astype(np.float32)
     before = backing.copy()
     victim = capabilities.wrap(backing[32:32 + m * n], name="rows")
     k = runtime.compile(BUGGY, "scale_rows")
     try:
-        runtime.launch(k, [victim], args=(m, n, 2.0), grid=m)
+        runtime.launch(k, [src, victim], args=(m, n, 2.0), grid=m)
         print("  NOT CAUGHT (this is a bug in capqr)")
         ok = False
     except runtime.CapabilityFault as fault:
         print(f"  caught: {fault}")
         print(f"  fault.kernel={fault.kernel!r} block={fault.block} buffer={fault.buffer!r} "
               f"index={fault.index} access={fault.access} reason={fault.reason}")
+        # the story above: the store one past the end of 'rows', by the last row's block
+        ok = ok and (fault.access, fault.buffer, fault.index) == ("store", "rows", m * n)
     intact = (np.array_equal(backing[:32], before[:32])
               and np.array_equal(backing[32 + m * n:], before[32 + m * n:]))
     print(f"  canaries around the buffer intact: {intact}")

@@ -642,3 +642,13 @@ def test_cap_table_bytes_cannot_forge_a_capability(src):
     lines = r.stdout.split()
     assert "INTACT" in lines, f"memory outside every buffer was written: {r.stdout!r}"
     assert "FAULT" in lines, r.stdout
+
+
+def test_demo_catches_its_off_by_one_store(capsys: pytest.CaptureFixture) -> None:
+    """`python -m runtime.demo` tells of an off-by-one store: the fault it shows is that store."""
+    from runtime import demo
+
+    assert demo.main(["--m", "24", "--n", "16", "--batch", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "store of 'rows'[128]" in out and "access=store" in out
+    assert "canaries around the buffer intact: True" in out and "demo OK" in out
