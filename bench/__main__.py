@@ -1,13 +1,15 @@
-"""``python -m bench``: overhead, QR peers and collector benchmarks -> JSON, PNGs, latest.md.
+"""``python -m bench``: overhead, QR peers, collector and GPU benchmarks -> JSON, PNGs, latest.md.
 
 Options: ``--quick`` (tiny sizes, one repeat: the CI smoke run), ``--sizes 256,512``
-(square QR sizes), ``--only overhead|peers|gc`` (repeatable), ``--out DIR``.
+(square QR sizes), ``--only overhead|peers|gc|gpu`` (repeatable), ``--out DIR``.
+The GPU section (bench/gpu_bench.py) runs when ``runtime.cuda.available()``;
+otherwise it prints why and the report shows the newest committed GPU result.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import datetime
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,9 @@ from tqdm import tqdm
 
 from . import machine, micro, overhead, peers, qr, report
 
-SECTIONS = ("overhead", "peers", "gc")
+SECTIONS = ("overhead", "peers", "gc", "gpu")
+#: GPU section of a quick run: one small shape, few repeats.
+GPU_QUICK_ARGS = ["--shapes", "20x32", "--repeat", "2"]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -35,18 +39,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _gc_bench(quick: bool) -> Any:
-    """bench/gc_bench.py's ``run(quick)`` (the collector agent's benchmark), if present."""
+    """bench/gc_bench.py's ``run(quick)``; a failure is reported in the results, not fatal."""
+    from . import gc_bench
+
     try:
-        mod = importlib.import_module("bench.gc_bench")
-    except ImportError as e:
-        return {"error": f"bench/gc_bench.py not importable: {e}"}
-    fn = getattr(mod, "run", None)
-    if fn is None:
-        return {"error": "bench/gc_bench.py has no run(quick)"}
-    try:
-        return fn(quick=quick)
+        return gc_bench.run(quick=quick)
     except Exception as e:  # noqa: BLE001 - a failing section is reported, not fatal
         return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def _gpu_bench(quick: bool, out: Path) -> list[dict[str, Any]]:
+    """Run bench/gpu_bench.py into ``out`` when a GPU is usable; else say why and return []."""
+    try:
+        from runtime import cuda
+
+        ok, why = cuda.available()
+    except Exception as e:  # noqa: BLE001 - no cffi/libcuda: the section is skipped, not fatal
+        ok, why = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        print(f"gpu: skipped, no usable GPU ({why})")
+        return []
+    from . import gpu_bench
+
+    name = f"gpu-{datetime.date.today().isoformat()}{'-quick' if quick else ''}.json"
+    path = gpu_bench.main((GPU_QUICK_ARGS if quick else []) + ["--out", str(out / name)])
+    return report.load_gpu_file(path, rerun=True)
 
 
 def run(argv: list[str] | None = None) -> dict[str, Path]:
@@ -82,7 +99,8 @@ def run(argv: list[str] | None = None) -> dict[str, Path]:
             res["gc_bench"] = _gc_bench(quick)
             bar.update(1)
 
-    res["gpu"] = report.load_gpu(DEFAULT_OUT)
+    res["gpu"] = (_gpu_bench(quick, Path(ns.out)) if "gpu" in only else []) or \
+        report.load_gpu(DEFAULT_OUT)
     res["meta"]["loadavg_end"] = machine.loadavg()
     res["elapsed_s"] = time.perf_counter() - t0
     paths = report.write(res, Path(ns.out))

@@ -12,18 +12,17 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import platform
 import statistics
 from pathlib import Path
 
 import numpy as np
 
-CONTEST_SHAPES = [(20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048), (2, 4096)]
+from .peers import BATCHED
+from .timing import geomean
 
-
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+#: The contest's (batch, n) shapes, the same list the CPU peer comparison uses.
+CONTEST_SHAPES: tuple[tuple[int, int], ...] = BATCHED["full"]
 
 
 def bench_shape(batch: int, n: int, repeat: int) -> dict:
@@ -130,11 +129,11 @@ def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
                   "device-to-device copy outside the timed region; float32",
         "kernel": "kernels/gpu/qr.c (unblocked Householder, one block per matrix)",
         "shapes": rows,
-        "geomean_overhead": _geomean([r["overhead"] for r in rows]),
+        "geomean_overhead": geomean([r["overhead"] for r in rows]),
     }
     sp = [r["speedup_vs_torch"] for r in rows if r.get("speedup_vs_torch")]
     if sp:
-        res["geomean_speedup_vs_torch"] = _geomean(sp)
+        res["geomean_speedup_vs_torch"] = geomean(sp)
         try:
             import torch
 

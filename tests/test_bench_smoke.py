@@ -150,3 +150,40 @@ def test_report_regenerates_from_json(quick_run: tuple[dict, Path], tmp_path: Pa
     report.main([str(src), str(tmp_path)])
     assert "### Targets" in (tmp_path / "latest.md").read_text()
     assert (tmp_path / "overhead.png").exists() and (tmp_path / "qr_speed.png").exists()
+
+
+def test_gpu_section_skips_with_reason_without_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture,
+                                                   tmp_path: Path) -> None:
+    from bench import __main__ as bench_main
+    from runtime import cuda
+
+    monkeypatch.setattr(cuda, "available", lambda: (False, "no device in this test"))
+    assert bench_main._gpu_bench(True, tmp_path) == []
+    assert "skipped, no usable GPU (no device in this test)" in capsys.readouterr().out
+
+
+def test_gpu_section_runs_gpu_bench_when_a_gpu_is_usable(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """With a GPU, ``python -m bench`` runs bench/gpu_bench.py and reports its fresh result."""
+    from bench import __main__ as bench_main
+    from bench import gpu_bench, report
+    from runtime import cuda
+
+    calls: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> Path:
+        calls.append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        row = {"batch": 20, "n": 32, "checked_ms": 2.0, "raw_ms": 1.0, "overhead": 2.0}
+        out.write_text(json.dumps({"device": "FakeGPU", "date": "d", "shapes": [row],
+                                   "geomean_overhead": 2.0}))
+        return out
+
+    monkeypatch.setattr(cuda, "available", lambda: (True, ""))
+    monkeypatch.setattr(gpu_bench, "main", fake_main)
+    got = bench_main._gpu_bench(True, tmp_path)
+    assert calls and calls[0][:len(bench_main.GPU_QUICK_ARGS)] == bench_main.GPU_QUICK_ARGS
+    assert got[0]["device"] == "FakeGPU" and got[0]["_rerun"] is True
+    text = "\n".join(report._gpu_md(got))
+    assert "FakeGPU" in text and "measured in this run" in text and "2.000x" in text

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 import kernels
+from bench.peers import BATCHED
 from kernels import check, qr
 
 F32_VARIANTS = [("unblocked", {}), ("blocked", {"nb": 32}), ("blocked", {"nb": 7})]
 
 # Contest (batch, n) shapes, the batch scaled down so each stays ~<1.5 GFlop in CI.
-CONTEST = [(20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048), (2, 4096)]
+CONTEST = BATCHED["full"]
 
 
 def _ci_shape(batch: int, n: int, budget: float = 1.5e9) -> tuple[int, int]:
