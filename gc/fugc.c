@@ -8,20 +8,39 @@
  *
  * Roots: pins (Python handles), holds (arguments of running launches), the
  * shadow-frame slots of every ENTERED thread's block, and, transitively, the
- * slots of cap tables (dtype RT_DT_CAP) that still have a payload.
+ * slots of cap tables (dtype RT_DT_CAP) that still have a host payload and
+ * were not freed (a freed table's bounds are zero: no kernel can read its
+ * slots again, so they are not edges).
  *
  * Mark word: rt_obj.mark = epoch << 1 | SEEN.  Cycle E marks by CAS to
  * E << 1; nothing is ever cleared (bumping the epoch whitens everything).
  * SEEN records that a shadow slot held the object during E's stack scans.
+ * Epochs are 31 bits and wrap from GC_EPOCH_MAX to 1: every object's mark
+ * is at most one cycle old (unmarked objects are swept), so equality with
+ * the current epoch stays exact across the wrap.
+ *
+ * Payload ownership.  Internal payloads are malloc'ed and freed by the
+ * sweep.  External payloads (capabilities.wrap: numpy/torch memory) and
+ * device payloads (gc_wrap_device_pinned: a GPU address) follow exactly the
+ * same lifetime rules, but their release is deferred: the sweep queues a
+ * record {id, address, nbytes} (heap.c) and the host drains it from its own
+ * threads (gc_drain_external_releases: Python drops the array reference;
+ * gc_drain_device_releases: the GPU lane calls cuMemFree).  The collector
+ * thread never calls into Python or the driver.  Device payloads are leaves
+ * (never traced: the host cannot read them).
  *
  * One cycle (gc_cycle below, run by the collector thread):
  *  1. Splice the alloc list into the heap list.  Only the heap list is swept
  *     by this cycle, so objects born during the cycle survive it whatever
  *     epoch their allocator read.
- *  2. epoch = E; barrier on (gc_marking = 1).  Allocation is now black
- *     (new headers get mark E).  Soft handshake (no-op callback): once every
- *     thread answered, every later cap-table store runs the Dijkstra barrier
- *     (shade the stored target), and stores in flight before it completed.
+ *  2. epoch = E; barrier on (gc_marking = 1).  Soft handshake (no-op
+ *     callback; STOP in STW mode): once every thread answered, every later
+ *     cap-table store runs the Dijkstra barrier (shade the stored target),
+ *     and stores in flight before it completed.  Only then is allocation
+ *     black (gc_alloc_epoch = E: new headers get mark E).  Before that new
+ *     objects are white, so a table allocated while a thread may still skip
+ *     the barrier is traced when a stack scan finds it (black allocation
+ *     first would let such a table hide an unshaded store).
  *  3. Mark roots outside frames: objects with pins > 0 or holds > 0 (kept
  *     in a root set, so this does not walk the heap).  gc_pin/gc_hold shade
  *     while marking, so later roots are covered too.
@@ -50,6 +69,12 @@
  * CAPQR_GC_STW=1: one STOP handshake parks every ENTERED thread at a
  * pollcheck (and blocks gc_enter) for the whole cycle; the collector scans
  * the parked threads' frames itself, marks, sweeps and releases the world.
+ * Black allocation starts once the world is stopped, as in step 2.
+ *
+ * CAPQR_GC_POISON=1: internal payloads are page mmaps; a released one loses
+ * its pages and becomes PROT_NONE in a bounded quarantine, and released
+ * headers are overwritten, so any late access faults.  An oracle that does
+ * not share the collector's root set (CAPQR_GC_VERIFY does).
  *
  * Known limit: a Python thread that obtains a header from a table slot and
  * pins it after marking ended while a kernel overwrote that slot keeps the
@@ -64,9 +89,11 @@
 #include "gc_internal.h"
 
 uint32_t gc_epoch = 1;
+uint32_t gc_alloc_epoch = 1;
 int32_t gc_marking = 0;
 int gc_stw_mode = 0;
 int gc_verify_mode = 0;
+int gc_poison_mode = 0;
 int32_t gc_enabled = 1;
 uint64_t gc_trigger_bytes = 1u << 20;
 pthread_mutex_t gc_cycle_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -112,7 +139,9 @@ void gc_request_auto(void)
  * the world stops); 2: sweeping (concurrent: barrier off, before the sweep;
  * STW: after the world restarted); 3: marking, concurrent only, after the
  * roots were traced and before the first stack scan (a store into a root
- * table now is only kept alive by the store barrier). */
+ * table now is only kept alive by the store barrier); 4: the new epoch and
+ * the barrier flag are published but the barrier handshake has not run, so
+ * allocation is still white (both modes). */
 static int32_t dbg_pause_at = 0, dbg_phase = 0;
 static pthread_mutex_t dbg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t dbg_cv = PTHREAD_COND_INITIALIZER;
@@ -138,8 +167,26 @@ void gc_debug_pause(int32_t phase)
 
 int32_t gc_debug_phase(void) { return __atomic_load_n(&dbg_phase, __ATOMIC_ACQUIRE); }
 
+void gc_debug_set_epoch(uint32_t e)
+{
+    gc_init();
+    e = ((e - 1) % GC_EPOCH_MAX) + 1; /* a valid epoch: 1 .. GC_EPOCH_MAX */
+    pthread_mutex_lock(&gc_cycle_mu);
+    __atomic_store_n(&gc_epoch, e, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_alloc_epoch, e, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&gc_cycle_mu);
+}
+
+uint32_t gc_debug_epoch(void) { return __atomic_load_n(&gc_epoch, __ATOMIC_ACQUIRE); }
+
 static void mark_stw(uint32_t epoch);
 static void scan_parked(rt_block *b, void *arg) { gc_scan_block(b, *(uint32_t *)arg); }
+
+/* Next mark epoch: 31 bits (the mark word holds epoch << 1 | SEEN in 32),
+ * never 0.  Wrapping is safe because every object's mark is at most one
+ * cycle old: the sweep releases what a cycle did not mark, and objects
+ * allocated during a cycle are spliced into the next one. */
+uint32_t gc_next_epoch(uint32_t e) { return e >= GC_EPOCH_MAX ? 1 : e + 1; }
 
 static void gc_cycle(void)
 {
@@ -152,15 +199,23 @@ static void gc_cycle(void)
     /* 1 */
     __atomic_store_n(&gc_alloc_since, 0, __ATOMIC_RELAXED);
     gc_splice_alloc_list();
-    uint32_t epoch = __atomic_load_n(&gc_epoch, __ATOMIC_RELAXED) + 1;
-    /* 2: epoch first, so a barrier that sees marking also sees E */
+    uint32_t epoch = gc_next_epoch(__atomic_load_n(&gc_epoch, __ATOMIC_RELAXED));
+    /* 2: epoch first, so a barrier that sees marking also sees E; allocation
+     * stays white (gc_alloc_epoch is E - 1) until every thread runs the
+     * barrier */
     __atomic_store_n(&gc_epoch, epoch, __ATOMIC_SEQ_CST);
     __atomic_store_n(&gc_marking, 1, __ATOMIC_SEQ_CST);
+    dbg_point(4);
     if (gc_stw_mode) {
         dbg_point(1);
-        mark_stw(epoch);
+        gc_handshake(GC_HS_STOP);
     } else {
         gc_handshake(GC_HS_NOOP);
+    }
+    __atomic_store_n(&gc_alloc_epoch, epoch, __ATOMIC_SEQ_CST); /* black allocation */
+    if (gc_stw_mode) {
+        mark_stw(epoch);
+    } else {
         /* 3 */
         gc_mark_roots(epoch);
         dbg_point(1);
@@ -205,10 +260,10 @@ static void gc_cycle(void)
     pthread_mutex_unlock(&gc_cycle_mu);
 }
 
-/* Stop-the-world marking: the world stays stopped through the sweep. */
+/* Stop-the-world marking (the world is already stopped; it stays stopped
+ * through the sweep). */
 static void mark_stw(uint32_t epoch)
 {
-    gc_handshake(GC_HS_STOP);
     gc_mark_roots(epoch);
     gc_for_each_parked_block(scan_parked, &epoch);
     gc_drain(epoch);
@@ -247,6 +302,7 @@ static void init_once_fn(void)
 {
     gc_stw_mode = env_double("CAPQR_GC_STW", 0) != 0;
     gc_verify_mode = (int)env_double("CAPQR_GC_VERIFY", 0);
+    gc_poison_mode = env_double("CAPQR_GC_POISON", 0) != 0;
     ratio = env_double("CAPQR_GC_RATIO", 1.5);
     if (ratio <= 0) ratio = 1.5;
     double fl = env_double("CAPQR_GC_FLOOR", (double)(1u << 20));

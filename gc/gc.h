@@ -90,11 +90,34 @@ uint64_t gc_freed_payloads_released(void); /* FREED payloads released by sweeps 
 void gc_reset_handshake_stats(void);     /* forget latency samples (benchmarks) */
 rt_obj *gc_find_id(uint64_t id);         /* live header by serial, or NULL (tests) */
 uint64_t gc_last_id(void);               /* serial of the newest object */
-/* Test hook: gc_debug_pause(1) parks the collector in its marking phase,
- * (2) in its sweeping phase, (0) resumes; gc_debug_phase() says where it
- * is parked now (0: not parked). */
+/* Test hook (gc/fugc.c dbg_point): gc_debug_pause(1) parks the collector in
+ * its marking phase, (2) in its sweeping phase, (3) after the roots were
+ * traced and before the first stack scan (concurrent mode), (4) after the
+ * barrier flag went on and before the barrier handshake (allocation still
+ * white), (0) resumes; gc_debug_phase() says where it is parked now (0: not
+ * parked). */
 void gc_debug_pause(int32_t phase);
 int32_t gc_debug_phase(void);
 void gc_handshake_observed_us(double out[3]); /* p50/p99/max incl. collector wakeup */
+
+/* Deferred releases (heap.c).  The collector never releases memory it does
+ * not own from its own thread: an external (wrapped numpy/torch) payload
+ * belongs to a Python object, a device payload to the GPU driver.  When the
+ * sweep finds such an object unreachable (or freed and no longer reachable
+ * by any running block) it queues one record; the host drains the queue
+ * from its own threads and drops the Python reference / calls cuMemFree. */
+typedef struct gc_release_rec {
+    uint64_t id;                /* the object's serial (rt_obj.id) */
+    uint64_t handle;            /* payload address (host pointer or device address) */
+    uint64_t nbytes;
+} gc_release_rec;
+int64_t gc_drain_external_releases(gc_release_rec *out, int64_t max); /* records taken */
+int64_t gc_drain_device_releases(gc_release_rec *out, int64_t max);
+int64_t gc_pending_releases(void);       /* records queued now (both queues) */
+/* A device payload owned by the collector from now on (pins == 1). */
+rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, uint32_t perms,
+                              const char *name);
+void gc_debug_set_epoch(uint32_t e);     /* test hook: the next cycle marks with e + 1 */
+uint32_t gc_debug_epoch(void);
 
 #endif

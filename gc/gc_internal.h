@@ -28,6 +28,9 @@ enum { GC_HS_NOOP = 0, GC_HS_SCAN = 1, GC_HS_STOP = 2 };
 
 /* ---- global collector state (fugc.c) ---------------------------------- */
 extern uint32_t gc_epoch;        /* mark epoch of the current/last cycle (atomic) */
+extern uint32_t gc_alloc_epoch;  /* colour of new objects: gc_epoch once the barrier is on */
+#define GC_EPOCH_MAX 0x7fffffffu /* epochs run 1 .. GC_EPOCH_MAX, then wrap to 1 */
+uint32_t gc_next_epoch(uint32_t e);
 extern int32_t gc_marking;       /* store/pin barrier on (atomic) */
 extern int gc_stw_mode;          /* CAPQR_GC_STW */
 extern int gc_verify_mode;       /* CAPQR_GC_VERIFY: 1 abort, 2 count only */
@@ -40,7 +43,10 @@ extern pthread_mutex_t gc_list_mu; /* guards the heap list against walkers */
 extern rt_obj *gc_heap_list;       /* objects swept by the next cycle */
 rt_obj *gc_alloc_list_head(void);  /* objects allocated since the cycle began */
 void gc_splice_alloc_list(void);   /* move allocated objects into the heap list */
-void gc_release_payload(rt_obj *o);/* free() a payload once (sets PAYLOAD_GONE) */
+void gc_release_payload(rt_obj *o);/* release a payload once (sets PAYLOAD_GONE); external
+                                      * and device payloads are queued for the host */
+void gc_header_free(rt_obj *o);    /* release a header (poisoned first in POISON mode) */
+extern int gc_poison_mode;         /* CAPQR_GC_POISON */
 void gc_rootset_remove(rt_obj *o);
 void gc_rootset_each(void (*fn)(rt_obj *, void *), void *arg);
 extern uint64_t gc_alloc_since;    /* bytes allocated since the last cycle began */

@@ -10,6 +10,8 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "gc_internal.h"
 
 pthread_mutex_t gc_list_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -130,9 +132,10 @@ static rt_obj *new_header(uint64_t nbytes, uint32_t dtype, uint32_t perms, const
     if (pins) { o->flags |= GC_OBJ_ROOTSET; }
     if (name) strncpy(o->name, name, RT_NAME_MAX - 1);
     o->id = __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED);
-    /* Black allocation: marked in the current epoch.  Between cycles that is
-     * the last cycle's epoch, i.e. white for the next one. */
-    o->mark = __atomic_load_n(&gc_epoch, __ATOMIC_ACQUIRE) << 1;
+    /* Black allocation once the cycle's barrier is on everywhere (fugc.c
+     * step 2); before that, and between cycles, the previous epoch: white
+     * for the cycle that starts next. */
+    o->mark = __atomic_load_n(&gc_alloc_epoch, __ATOMIC_ACQUIRE) << 1;
     return o;
 }
 
@@ -150,14 +153,121 @@ static void publish(rt_obj *o, uint64_t counted)
         gc_request_auto();
 }
 
+/* ---- CAPQR_GC_POISON: released payloads fault on any later access ------
+ * Payloads are page-aligned mmaps; release drops their pages and makes them
+ * PROT_NONE, kept in a bounded quarantine so the addresses are not reused
+ * while a late access could still come.  An oracle independent of the
+ * collector's own root set: a kernel, marker or Python view that touches a
+ * released payload gets SIGSEGV instead of reading recycled memory. */
+#define POISON_QUARANTINE 8192
+static pthread_mutex_t poison_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { void *p; size_t len; } quarantine[POISON_QUARANTINE];
+static size_t quarantine_next = 0;
+
+static size_t page_round(uint64_t n)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return ((size_t)(n ? n : 1) + pg - 1) / pg * pg;
+}
+
+static void *poison_alloc(uint64_t nbytes)
+{
+    void *p = mmap(NULL, page_round(nbytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void payload_free(void *p, uint64_t nbytes)
+{
+    if (!gc_poison_mode) { free(p); return; }
+    size_t len = page_round(nbytes);
+    madvise(p, len, MADV_DONTNEED);
+    mprotect(p, len, PROT_NONE);
+    pthread_mutex_lock(&poison_mu);
+    size_t k = quarantine_next++ % POISON_QUARANTINE;
+    if (quarantine[k].p) munmap(quarantine[k].p, quarantine[k].len);
+    quarantine[k].p = p;
+    quarantine[k].len = len;
+    pthread_mutex_unlock(&poison_mu);
+}
+
+/* Release a header: in poison mode its bytes are overwritten first, so a
+ * stale header read yields wild bounds and addresses (a fault) rather than
+ * plausible ones. */
+void gc_header_free(rt_obj *o)
+{
+    if (gc_poison_mode) memset(o, 0xdb, sizeof *o);
+    free(o);
+}
+
+/* ---- deferred releases: payloads the collector does not free itself -----
+ * External (numpy/torch) payloads belong to a Python object, device payloads
+ * to the GPU driver; neither may be released from the collector thread (no
+ * Python, no driver calls there, and the sweep holds locks).  The sweep
+ * queues a record; the host drains the queue from its own threads. */
+typedef struct release_queue {
+    pthread_mutex_t mu;
+    gc_release_rec *v;
+    size_t n, cap;
+} release_queue;
+static release_queue external_q = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+static release_queue device_q = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+static void queue_push(release_queue *q, const rt_obj *o)
+{
+    pthread_mutex_lock(&q->mu);
+    if (q->n == q->cap) {
+        size_t ncap = q->cap ? 2 * q->cap : 256;
+        gc_release_rec *nv = realloc(q->v, ncap * sizeof *nv);
+        if (!nv) abort();
+        q->v = nv;
+        q->cap = ncap;
+    }
+    q->v[q->n].id = o->id;
+    q->v[q->n].handle = (uint64_t)(uintptr_t)o->base;
+    q->v[q->n].nbytes = o->nbytes;
+    __atomic_store_n(&q->n, q->n + 1, __ATOMIC_RELAXED); /* gc_pending_releases reads it */
+    pthread_mutex_unlock(&q->mu);
+}
+
+static int64_t queue_drain(release_queue *q, gc_release_rec *out, int64_t max)
+{
+    if (max <= 0) return 0;
+    pthread_mutex_lock(&q->mu);
+    size_t k = q->n < (size_t)max ? q->n : (size_t)max;
+    if (k) { /* oldest first */
+        memcpy(out, q->v, k * sizeof *out);
+        memmove(q->v, q->v + k, (q->n - k) * sizeof *q->v);
+        __atomic_store_n(&q->n, q->n - k, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return (int64_t)k;
+}
+
+int64_t gc_drain_external_releases(gc_release_rec *out, int64_t max)
+{
+    return queue_drain(&external_q, out, max);
+}
+
+int64_t gc_drain_device_releases(gc_release_rec *out, int64_t max)
+{
+    return queue_drain(&device_q, out, max);
+}
+
+int64_t gc_pending_releases(void)
+{
+    return (int64_t)(__atomic_load_n(&external_q.n, __ATOMIC_RELAXED) +
+                     __atomic_load_n(&device_q.n, __ATOMIC_RELAXED));
+}
+
 static rt_obj *alloc_common(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name,
                             int32_t pins)
 {
     gc_init();
-    void *p = calloc(1, nbytes ? nbytes : 1);
+    void *p = gc_poison_mode ? poison_alloc(nbytes) : calloc(1, nbytes ? nbytes : 1);
     if (!p) return NULL;
     rt_obj *o = new_header(nbytes, dtype, perms, name, pins);
-    if (!o) { free(p); return NULL; }
+    if (!o) { payload_free(p, nbytes); return NULL; }
     o->base = p;
     o->rlen = nbytes;
     o->wlen = (perms & RT_PERM_W) ? nbytes : 0;
@@ -207,11 +317,39 @@ rt_obj *gc_wrap_pinned(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t 
     return wrap_common(payload, nbytes, dtype, perms, name, 1);
 }
 
+/* A device payload (a driver address, never dereferenced on the host),
+ * owned by the collector from now on: when unreachable, or freed and no
+ * longer held, the sweep queues it for gc_drain_device_releases. */
+rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, uint32_t perms,
+                              const char *name)
+{
+    gc_init();
+    rt_obj *o = new_header(nbytes, dtype, perms, name, 1);
+    if (!o) return NULL;
+    o->base = (char *)(uintptr_t)devptr;
+    o->rlen = nbytes;
+    o->wlen = (perms & RT_PERM_W) ? nbytes : 0;
+    o->flags |= RT_OBJ_DEVICE;
+    rootset_insert(o);
+    __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_st_payload_alloc, nbytes, __ATOMIC_RELAXED);
+    publish(o, nbytes + sizeof(rt_obj)); /* device churn paces cycles like host churn */
+    return o;
+}
+
 void gc_release_payload(rt_obj *o)
 {
     uint32_t old = __atomic_fetch_or(&o->flags, RT_OBJ_PAYLOAD_GONE, __ATOMIC_ACQ_REL);
-    if (old & (RT_OBJ_PAYLOAD_GONE | RT_OBJ_EXTERNAL)) return;
-    free(o->base);
+    if (old & RT_OBJ_PAYLOAD_GONE) return;
+    if (old & RT_OBJ_EXTERNAL) {
+        queue_push(&external_q, o);
+        return;
+    }
+    if (old & RT_OBJ_DEVICE) {
+        queue_push(&device_q, o);
+    } else {
+        payload_free(o->base, o->nbytes);
+    }
     __atomic_add_fetch(&gc_st_bytes_freed, o->nbytes, __ATOMIC_RELAXED);
 }
 
@@ -225,7 +363,7 @@ int gc_free(rt_obj *o)
      * running launch, no thread in kernel code (a thread entering later reads
      * rlen == 0; seq_cst orders our stores before these loads), and no cycle
      * running (a marker might be reading a table's payload). */
-    if ((old & RT_OBJ_EXTERNAL) || __atomic_load_n(&o->pins, __ATOMIC_SEQ_CST) > 0 ||
+    if (__atomic_load_n(&o->pins, __ATOMIC_SEQ_CST) > 0 ||
         __atomic_load_n(&o->holds, __ATOMIC_SEQ_CST) != 0 ||
         __atomic_load_n(&gc_n_entered, __ATOMIC_SEQ_CST) != 0)
         return 0;
@@ -247,16 +385,10 @@ void gc_pin(rt_obj *o)
     if (__atomic_load_n(&gc_marking, __ATOMIC_SEQ_CST)) gc_shade(o);
 }
 
-void gc_unpin(rt_obj *o)
-{
-    if (__atomic_sub_fetch(&o->pins, 1, __ATOMIC_ACQ_REL) == 0 &&
-        (__atomic_load_n(&o->flags, __ATOMIC_ACQUIRE) & RT_OBJ_EXTERNAL)) {
-        /* numpy may release the memory now: detach it from every cap */
-        __atomic_store_n(&o->rlen, 0, __ATOMIC_RELEASE);
-        __atomic_store_n(&o->wlen, 0, __ATOMIC_RELEASE);
-        __atomic_fetch_or(&o->flags, RT_OBJ_FREED | RT_OBJ_PAYLOAD_GONE, __ATOMIC_ACQ_REL);
-    }
-}
+/* The decrement is the last access: once pins reaches 0 a concurrent sweep
+ * may release the header.  External payloads need nothing here: they stay
+ * attached until the sweep queues their release (heap.c release queues). */
+void gc_unpin(rt_obj *o) { __atomic_sub_fetch(&o->pins, 1, __ATOMIC_ACQ_REL); }
 
 void gc_hold(rt_obj *o)
 {

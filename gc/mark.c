@@ -53,10 +53,13 @@ int gc_try_mark(rt_obj *o, uint32_t epoch, int seen)
     }
 }
 
+/* A table's slots are edges unless it was freed (kernels can no longer
+ * read them: its bounds are zero) or its payload is not host memory. */
 static inline int needs_trace(rt_obj *o)
 {
     return o->dtype == RT_DT_CAP && o->base &&
-           !(__atomic_load_n(&o->flags, __ATOMIC_ACQUIRE) & RT_OBJ_PAYLOAD_GONE);
+           !(__atomic_load_n(&o->flags, __ATOMIC_ACQUIRE) &
+             (RT_OBJ_FREED | RT_OBJ_PAYLOAD_GONE | RT_OBJ_DEVICE));
 }
 
 /* caller holds ms_mu */

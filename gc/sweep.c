@@ -5,7 +5,8 @@
  *
  *  - white (not marked this epoch): unreachable from every root, so no
  *    table, frame, pin or hold can produce it again; release payload
- *    (unless numpy's) and header.
+ *    and header (external and device payloads: queued for the host, see
+ *    heap.c).
  *  - marked and FREED: the first sweep that sees the free only latches it
  *    (FREE_LATCHED: freed before every stack scan of the next cycle).  A
  *    later sweep of a LATCHED object not SEEN in any shadow frame during
@@ -25,7 +26,7 @@ void gc_graveyard_flush(void)
     gc_graveyard = NULL;
     while (o) {
         rt_obj *n = o->next;
-        free(o);
+        gc_header_free(o);
         o = n;
     }
 }
@@ -50,7 +51,7 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
                 pp = &o->next;
             } else {
                 *pp = o->next;
-                if (!(fl & (RT_OBJ_EXTERNAL | RT_OBJ_PAYLOAD_GONE))) {
+                if (!(fl & RT_OBJ_PAYLOAD_GONE)) {
                     r->payload_bytes_released += o->nbytes;
                     gc_release_payload(o);
                 }
@@ -63,11 +64,11 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
                     o->next = gc_graveyard;
                     gc_graveyard = o;
                 } else {
-                    free(o);
+                    gc_header_free(o);
                 }
             }
         } else {
-            if ((fl & (RT_OBJ_FREED | RT_OBJ_EXTERNAL | RT_OBJ_PAYLOAD_GONE)) == RT_OBJ_FREED) {
+            if ((fl & (RT_OBJ_FREED | RT_OBJ_PAYLOAD_GONE)) == RT_OBJ_FREED) {
                 if (!(fl & GC_OBJ_FREE_LATCHED)) {
                     /* freed before this point, hence before every stack scan
                      * of the next cycle: eligible then */

@@ -100,11 +100,14 @@ uint64_t gc_verify(void)
         rt_obj *o = s.work[--s.wn];
         uint32_t fl = __atomic_load_n(&o->flags, __ATOMIC_ACQUIRE);
         if (fl & GC_OBJ_DEAD) { report(&s, o, "has a RELEASED HEADER"); continue; }
-        if ((fl & RT_OBJ_PAYLOAD_GONE) && !(fl & (RT_OBJ_FREED | RT_OBJ_EXTERNAL))) {
+        if ((fl & RT_OBJ_PAYLOAD_GONE) && !(fl & RT_OBJ_FREED)) {
             report(&s, o, "has a RELEASED PAYLOAD but was never freed");
             continue;
         }
-        if (o->dtype != RT_DT_CAP || (fl & RT_OBJ_PAYLOAD_GONE) || !o->base) continue;
+        /* freed tables have no edges (kernels cannot read their slots) */
+        if (o->dtype != RT_DT_CAP || (fl & (RT_OBJ_PAYLOAD_GONE | RT_OBJ_FREED | RT_OBJ_DEVICE)) ||
+            !o->base)
+            continue;
         rt_capslot *sl = (rt_capslot *)o->base;
         uint64_t n = o->nbytes / sizeof(rt_capslot);
         for (uint64_t i = 0; i < n; i++) {
