@@ -281,3 +281,30 @@ def test_freed_table_does_not_keep_children_alive():
     runtime.gc_collect()                 # one cycle: freed objects are not scanned
     assert lib.gc_is_live_id(t.id)       # still reachable: its header stays (traps "freed")
     assert not lib.gc_is_live_id(child)  # but a freed table has no outgoing edges
+
+
+# ---------------------------------------------------------------------------
+# the poison oracle itself: a late access to a released payload faults
+
+POISON = r"""
+import ctypes
+a = capabilities.alloc(1024, np.float64, name="late")
+addr = int(a)
+ctypes.c_double.from_address(addr).value = 1.0      # mapped while live
+a.free()
+del a
+pygc.collect()
+for _ in range(3):
+    runtime.gc_collect()
+print("reading", flush=True)
+print(ctypes.c_double.from_address(addr).value)      # released: must fault
+"""
+
+
+def test_poison_mode_faults_on_a_late_access():
+    env = dict(os.environ, CAPQR_GC_POISON="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", PRELUDE + POISON], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert "reading" in p.stdout, p.stderr[-2000:]
+    assert p.returncode == -11, (p.returncode, p.stdout, p.stderr[-2000:])
