@@ -62,9 +62,17 @@
  *     shadow slot that every scan of the later cycle would see, or was a
  *     temporary that died before the pollcheck that answered the scan).
  *  6. CAPQR_GC_VERIFY: stop the world and check reachability independently.
- *  7. Next trigger: bytes allocated since the cycle began exceed
- *     max(ratio * live, floor) (CAPQR_GC_RATIO, default 1.5; CAPQR_GC_FLOOR,
- *     default 1 MiB).
+ *  7. Pacing (pace.c): live = occupancy (headers + payloads) of the objects
+ *     this cycle marked, i.e. measured at mark end, without what was
+ *     allocated during the cycle.  T = max(ratio * live, floor)
+ *     (CAPQR_GC_RATIO, default 1.5; CAPQR_GC_FLOOR, default 1 MiB): the
+ *     next cycle starts at occupancy live + T/2; a kernel thread that
+ *     allocates past live + T waits at its next pollcheck until the
+ *     running cycle ends (allocation debt).  Dead small objects go back to
+ *     size-class free lists (blocks.c), reused before malloc is asked for
+ *     more (so resident memory tracks the goal's high-water mark) and
+ *     trimmed to the goal after the cycle; the sweep costs a list push per
+ *     object, not two free() calls.
  *
  * CAPQR_GC_STW=1: one STOP handshake parks every ENTERED thread at a
  * pollcheck (and blocks gc_enter) for the whole cycle; the collector scans
@@ -115,12 +123,23 @@ double gc_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void update_trigger(void)
+/* Step 7: from live at mark end, the occupancy that starts the next cycle
+ * and the goal past which allocating kernels wait. */
+static uint64_t headroom(void)
 {
     double t = ratio * (double)__atomic_load_n(&gc_live_after, __ATOMIC_RELAXED);
-    uint64_t v = t > (double)floor_bytes ? (uint64_t)t : floor_bytes;
-    __atomic_store_n(&gc_trigger_bytes, v, __ATOMIC_RELAXED);
+    return t > (double)floor_bytes ? (uint64_t)t : floor_bytes;
 }
+
+static void update_trigger(void)
+{
+    uint64_t live = __atomic_load_n(&gc_live_after, __ATOMIC_RELAXED), t = headroom();
+    __atomic_store_n(&gc_trigger_bytes, live + t / 2, __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_goal_bytes, live + t, __ATOMIC_RELAXED);
+}
+
+uint64_t gc_heap_goal(void) { return __atomic_load_n(&gc_goal_bytes, __ATOMIC_RELAXED); }
+uint64_t gc_heap_trigger(void) { return __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED); }
 
 void gc_request_auto(void)
 {
@@ -244,11 +263,13 @@ static void gc_cycle(void)
     __atomic_add_fetch(&gc_st_freed_payloads, r.freed_payloads_released, __ATOMIC_RELAXED);
     gc_st_mark_s += t1 - t0;
     gc_st_sweep_s += t2 - t1;
-    __atomic_store_n(&gc_live_after,
-                     __atomic_load_n(&gc_st_payload_alloc, __ATOMIC_ACQUIRE) -
-                         __atomic_load_n(&gc_st_bytes_freed, __ATOMIC_ACQUIRE),
-                     __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_live_after, r.bytes_kept, __ATOMIC_RELAXED);
     update_trigger();
+    /* Parked blocks are reused before malloc is asked for more, so
+     * occupancy + parked stays near the goal's high-water mark; trim only
+     * what a shrunken live set no longer needs (handing blocks back to
+     * malloc from this thread would scatter them over the workers' arenas). */
+    gc_blocks_trim(__atomic_load_n(&gc_goal_bytes, __ATOMIC_RELAXED));
 
     /* 6 */
     if (gc_verify_mode) {
@@ -258,6 +279,7 @@ static void gc_cycle(void)
     __atomic_add_fetch(&gc_st_cycles, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&gc_st_running, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&gc_cycle_mu);
+    gc_pace_cycle_done();
 }
 
 /* Stop-the-world marking (the world is already stopped; it stays stopped
@@ -347,7 +369,7 @@ void gc_set_enabled(int enabled)
 {
     gc_init();
     __atomic_store_n(&gc_enabled, enabled ? 1 : 0, __ATOMIC_RELEASE);
-    if (enabled && __atomic_load_n(&gc_alloc_since, __ATOMIC_RELAXED) >
+    if (enabled && __atomic_load_n(&gc_heap_bytes, __ATOMIC_RELAXED) >
                        __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED))
         __atomic_store_n(&auto_requested, 1, __ATOMIC_RELEASE);
     /* the collector may be waiting with a request noted while disabled */

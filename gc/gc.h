@@ -14,10 +14,14 @@ enum { RT_THREAD_EXITED = 0,   /* not running kernel code: the collector acts fo
        RT_THREAD_ENTERED = 1 };/* running kernel code: answers handshakes at pollchecks */
 
 /* The global poll word every pollcheck loads.  Bit 0: a soft handshake is
- * pending.  Bits 1..: number of launches being stopped (fault/timeout/cancel). */
+ * pending.  Bit 30: some thread owes allocation debt (gc/pace.c).  Bits
+ * 1..29: number of launches being stopped (fault/timeout/cancel).
+ * gc_handshake_poll must run when any RT_POLL_GC bit is set. */
 extern volatile int32_t rt_poll_word;
 #define RT_POLL_HANDSHAKE 1
 #define RT_POLL_STOP_UNIT 2
+#define RT_POLL_PACE 0x40000000
+#define RT_POLL_GC (RT_POLL_HANDSHAKE | RT_POLL_PACE)
 
 typedef struct rt_thread {
     int32_t index;
@@ -26,6 +30,7 @@ typedef struct rt_thread {
     rt_block *block;               /* block running now: its frames are roots */
     struct rt_thread *next;        /* collector's list of mutator threads */
     void *gc_private;              /* collector's per-thread data */
+    int32_t pace_debt;             /* allocated past the heap goal: wait at the next pollcheck */
 } rt_thread;
 
 typedef struct gc_stats_t {
@@ -67,7 +72,8 @@ void gc_thread_register(rt_thread *t);
 void gc_thread_unregister(rt_thread *t);
 void gc_enter(rt_thread *t);       /* about to run kernel code */
 void gc_exit(rt_thread *t);        /* left kernel code */
-void gc_handshake_poll(rt_thread *t); /* pollcheck slow path: answer a pending handshake */
+void gc_handshake_poll(rt_thread *t); /* pollcheck slow path: answer a pending handshake,
+                                        * pay allocation debt (any RT_POLL_GC bit) */
 void gc_store_barrier(rt_obj *target); /* Dijkstra barrier for cap-table stores */
 
 /* control and observation */
@@ -114,6 +120,15 @@ typedef struct gc_release_rec {
 int64_t gc_drain_external_releases(gc_release_rec *out, int64_t max); /* records taken */
 int64_t gc_drain_device_releases(gc_release_rec *out, int64_t max);
 int64_t gc_pending_releases(void);       /* records queued now (both queues) */
+/* Heap occupancy (headers + payloads not yet released), the pacer's goal and
+ * trigger, bytes parked on the size-class free lists, and how often / how
+ * long kernel threads waited to pay allocation debt: {waits, seconds}. */
+uint64_t gc_heap_occupancy(void);
+uint64_t gc_heap_goal(void);
+uint64_t gc_heap_trigger(void);
+uint64_t gc_free_list_bytes(void);
+void gc_pace_stats(double out[2]);
+uint64_t gc_heap_peak(int reset);        /* high-water occupancy + parked blocks */
 /* A device payload owned by the collector from now on (pins == 1). */
 rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, uint32_t perms,
                               const char *name);

@@ -14,6 +14,7 @@
 #define GC_OBJ_FREE_LATCHED 0x100u /* FREED before this cycle began (set by a sweep) */
 #define GC_OBJ_DEAD 0x200u         /* header released (verify mode keeps it in a graveyard) */
 #define GC_OBJ_ROOTSET 0x400u      /* in the root set (pins or holds were non-zero once) */
+#define GC_OBJ_INLINE 0x800u       /* payload shares the header's block (blocks.c) */
 
 /* rt_obj.mark = epoch << 1 | SEEN.  An object is marked in cycle E iff
  * mark >> 1 == E; SEEN says a shadow-frame slot held it during E's scans
@@ -50,9 +51,35 @@ extern int gc_poison_mode;         /* CAPQR_GC_POISON */
 void gc_rootset_remove(rt_obj *o);
 void gc_rootset_each(void (*fn)(rt_obj *, void *), void *arg);
 extern uint64_t gc_alloc_since;    /* bytes allocated since the last cycle began */
-extern uint64_t gc_trigger_bytes;  /* alloc_since that starts a cycle */
+extern uint64_t gc_trigger_bytes;  /* occupancy (gc_heap_bytes) that starts a cycle */
 void gc_request_auto(void);        /* fugc.c: wake the collector */
 extern int32_t gc_enabled;
+
+/* ---- blocks (blocks.c) -------------------------------------------------- */
+#define GC_HDR_BYTES ((uint64_t)((sizeof(rt_obj) + 63) & ~(size_t)63)) /* header's share */
+#define GC_INLINE_MAX 16384u       /* larger payloads get a block of their own */
+#define GC_NCLASS_MAX 32
+extern uint64_t gc_heap_bytes;     /* occupancy: headers + payloads not released (atomic) */
+rt_obj *gc_obj_alloc(uint64_t nbytes, int internal_payload, uint64_t *charged);
+void gc_obj_release_payload(rt_obj *o); /* separate internal payload memory */
+typedef struct gc_free_batch {     /* dead blocks gathered by a sweep, per class */
+    rt_obj *head[GC_NCLASS_MAX], *tail[GC_NCLASS_MAX];
+    uint64_t n[GC_NCLASS_MAX];
+} gc_free_batch;
+void gc_batch_add(gc_free_batch *b, rt_obj *o); /* release a dead header (and its block) */
+void gc_batch_flush(gc_free_batch *b);
+void gc_blocks_trim(uint64_t keep_bytes);
+uint64_t gc_free_list_bytes(void);
+uint64_t gc_obj_block_bytes(const rt_obj *o); /* block size of a GC_OBJ_INLINE object */
+
+/* ---- pacing (pace.c) ------------------------------------------------------ */
+extern uint64_t gc_goal_bytes;     /* occupancy past which allocating kernels wait */
+void gc_pace_note(uint64_t occupancy); /* an allocation passed the trigger */
+void gc_pace_poll(rt_thread *t);   /* pollcheck: pay a debt by waiting for the cycle */
+void gc_pace_exit(rt_thread *t);   /* thread leaves kernel code: forget its debt */
+void gc_pace_cycle_done(void);     /* wake the waiters */
+rt_thread *gc_current_thread(void);/* handshake.c: the calling mutator thread, or NULL */
+void gc_handshake_answer(rt_thread *t); /* answer a pending handshake, if any */
 
 /* ---- handshakes (handshake.c) ------------------------------------------- */
 extern int32_t gc_world_stopped;   /* STW: ENTERED threads park, no thread may enter */
@@ -75,6 +102,7 @@ int gc_nmarkers(void);
 /* ---- sweep (sweep.c) ---------------------------------------------------- */
 typedef struct gc_sweep_result {
     uint64_t objects_reclaimed;     /* headers freed */
+    uint64_t bytes_kept;            /* occupancy of the objects this cycle marked */
     uint64_t payload_bytes_released;
     uint64_t freed_payloads_released; /* FREED but reachable: payload only */
     uint64_t objects_kept;
@@ -94,7 +122,7 @@ extern uint64_t gc_st_verify_failures, gc_st_last_reclaimed, gc_st_late_roots;
 extern uint64_t gc_st_freed_payloads;
 extern double gc_st_mark_s, gc_st_sweep_s;
 extern int32_t gc_st_running;
-extern uint64_t gc_live_after;      /* payload bytes live after the last sweep */
+extern uint64_t gc_live_after;      /* occupancy marked by the last cycle (live at mark end) */
 void gc_record_handshake(double seconds, double observed);
 
 #endif

@@ -75,6 +75,7 @@ void gc_thread_register(rt_thread *t)
     gc_init();
     __atomic_store_n(&t->state, RT_THREAD_EXITED, __ATOMIC_RELAXED);
     t->gc_private = NULL;
+    t->pace_debt = 0;
     pthread_mutex_lock(&threads_mu);
     /* threads_mu is held for a whole handshake, so this thread is either
      * counted in it or joins after it. */
@@ -155,6 +156,7 @@ void gc_enter(rt_thread *t)
 
 void gc_exit(rt_thread *t)
 {
+    gc_pace_exit(t);
     /* No scan here: after a fault the frames chain may point into unwound
      * stack.  An exited thread holds no snapshots; the collector answers. */
     __atomic_store_n(&t->state, RT_THREAD_EXITED, __ATOMIC_SEQ_CST);
@@ -178,10 +180,18 @@ void gc_scan_block(rt_block *b, uint32_t epoch)
     }
 }
 
+rt_thread *gc_current_thread(void) { return self; }
+
 void gc_handshake_poll(rt_thread *t)
 {
     if (!t) t = self;
     if (!t) return;
+    gc_handshake_answer(t);
+    if (t->pace_debt) gc_pace_poll(t);
+}
+
+void gc_handshake_answer(rt_thread *t)
+{
     uint64_t e = __atomic_load_n(&hs_epoch, __ATOMIC_ACQUIRE);
     if (e <= __atomic_load_n(&t->handshake_done, __ATOMIC_RELAXED)) return;
     int32_t kind = __atomic_load_n(&hs_kind, __ATOMIC_ACQUIRE);

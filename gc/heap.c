@@ -10,8 +10,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #include "gc_internal.h"
 
 pthread_mutex_t gc_list_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -120,10 +118,11 @@ void gc_splice_alloc_list(void)
     pthread_mutex_unlock(&gc_list_mu);
 }
 
-static rt_obj *new_header(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name,
-                          int32_t pins)
+/* A zeroed header (and, for internal objects, a zeroed payload at base). */
+static rt_obj *new_object(uint64_t nbytes, int internal_payload, uint32_t dtype, uint32_t perms,
+                          const char *name, int32_t pins, uint64_t *charged)
 {
-    rt_obj *o = calloc(1, sizeof(rt_obj));
+    rt_obj *o = gc_obj_alloc(nbytes, internal_payload, charged);
     if (!o) return NULL;
     o->nbytes = nbytes;
     o->dtype = dtype;
@@ -139,6 +138,17 @@ static rt_obj *new_header(uint64_t nbytes, uint32_t dtype, uint32_t perms, const
     return o;
 }
 
+static uint64_t heap_peak = 0; /* high-water mark of occupancy + parked blocks */
+
+uint64_t gc_heap_peak(int reset)
+{
+    return reset ? __atomic_exchange_n(&heap_peak, 0, __ATOMIC_RELAXED)
+                 : __atomic_load_n(&heap_peak, __ATOMIC_RELAXED);
+}
+
+/* Make o visible to the collector; start a cycle once the heap passed the
+ * trigger, and put an allocating kernel thread past the heap goal in debt
+ * (it waits at its next pollcheck: pace.c). */
 static void publish(rt_obj *o, uint64_t counted)
 {
     rt_obj *h = __atomic_load_n(&alloc_list, __ATOMIC_RELAXED);
@@ -147,57 +157,18 @@ static void publish(rt_obj *o, uint64_t counted)
     } while (!__atomic_compare_exchange_n(&alloc_list, &h, o, 1, __ATOMIC_RELEASE,
                                           __ATOMIC_RELAXED));
     __atomic_add_fetch(&gc_st_objects_alloc, 1, __ATOMIC_RELAXED);
-    uint64_t since = __atomic_add_fetch(&gc_alloc_since, counted, __ATOMIC_RELAXED);
-    if (since > __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED) &&
-        __atomic_load_n(&gc_enabled, __ATOMIC_RELAXED))
+    __atomic_add_fetch(&gc_alloc_since, counted, __ATOMIC_RELAXED);
+    uint64_t occ = __atomic_load_n(&gc_heap_bytes, __ATOMIC_RELAXED);
+    uint64_t pk = __atomic_load_n(&heap_peak, __ATOMIC_RELAXED);
+    while (occ + gc_free_list_bytes() > pk &&
+           !__atomic_compare_exchange_n(&heap_peak, &pk, occ + gc_free_list_bytes(), 1,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+    if (occ > __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED) &&
+        __atomic_load_n(&gc_enabled, __ATOMIC_RELAXED)) {
         gc_request_auto();
-}
-
-/* ---- CAPQR_GC_POISON: released payloads fault on any later access ------
- * Payloads are page-aligned mmaps; release drops their pages and makes them
- * PROT_NONE, kept in a bounded quarantine so the addresses are not reused
- * while a late access could still come.  An oracle independent of the
- * collector's own root set: a kernel, marker or Python view that touches a
- * released payload gets SIGSEGV instead of reading recycled memory. */
-#define POISON_QUARANTINE 8192
-static pthread_mutex_t poison_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct { void *p; size_t len; } quarantine[POISON_QUARANTINE];
-static size_t quarantine_next = 0;
-
-static size_t page_round(uint64_t n)
-{
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-    return ((size_t)(n ? n : 1) + pg - 1) / pg * pg;
-}
-
-static void *poison_alloc(uint64_t nbytes)
-{
-    void *p = mmap(NULL, page_round(nbytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-static void payload_free(void *p, uint64_t nbytes)
-{
-    if (!gc_poison_mode) { free(p); return; }
-    size_t len = page_round(nbytes);
-    madvise(p, len, MADV_DONTNEED);
-    mprotect(p, len, PROT_NONE);
-    pthread_mutex_lock(&poison_mu);
-    size_t k = quarantine_next++ % POISON_QUARANTINE;
-    if (quarantine[k].p) munmap(quarantine[k].p, quarantine[k].len);
-    quarantine[k].p = p;
-    quarantine[k].len = len;
-    pthread_mutex_unlock(&poison_mu);
-}
-
-/* Release a header: in poison mode its bytes are overwritten first, so a
- * stale header read yields wild bounds and addresses (a fault) rather than
- * plausible ones. */
-void gc_header_free(rt_obj *o)
-{
-    if (gc_poison_mode) memset(o, 0xdb, sizeof *o);
-    free(o);
+        gc_pace_note(occ);
+    }
 }
 
 /* ---- deferred releases: payloads the collector does not free itself -----
@@ -264,17 +235,15 @@ static rt_obj *alloc_common(uint64_t nbytes, uint32_t dtype, uint32_t perms, con
                             int32_t pins)
 {
     gc_init();
-    void *p = gc_poison_mode ? poison_alloc(nbytes) : calloc(1, nbytes ? nbytes : 1);
-    if (!p) return NULL;
-    rt_obj *o = new_header(nbytes, dtype, perms, name, pins);
-    if (!o) { payload_free(p, nbytes); return NULL; }
-    o->base = p;
+    uint64_t charged;
+    rt_obj *o = new_object(nbytes, 1, dtype, perms, name, pins, &charged);
+    if (!o) return NULL;
     o->rlen = nbytes;
     o->wlen = (perms & RT_PERM_W) ? nbytes : 0;
     if (pins) rootset_insert(o);
     __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
     __atomic_add_fetch(&gc_st_payload_alloc, nbytes, __ATOMIC_RELAXED);
-    publish(o, nbytes + sizeof(rt_obj));
+    publish(o, charged);
     return o;
 }
 
@@ -294,7 +263,8 @@ static rt_obj *wrap_common(void *payload, uint64_t nbytes, uint32_t dtype, uint3
                            const char *name, int32_t pins)
 {
     gc_init();
-    rt_obj *o = new_header(nbytes, dtype, perms, name, pins);
+    uint64_t charged;
+    rt_obj *o = new_object(nbytes, 0, dtype, perms, name, pins, &charged);
     if (!o) return NULL;
     o->base = payload;
     o->rlen = nbytes;
@@ -302,7 +272,7 @@ static rt_obj *wrap_common(void *payload, uint64_t nbytes, uint32_t dtype, uint3
     o->flags |= RT_OBJ_EXTERNAL;
     if (pins) rootset_insert(o);
     __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
-    publish(o, sizeof(rt_obj)); /* numpy's memory does not count toward our heap */
+    publish(o, charged); /* numpy's memory does not count toward our heap */
     return o;
 }
 
@@ -324,7 +294,8 @@ rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, 
                               const char *name)
 {
     gc_init();
-    rt_obj *o = new_header(nbytes, dtype, perms, name, 1);
+    uint64_t charged;
+    rt_obj *o = new_object(nbytes, 0, dtype, perms, name, 1, &charged);
     if (!o) return NULL;
     o->base = (char *)(uintptr_t)devptr;
     o->rlen = nbytes;
@@ -333,7 +304,8 @@ rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, 
     rootset_insert(o);
     __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
     __atomic_add_fetch(&gc_st_payload_alloc, nbytes, __ATOMIC_RELAXED);
-    publish(o, nbytes + sizeof(rt_obj)); /* device churn paces cycles like host churn */
+    __atomic_add_fetch(&gc_heap_bytes, nbytes, __ATOMIC_RELAXED);
+    publish(o, charged + nbytes); /* device churn paces cycles like host churn */
     return o;
 }
 
@@ -347,8 +319,11 @@ void gc_release_payload(rt_obj *o)
     }
     if (old & RT_OBJ_DEVICE) {
         queue_push(&device_q, o);
+        __atomic_sub_fetch(&gc_heap_bytes, o->nbytes, __ATOMIC_RELAXED);
+    } else if (old & GC_OBJ_INLINE) {
+        return; /* reused with its header (blocks.c), counted then */
     } else {
-        payload_free(o->base, o->nbytes);
+        gc_obj_release_payload(o);
     }
     __atomic_add_fetch(&gc_st_bytes_freed, o->nbytes, __ATOMIC_RELAXED);
 }

@@ -75,8 +75,7 @@ void gc_get_stats(gc_stats_t *out)
     out->handshakes = __atomic_load_n(&gc_st_handshakes, __ATOMIC_ACQUIRE);
     out->mark_seconds_total = gc_st_mark_s;
     out->sweep_seconds_total = gc_st_sweep_s;
-    out->threshold_bytes = __atomic_load_n(&gc_live_after, __ATOMIC_RELAXED) +
-                           __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED);
+    out->threshold_bytes = __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED);
     out->stw = gc_stw_mode;
     out->verify = gc_verify_mode;
     out->verify_failures = __atomic_load_n(&gc_st_verify_failures, __ATOMIC_ACQUIRE);

@@ -16,6 +16,7 @@
  *    stays while reachable so later accesses trap as "freed".
  */
 #include <stdlib.h>
+#include <string.h>
 #include "gc_internal.h"
 
 rt_obj *gc_graveyard = NULL;
@@ -31,9 +32,19 @@ void gc_graveyard_flush(void)
     }
 }
 
+static uint64_t occupancy_of(const rt_obj *o, uint32_t fl)
+{
+    if (fl & GC_OBJ_INLINE) return gc_obj_block_bytes(o);
+    uint64_t n = GC_HDR_BYTES;
+    if (!(fl & (RT_OBJ_EXTERNAL | RT_OBJ_PAYLOAD_GONE))) n += o->nbytes;
+    return n;
+}
+
 void gc_sweep(uint32_t epoch, gc_sweep_result *r)
 {
     unsigned batch = 0;
+    gc_free_batch fb;
+    memset(&fb, 0, sizeof fb);
     pthread_mutex_lock(&gc_list_mu);
     rt_obj **pp = &gc_heap_list;
     rt_obj *o;
@@ -48,6 +59,7 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
                  * see (a Python thread between gc_alloc and gc_pin): keep. */
                 r->late_roots++;
                 r->objects_kept++;
+                r->bytes_kept += occupancy_of(o, fl);
                 pp = &o->next;
             } else {
                 *pp = o->next;
@@ -64,7 +76,7 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
                     o->next = gc_graveyard;
                     gc_graveyard = o;
                 } else {
-                    gc_header_free(o);
+                    gc_batch_add(&fb, o);
                 }
             }
         } else {
@@ -80,15 +92,18 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
                 }
             }
             r->objects_kept++;
+            r->bytes_kept += occupancy_of(o, __atomic_load_n(&o->flags, __ATOMIC_ACQUIRE));
             pp = &o->next;
         }
         if (++batch == 4096) {
             /* let gc_is_live_id/gc_count_objects in; only we modify the list,
-             * so pp stays valid */
+             * so pp stays valid.  Dead blocks become reusable in batches. */
             batch = 0;
             pthread_mutex_unlock(&gc_list_mu);
+            gc_batch_flush(&fb);
             pthread_mutex_lock(&gc_list_mu);
         }
     }
     pthread_mutex_unlock(&gc_list_mu);
+    gc_batch_flush(&fb);
 }

@@ -52,7 +52,8 @@ def gc_set_enabled(enabled: bool) -> None:
 
 
 def gc_set_threshold(ratio: float = 1.5, floor_bytes: int = 1 << 20) -> None:
-    """Start a cycle when the heap grows past max(ratio * live, floor_bytes)."""
+    """Pace the heap: with T = max(ratio * live, floor_bytes), a cycle starts at
+    live + T/2 and allocating kernels wait for it past live + T (gc/pace.c)."""
     lib.gc_set_threshold(float(ratio), int(floor_bytes))
 
 

@@ -308,3 +308,19 @@ def test_poison_mode_faults_on_a_late_access():
                        capture_output=True, text=True, timeout=60)
     assert "reading" in p.stdout, p.stderr[-2000:]
     assert p.returncode == -11, (p.returncode, p.stdout, p.stderr[-2000:])
+
+
+# ---------------------------------------------------------------------------
+# pacing: a fixed live set under churn from every worker keeps a bounded heap
+
+
+def test_churn_heap_stays_bounded():
+    sys.path.insert(0, str(ROOT))
+    from bench import gc_bench
+
+    r = gc_bench._child(gc_bench.CHURN_CHILD, [300_000, 16384, 256])
+    assert r["allocations"] >= 300_000
+    # the pacer's own accounting: occupancy + parked blocks stay within the
+    # goal, live + 1.5 x live (default CAPQR_GC_RATIO), plus a few blocks
+    assert r["peak_occupancy_mib"] <= 2.5 * r["live_occupancy_mib"] + 0.5, r
+    assert r["peak_over_live_rss"] <= 3.0, r

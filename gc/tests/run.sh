@@ -13,7 +13,7 @@ S=${1:-3}
 OUT=${TMPDIR:-/tmp}/capqr_gc_tests.$$
 mkdir -p "$OUT"
 trap 'rm -rf "$OUT"' EXIT
-SRC="gc/fugc.c gc/heap.c gc/handshake.c gc/mark.c gc/sweep.c gc/verify.c gc/stats.c"
+SRC=$(ls gc/*.c)
 CF="-std=gnu11 -g -O1 -pthread -Icapabilities -Igc"
 for t in stress unpin_race unit; do
   gcc $CF -fsanitize=address,undefined -fno-sanitize-recover=undefined -o "$OUT/${t}_asan" $SRC "gc/tests/$t.c"

@@ -35,7 +35,7 @@ static snap snap_of(rt_obj *o)
 
 static inline void poll(rt_thread *t)
 {
-    if (__atomic_load_n(&rt_poll_word, __ATOMIC_ACQUIRE) & RT_POLL_HANDSHAKE) gc_handshake_poll(t);
+    if (__atomic_load_n(&rt_poll_word, __ATOMIC_ACQUIRE) & RT_POLL_GC) gc_handshake_poll(t);
 }
 
 static void store_cap(rt_obj *table, uint64_t i, rt_obj *v)
