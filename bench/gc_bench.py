@@ -6,7 +6,9 @@ baseline against the live bytes, at two run lengths, and allocation
 throughput).
 
 Each measurement runs in a fresh process (the worker count, CAPQR_THREADS,
-is fixed at import).  ``python -m bench.gc_bench [--quick]`` prints JSON.
+is fixed at import).  ``python -m bench.gc_bench [--quick]`` prints JSON;
+``python -m bench.gc_bench --churn`` runs only the churn scenario and writes
+bench/results/gc-churn-<date>.json (machine, load, commit).
 """
 
 from __future__ import annotations
@@ -255,5 +257,31 @@ def run(quick: bool = False) -> dict:
     return out
 
 
+def churn_report(quick: bool = False) -> Path:
+    """Run the churn scenario and write its JSON (with machine, load, commit)."""
+    import datetime
+    import platform
+
+    from bench.machine import cpu_model, git_commit
+
+    load0 = os.getloadavg()
+    runs = churn(quick)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    res = {"datetime_utc": now.isoformat(timespec="seconds"), "host": platform.node(),
+           "cpu_model": cpu_model(), "cpus": os.cpu_count(), "git": git_commit(),
+           "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+           "scenario": "16384 live float32[256] in one cap table; every worker replaces "
+                       "random slots with fresh buffers",
+           "gc_ratio": float(os.environ.get("CAPQR_GC_RATIO", "1.5")),
+           "runs": runs,
+           "bound_peak_over_live_le_3": all(r["peak_over_live_rss"] <= 3.0 for r in runs)}
+    out = ROOT / "bench" / "results" / f"gc-churn-{now.date().isoformat()}.json"
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
+    if "--churn" in sys.argv:
+        print(churn_report(quick="--quick" in sys.argv))
+    else:
+        print(json.dumps(run(quick="--quick" in sys.argv), indent=2))

@@ -202,7 +202,14 @@ void gc_blocks_trim(uint64_t keep_bytes)
     }
 }
 
-uint64_t gc_obj_block_bytes(const rt_obj *o) { return block_bytes(class_of(o->nbytes)); }
+/* What o adds to the occupancy now. */
+uint64_t gc_obj_occupancy(const rt_obj *o, uint32_t fl)
+{
+    if (fl & GC_OBJ_INLINE) return block_bytes(class_of(o->nbytes));
+    uint64_t n = GC_HDR_BYTES;
+    if (!(fl & (RT_OBJ_EXTERNAL | RT_OBJ_PAYLOAD_GONE))) n += o->nbytes;
+    return n;
+}
 
 uint64_t gc_free_list_bytes(void) { return __atomic_load_n(&free_bytes, __ATOMIC_RELAXED); }
 uint64_t gc_heap_occupancy(void) { return __atomic_load_n(&gc_heap_bytes, __ATOMIC_RELAXED); }

@@ -62,10 +62,14 @@
  *     shadow slot that every scan of the later cycle would see, or was a
  *     temporary that died before the pollcheck that answered the scan).
  *  6. CAPQR_GC_VERIFY: stop the world and check reachability independently.
- *  7. Pacing (pace.c): live = occupancy (headers + payloads) of the objects
- *     this cycle marked, i.e. measured at mark end, without what was
- *     allocated during the cycle.  T = max(ratio * live, floor)
- *     (CAPQR_GC_RATIO, default 1.5; CAPQR_GC_FLOOR, default 1 MiB): the
+ *  7. Pacing (pace.c): live = occupancy (headers + payloads) of what this
+ *     cycle marked, measured at mark end: the objects it found marked in
+ *     the heap list, plus the objects born during marking that tracing or
+ *     a stack scan reached (flag GC_OBJ_NEWBORN; not those that died
+ *     unseen, not through the barrier, which sees every fresh store);
+ *     a rise over the last estimate counts half (damps one cycle's
+ *     overcount).  T = max(ratio * live, floor)
+ *     (CAPQR_GC_RATIO, default 1.25; CAPQR_GC_FLOOR, default 1 MiB): the
  *     next cycle starts at occupancy live + T/2; a kernel thread that
  *     allocates past live + T waits at its next pollcheck until the
  *     running cycle ends (allocation debt).  Dead small objects go back to
@@ -99,6 +103,7 @@
 uint32_t gc_epoch = 1;
 uint32_t gc_alloc_epoch = 1;
 int32_t gc_marking = 0;
+int32_t gc_counting_newborn = 0;
 int gc_stw_mode = 0;
 int gc_verify_mode = 0;
 int gc_poison_mode = 0;
@@ -106,7 +111,7 @@ int32_t gc_enabled = 1;
 uint64_t gc_trigger_bytes = 1u << 20;
 pthread_mutex_t gc_cycle_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static double ratio = 1.5;
+static double ratio = 1.25;
 static uint64_t floor_bytes = 1u << 20;
 
 static pthread_mutex_t coll_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -217,6 +222,8 @@ static void gc_cycle(void)
 
     /* 1 */
     __atomic_store_n(&gc_alloc_since, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_newborn_reached_bytes, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_counting_newborn, 1, __ATOMIC_SEQ_CST);
     gc_splice_alloc_list();
     uint32_t epoch = gc_next_epoch(__atomic_load_n(&gc_epoch, __ATOMIC_RELAXED));
     /* 2: epoch first, so a barrier that sees marking also sees E; allocation
@@ -248,6 +255,7 @@ static void gc_cycle(void)
     }
     /* 5 */
     __atomic_store_n(&gc_marking, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_counting_newborn, 0, __ATOMIC_SEQ_CST);
     /* pins/holds from Python threads that shaded just before barrier-off */
     gc_drain(epoch);
     double t1 = gc_now();
@@ -263,7 +271,15 @@ static void gc_cycle(void)
     __atomic_add_fetch(&gc_st_freed_payloads, r.freed_payloads_released, __ATOMIC_RELAXED);
     gc_st_mark_s += t1 - t0;
     gc_st_sweep_s += t2 - t1;
-    __atomic_store_n(&gc_live_after, r.bytes_kept, __ATOMIC_RELAXED);
+    {   /* a drop applies at once, growth by halves: one cycle's overcount
+         * (objects reached, then dropped before mark end) cannot raise the
+         * goal far, and real growth converges within a few cycles (debt
+         * waits are one cycle long, so a damped goal cannot deadlock) */
+        uint64_t prev = __atomic_load_n(&gc_live_after, __ATOMIC_RELAXED);
+        uint64_t now = r.bytes_kept + __atomic_load_n(&gc_newborn_reached_bytes, __ATOMIC_RELAXED);
+        __atomic_store_n(&gc_live_after, now <= prev ? now : prev + (now - prev + 1) / 2,
+                         __ATOMIC_RELAXED);
+    }
     update_trigger();
     /* Parked blocks are reused before malloc is asked for more, so
      * occupancy + parked stays near the goal's high-water mark; trim only
@@ -325,8 +341,8 @@ static void init_once_fn(void)
     gc_stw_mode = env_double("CAPQR_GC_STW", 0) != 0;
     gc_verify_mode = (int)env_double("CAPQR_GC_VERIFY", 0);
     gc_poison_mode = env_double("CAPQR_GC_POISON", 0) != 0;
-    ratio = env_double("CAPQR_GC_RATIO", 1.5);
-    if (ratio <= 0) ratio = 1.5;
+    ratio = env_double("CAPQR_GC_RATIO", 1.25);
+    if (ratio <= 0) ratio = 1.25;
     double fl = env_double("CAPQR_GC_FLOOR", (double)(1u << 20));
     floor_bytes = fl > 0 ? (uint64_t)fl : (1u << 20);
     update_trigger();

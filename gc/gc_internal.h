@@ -15,6 +15,7 @@
 #define GC_OBJ_DEAD 0x200u         /* header released (verify mode keeps it in a graveyard) */
 #define GC_OBJ_ROOTSET 0x400u      /* in the root set (pins or holds were non-zero once) */
 #define GC_OBJ_INLINE 0x800u       /* payload shares the header's block (blocks.c) */
+#define GC_OBJ_NEWBORN 0x1000u     /* born while marking, not yet reached by it */
 
 /* rt_obj.mark = epoch << 1 | SEEN.  An object is marked in cycle E iff
  * mark >> 1 == E; SEEN says a shadow-frame slot held it during E's scans
@@ -33,6 +34,8 @@ extern uint32_t gc_alloc_epoch;  /* colour of new objects: gc_epoch once the bar
 #define GC_EPOCH_MAX 0x7fffffffu /* epochs run 1 .. GC_EPOCH_MAX, then wrap to 1 */
 uint32_t gc_next_epoch(uint32_t e);
 extern int32_t gc_marking;       /* store/pin barrier on (atomic) */
+extern int32_t gc_counting_newborn; /* from before the splice to mark end: new objects
+                                  * are not in the heap list this cycle sweeps */
 extern int gc_stw_mode;          /* CAPQR_GC_STW */
 extern int gc_verify_mode;       /* CAPQR_GC_VERIFY: 1 abort, 2 count only */
 extern pthread_mutex_t gc_cycle_mu; /* held for a whole cycle */
@@ -70,7 +73,7 @@ void gc_batch_add(gc_free_batch *b, rt_obj *o); /* release a dead header (and it
 void gc_batch_flush(gc_free_batch *b);
 void gc_blocks_trim(uint64_t keep_bytes);
 uint64_t gc_free_list_bytes(void);
-uint64_t gc_obj_block_bytes(const rt_obj *o); /* block size of a GC_OBJ_INLINE object */
+uint64_t gc_obj_occupancy(const rt_obj *o, uint32_t flags); /* its share of gc_heap_bytes */
 
 /* ---- pacing (pace.c) ------------------------------------------------------ */
 extern uint64_t gc_goal_bytes;     /* occupancy past which allocating kernels wait */
@@ -91,6 +94,7 @@ void gc_for_each_parked_block(void (*fn)(rt_block *, void *), void *arg);
 
 /* ---- marking (mark.c) --------------------------------------------------- */
 int gc_try_mark(rt_obj *o, uint32_t epoch, int seen); /* 1 if it was white */
+extern uint64_t gc_newborn_reached_bytes; /* objects born while marking that it reached */
 void gc_shade(rt_obj *o);          /* barrier: mark and push a table */
 void gc_shade_stack(rt_obj *o, uint32_t epoch);
 void gc_mark_roots(uint32_t epoch);/* pins and holds */

@@ -110,8 +110,14 @@ void gc_splice_alloc_list(void)
     pthread_mutex_lock(&gc_list_mu);
     rt_obj *h = __atomic_exchange_n(&alloc_list, NULL, __ATOMIC_ACQ_REL);
     if (h) {
+        /* These are swept (and counted as kept) by this cycle: they are not
+         * newborn for it, whatever the last cycle's marking left on them. */
         rt_obj *t = h;
-        while (t->next) t = t->next;
+        for (;; t = t->next) {
+            if (__atomic_load_n(&t->flags, __ATOMIC_RELAXED) & GC_OBJ_NEWBORN)
+                __atomic_fetch_and(&t->flags, ~GC_OBJ_NEWBORN, __ATOMIC_RELAXED);
+            if (!t->next) break;
+        }
         t->next = gc_heap_list;
         gc_heap_list = h;
     }
@@ -135,6 +141,8 @@ static rt_obj *new_object(uint64_t nbytes, int internal_payload, uint32_t dtype,
      * step 2); before that, and between cycles, the previous epoch: white
      * for the cycle that starts next. */
     o->mark = __atomic_load_n(&gc_alloc_epoch, __ATOMIC_ACQUIRE) << 1;
+    if (__atomic_load_n(&gc_counting_newborn, __ATOMIC_ACQUIRE))
+        o->flags |= GC_OBJ_NEWBORN; /* counted as live only if marking reaches it */
     return o;
 }
 

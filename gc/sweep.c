@@ -32,17 +32,9 @@ void gc_graveyard_flush(void)
     }
 }
 
-static uint64_t occupancy_of(const rt_obj *o, uint32_t fl)
-{
-    if (fl & GC_OBJ_INLINE) return gc_obj_block_bytes(o);
-    uint64_t n = GC_HDR_BYTES;
-    if (!(fl & (RT_OBJ_EXTERNAL | RT_OBJ_PAYLOAD_GONE))) n += o->nbytes;
-    return n;
-}
-
 void gc_sweep(uint32_t epoch, gc_sweep_result *r)
 {
-    unsigned batch = 0;
+    unsigned batch = 0, dead_batch = 0;
     gc_free_batch fb;
     memset(&fb, 0, sizeof fb);
     pthread_mutex_lock(&gc_list_mu);
@@ -53,13 +45,15 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
         uint32_t fl = __atomic_load_n(&o->flags, __ATOMIC_ACQUIRE);
         int32_t pins = __atomic_load_n(&o->pins, __ATOMIC_SEQ_CST);
         int32_t holds = __atomic_load_n(&o->holds, __ATOMIC_SEQ_CST);
+        if (fl & GC_OBJ_NEWBORN) /* only the cycle it was born in counts it */
+            fl = __atomic_and_fetch(&o->flags, ~GC_OBJ_NEWBORN, __ATOMIC_ACQ_REL);
         if ((m >> 1) != epoch) {
             if (pins > 0 || holds > 0) {
                 /* Rooted after marking ended through a pointer we could not
                  * see (a Python thread between gc_alloc and gc_pin): keep. */
                 r->late_roots++;
                 r->objects_kept++;
-                r->bytes_kept += occupancy_of(o, fl);
+                r->bytes_kept += gc_obj_occupancy(o, fl);
                 pp = &o->next;
             } else {
                 *pp = o->next;
@@ -77,6 +71,12 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
                     gc_graveyard = o;
                 } else {
                     gc_batch_add(&fb, o);
+                    /* hand dead blocks to allocators early: blocks held here
+                     * are neither occupancy nor reusable */
+                    if (++dead_batch == 256) {
+                        dead_batch = 0;
+                        gc_batch_flush(&fb);
+                    }
                 }
             }
         } else {
@@ -92,7 +92,7 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
                 }
             }
             r->objects_kept++;
-            r->bytes_kept += occupancy_of(o, __atomic_load_n(&o->flags, __ATOMIC_ACQUIRE));
+            r->bytes_kept += gc_obj_occupancy(o, __atomic_load_n(&o->flags, __ATOMIC_ACQUIRE));
             pp = &o->next;
         }
         if (++batch == 4096) {

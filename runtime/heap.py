@@ -51,7 +51,7 @@ def gc_set_enabled(enabled: bool) -> None:
     lib.gc_set_enabled(1 if enabled else 0)
 
 
-def gc_set_threshold(ratio: float = 1.5, floor_bytes: int = 1 << 20) -> None:
+def gc_set_threshold(ratio: float = 1.25, floor_bytes: int = 1 << 20) -> None:
     """Pace the heap: with T = max(ratio * live, floor_bytes), a cycle starts at
     live + T/2 and allocating kernels wait for it past live + T (gc/pace.c)."""
     lib.gc_set_threshold(float(ratio), int(floor_bytes))
