@@ -232,7 +232,7 @@ def _child(code: str, args: list, threads: int | None = None) -> dict:
 def churn(quick: bool = False) -> list:
     """16384 live float32[256] buffers, all workers replacing random slots;
     two run lengths, so a bound that holds only for short runs shows."""
-    lengths = (250_000, 1_000_000) if quick else (1_000_000, 3_000_000)
+    lengths = (250_000, 1_000_000) if quick else (1_000_000, 6_000_000)
     return [_child(CHURN_CHILD, [n, 16384, 256]) for n in lengths]
 
 
