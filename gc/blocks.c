@@ -23,8 +23,6 @@
 #include <unistd.h>
 #include "gc_internal.h"
 
-uint64_t gc_heap_bytes = 0; /* headers + payloads not yet released (atomic) */
-
 /* ---- size classes --------------------------------------------------------- */
 static const uint32_t class_size[] = {16,   32,   48,   64,   96,   128,  192,  256,  384,  512,
                                       768,  1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
@@ -95,7 +93,7 @@ static void poison_release(void *p, uint64_t nbytes)
 rt_obj *gc_obj_alloc(uint64_t nbytes, int internal_payload, uint64_t *charged)
 {
     pthread_once(&lists_once, lists_init);
-    int cls = internal_payload && !gc_poison_mode ? class_of(nbytes) : -1;
+    int cls = internal_payload && !gc_state.poison_mode ? class_of(nbytes) : -1;
     rt_obj *o = NULL;
     if (cls >= 0) {
         free_list *l = &lists[cls];
@@ -119,12 +117,12 @@ rt_obj *gc_obj_alloc(uint64_t nbytes, int internal_payload, uint64_t *charged)
         if (!o) return NULL;
         *charged = GC_HDR_BYTES;
         if (internal_payload) {
-            o->base = gc_poison_mode ? poison_alloc(nbytes) : calloc(1, nbytes ? nbytes : 1);
+            o->base = gc_state.poison_mode ? poison_alloc(nbytes) : calloc(1, nbytes ? nbytes : 1);
             if (!o->base) { free(o); return NULL; }
             *charged += nbytes;
         }
     }
-    __atomic_add_fetch(&gc_heap_bytes, *charged, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.heap_bytes, *charged, __ATOMIC_RELAXED);
     return o;
 }
 
@@ -132,25 +130,25 @@ rt_obj *gc_obj_alloc(uint64_t nbytes, int internal_payload, uint64_t *charged)
 void gc_obj_release_payload(rt_obj *o)
 {
     if (o->flags & GC_OBJ_INLINE) return; /* goes with the header */
-    if (gc_poison_mode) poison_release(o->base, o->nbytes);
+    if (gc_state.poison_mode) poison_release(o->base, o->nbytes);
     else free(o->base);
-    __atomic_sub_fetch(&gc_heap_bytes, o->nbytes, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&gc_state.heap_bytes, o->nbytes, __ATOMIC_RELAXED);
 }
 
 void gc_batch_add(gc_free_batch *b, rt_obj *o)
 {
     if (o->flags & GC_OBJ_INLINE) {
         int cls = class_of(o->nbytes);
-        __atomic_add_fetch(&gc_st_bytes_freed, o->nbytes, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&gc_state.st.bytes_freed, o->nbytes, __ATOMIC_RELAXED);
         o->next = b->head[cls];
         b->head[cls] = o;
         if (!b->tail[cls]) b->tail[cls] = o;
         b->n[cls]++;
         return;
     }
-    if (gc_poison_mode) memset(o, 0xdb, sizeof *o);
+    if (gc_state.poison_mode) memset(o, 0xdb, sizeof *o);
     free(o);
-    __atomic_sub_fetch(&gc_heap_bytes, GC_HDR_BYTES, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&gc_state.heap_bytes, GC_HDR_BYTES, __ATOMIC_RELAXED);
 }
 
 void gc_batch_flush(gc_free_batch *b)
@@ -165,7 +163,7 @@ void gc_batch_flush(gc_free_batch *b)
         l->n += b->n[c];
         pthread_mutex_unlock(&l->mu);
         __atomic_add_fetch(&free_bytes, bytes, __ATOMIC_RELAXED);
-        __atomic_sub_fetch(&gc_heap_bytes, bytes, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&gc_state.heap_bytes, bytes, __ATOMIC_RELAXED);
         b->head[c] = b->tail[c] = NULL;
         b->n[c] = 0;
     }
@@ -212,4 +210,4 @@ uint64_t gc_obj_occupancy(const rt_obj *o, uint32_t fl)
 }
 
 uint64_t gc_free_list_bytes(void) { return __atomic_load_n(&free_bytes, __ATOMIC_RELAXED); }
-uint64_t gc_heap_occupancy(void) { return __atomic_load_n(&gc_heap_bytes, __ATOMIC_RELAXED); }
+uint64_t gc_heap_occupancy(void) { return __atomic_load_n(&gc_state.heap_bytes, __ATOMIC_RELAXED); }

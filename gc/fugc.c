@@ -2,6 +2,12 @@
  * capqr's collector: a concurrent, non-moving mark-sweep collector with
  * soft-handshake safepoints, modelled on Fil-C's FUGC.
  *
+ * State: everything the phases share lives in one struct, gc_state
+ * (gc_internal.h, defined below); each phase file keeps only its private
+ * bookkeeping.  Files: fugc.c (this cycle driver), handshake.c, mark.c,
+ * sweep.c, verify.c, heap.c (objects, lists, root set, deferred releases),
+ * blocks.c (memory, size classes, poison mode), pace.c, stats.c.
+ *
  * Objects (cap.h rt_obj) are a header + payload and never move.  Caps point
  * at headers, so a freed object's payload can go while its header stays and
  * later accesses trap as "freed" instead of reading reused memory.
@@ -33,11 +39,11 @@
  *  1. Splice the alloc list into the heap list.  Only the heap list is swept
  *     by this cycle, so objects born during the cycle survive it whatever
  *     epoch their allocator read.
- *  2. epoch = E; barrier on (gc_marking = 1).  Soft handshake (no-op
+ *  2. epoch = E; barrier on (gc_state.marking = 1).  Soft handshake (no-op
  *     callback; STOP in STW mode): once every thread answered, every later
  *     cap-table store runs the Dijkstra barrier (shade the stored target),
  *     and stores in flight before it completed.  Only then is allocation
- *     black (gc_alloc_epoch = E: new headers get mark E).  Before that new
+ *     black (gc_state.alloc_epoch = E: new headers get mark E).  Before that new
  *     objects are white, so a table allocated while a thread may still skip
  *     the barrier is traced when a stack scan finds it (black allocation
  *     first would let such a table hide an unshaded store).
@@ -100,16 +106,16 @@
 #include <unistd.h>
 #include "gc_internal.h"
 
-uint32_t gc_epoch = 1;
-uint32_t gc_alloc_epoch = 1;
-int32_t gc_marking = 0;
-int32_t gc_counting_newborn = 0;
-int gc_stw_mode = 0;
-int gc_verify_mode = 0;
-int gc_poison_mode = 0;
-int32_t gc_enabled = 1;
-uint64_t gc_trigger_bytes = 1u << 20;
-pthread_mutex_t gc_cycle_mu = PTHREAD_MUTEX_INITIALIZER;
+
+gc_state_t gc_state = {
+    .enabled = 1,
+    .cycle_mu = PTHREAD_MUTEX_INITIALIZER,
+    .epoch = 1,
+    .alloc_epoch = 1,
+    .list_mu = PTHREAD_MUTEX_INITIALIZER,
+    .trigger_bytes = 1u << 20,
+    .goal_bytes = 2u << 20,
+};
 
 static double ratio = 1.25;
 static uint64_t floor_bytes = 1u << 20;
@@ -132,19 +138,19 @@ double gc_now(void)
  * and the goal past which allocating kernels wait. */
 static uint64_t headroom(void)
 {
-    double t = ratio * (double)__atomic_load_n(&gc_live_after, __ATOMIC_RELAXED);
+    double t = ratio * (double)__atomic_load_n(&gc_state.live_after, __ATOMIC_RELAXED);
     return t > (double)floor_bytes ? (uint64_t)t : floor_bytes;
 }
 
 static void update_trigger(void)
 {
-    uint64_t live = __atomic_load_n(&gc_live_after, __ATOMIC_RELAXED), t = headroom();
-    __atomic_store_n(&gc_trigger_bytes, live + t / 2, __ATOMIC_RELAXED);
-    __atomic_store_n(&gc_goal_bytes, live + t, __ATOMIC_RELAXED);
+    uint64_t live = __atomic_load_n(&gc_state.live_after, __ATOMIC_RELAXED), t = headroom();
+    __atomic_store_n(&gc_state.trigger_bytes, live + t / 2, __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_state.goal_bytes, live + t, __ATOMIC_RELAXED);
 }
 
-uint64_t gc_heap_goal(void) { return __atomic_load_n(&gc_goal_bytes, __ATOMIC_RELAXED); }
-uint64_t gc_heap_trigger(void) { return __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED); }
+uint64_t gc_heap_goal(void) { return __atomic_load_n(&gc_state.goal_bytes, __ATOMIC_RELAXED); }
+uint64_t gc_heap_trigger(void) { return __atomic_load_n(&gc_state.trigger_bytes, __ATOMIC_RELAXED); }
 
 void gc_request_auto(void)
 {
@@ -195,13 +201,13 @@ void gc_debug_set_epoch(uint32_t e)
 {
     gc_init();
     e = ((e - 1) % GC_EPOCH_MAX) + 1; /* a valid epoch: 1 .. GC_EPOCH_MAX */
-    pthread_mutex_lock(&gc_cycle_mu);
-    __atomic_store_n(&gc_epoch, e, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&gc_alloc_epoch, e, __ATOMIC_SEQ_CST);
-    pthread_mutex_unlock(&gc_cycle_mu);
+    pthread_mutex_lock(&gc_state.cycle_mu);
+    __atomic_store_n(&gc_state.epoch, e, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_state.alloc_epoch, e, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&gc_state.cycle_mu);
 }
 
-uint32_t gc_debug_epoch(void) { return __atomic_load_n(&gc_epoch, __ATOMIC_ACQUIRE); }
+uint32_t gc_debug_epoch(void) { return __atomic_load_n(&gc_state.epoch, __ATOMIC_ACQUIRE); }
 
 static void mark_stw(uint32_t epoch);
 static void scan_parked(rt_block *b, void *arg) { gc_scan_block(b, *(uint32_t *)arg); }
@@ -216,30 +222,30 @@ static void gc_cycle(void)
 {
     gc_sweep_result r;
     memset(&r, 0, sizeof(r));
-    pthread_mutex_lock(&gc_cycle_mu);
-    __atomic_store_n(&gc_st_running, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&gc_state.cycle_mu);
+    __atomic_store_n(&gc_state.st.running, 1, __ATOMIC_RELEASE);
     double t0 = gc_now();
 
     /* 1 */
-    __atomic_store_n(&gc_alloc_since, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&gc_newborn_reached_bytes, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&gc_counting_newborn, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_state.alloc_since, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_state.newborn_reached_bytes, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_state.counting_newborn, 1, __ATOMIC_SEQ_CST);
     gc_splice_alloc_list();
-    uint32_t epoch = gc_next_epoch(__atomic_load_n(&gc_epoch, __ATOMIC_RELAXED));
+    uint32_t epoch = gc_next_epoch(__atomic_load_n(&gc_state.epoch, __ATOMIC_RELAXED));
     /* 2: epoch first, so a barrier that sees marking also sees E; allocation
-     * stays white (gc_alloc_epoch is E - 1) until every thread runs the
+     * stays white (gc_state.alloc_epoch is E - 1) until every thread runs the
      * barrier */
-    __atomic_store_n(&gc_epoch, epoch, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&gc_marking, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_state.epoch, epoch, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_state.marking, 1, __ATOMIC_SEQ_CST);
     dbg_point(4);
-    if (gc_stw_mode) {
+    if (gc_state.stw_mode) {
         dbg_point(1);
         gc_handshake(GC_HS_STOP);
     } else {
         gc_handshake(GC_HS_NOOP);
     }
-    __atomic_store_n(&gc_alloc_epoch, epoch, __ATOMIC_SEQ_CST); /* black allocation */
-    if (gc_stw_mode) {
+    __atomic_store_n(&gc_state.alloc_epoch, epoch, __ATOMIC_SEQ_CST); /* black allocation */
+    if (gc_state.stw_mode) {
         mark_stw(epoch);
     } else {
         /* 3 */
@@ -254,30 +260,30 @@ static void gc_cycle(void)
         }
     }
     /* 5 */
-    __atomic_store_n(&gc_marking, 0, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&gc_counting_newborn, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_state.marking, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_state.counting_newborn, 0, __ATOMIC_SEQ_CST);
     /* pins/holds from Python threads that shaded just before barrier-off */
     gc_drain(epoch);
     double t1 = gc_now();
-    if (!gc_stw_mode) dbg_point(2);
+    if (!gc_state.stw_mode) dbg_point(2);
     gc_sweep(epoch, &r);
-    if (gc_stw_mode) gc_world_release();
+    if (gc_state.stw_mode) gc_world_release();
     double t2 = gc_now();
-    if (gc_stw_mode) dbg_point(2);
+    if (gc_state.stw_mode) dbg_point(2);
 
-    __atomic_add_fetch(&gc_st_objects_freed, r.objects_reclaimed, __ATOMIC_RELAXED);
-    __atomic_store_n(&gc_st_last_reclaimed, r.objects_reclaimed, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&gc_st_late_roots, r.late_roots, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&gc_st_freed_payloads, r.freed_payloads_released, __ATOMIC_RELAXED);
-    gc_st_mark_s += t1 - t0;
-    gc_st_sweep_s += t2 - t1;
+    __atomic_add_fetch(&gc_state.st.objects_freed, r.objects_reclaimed, __ATOMIC_RELAXED);
+    __atomic_store_n(&gc_state.st.last_reclaimed, r.objects_reclaimed, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.late_roots, r.late_roots, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.freed_payloads, r.freed_payloads_released, __ATOMIC_RELAXED);
+    gc_state.st.mark_s += t1 - t0;
+    gc_state.st.sweep_s += t2 - t1;
     {   /* a drop applies at once, growth by halves: one cycle's overcount
          * (objects reached, then dropped before mark end) cannot raise the
          * goal far, and real growth converges within a few cycles (debt
          * waits are one cycle long, so a damped goal cannot deadlock) */
-        uint64_t prev = __atomic_load_n(&gc_live_after, __ATOMIC_RELAXED);
-        uint64_t now = r.bytes_kept + __atomic_load_n(&gc_newborn_reached_bytes, __ATOMIC_RELAXED);
-        __atomic_store_n(&gc_live_after, now <= prev ? now : prev + (now - prev + 1) / 2,
+        uint64_t prev = __atomic_load_n(&gc_state.live_after, __ATOMIC_RELAXED);
+        uint64_t now = r.bytes_kept + __atomic_load_n(&gc_state.newborn_reached_bytes, __ATOMIC_RELAXED);
+        __atomic_store_n(&gc_state.live_after, now <= prev ? now : prev + (now - prev + 1) / 2,
                          __ATOMIC_RELAXED);
     }
     update_trigger();
@@ -285,16 +291,16 @@ static void gc_cycle(void)
      * occupancy + parked stays near the goal's high-water mark; trim only
      * what a shrunken live set no longer needs (handing blocks back to
      * malloc from this thread would scatter them over the workers' arenas). */
-    gc_blocks_trim(__atomic_load_n(&gc_goal_bytes, __ATOMIC_RELAXED));
+    gc_blocks_trim(__atomic_load_n(&gc_state.goal_bytes, __ATOMIC_RELAXED));
 
     /* 6 */
-    if (gc_verify_mode) {
+    if (gc_state.verify_mode) {
         gc_verify();
         gc_graveyard_flush();
     }
-    __atomic_add_fetch(&gc_st_cycles, 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&gc_st_running, 0, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&gc_cycle_mu);
+    __atomic_add_fetch(&gc_state.st.cycles, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&gc_state.st.running, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&gc_state.cycle_mu);
     gc_pace_cycle_done();
 }
 
@@ -314,7 +320,7 @@ static void *collector_main(void *arg)
     for (;;) {
         while (!(collect_target > cycles_started) &&
                !(__atomic_load_n(&auto_requested, __ATOMIC_ACQUIRE) &&
-                 __atomic_load_n(&gc_enabled, __ATOMIC_ACQUIRE)))
+                 __atomic_load_n(&gc_state.enabled, __ATOMIC_ACQUIRE)))
             pthread_cond_wait(&coll_cv, &coll_mu);
         cycles_started++;
         __atomic_store_n(&auto_requested, 0, __ATOMIC_RELEASE);
@@ -338,9 +344,9 @@ static double env_double(const char *name, double dflt)
 
 static void init_once_fn(void)
 {
-    gc_stw_mode = env_double("CAPQR_GC_STW", 0) != 0;
-    gc_verify_mode = (int)env_double("CAPQR_GC_VERIFY", 0);
-    gc_poison_mode = env_double("CAPQR_GC_POISON", 0) != 0;
+    gc_state.stw_mode = env_double("CAPQR_GC_STW", 0) != 0;
+    gc_state.verify_mode = (int)env_double("CAPQR_GC_VERIFY", 0);
+    gc_state.poison_mode = env_double("CAPQR_GC_POISON", 0) != 0;
     ratio = env_double("CAPQR_GC_RATIO", 1.25);
     if (ratio <= 0) ratio = 1.25;
     double fl = env_double("CAPQR_GC_FLOOR", (double)(1u << 20));
@@ -384,9 +390,9 @@ void gc_collect(void)
 void gc_set_enabled(int enabled)
 {
     gc_init();
-    __atomic_store_n(&gc_enabled, enabled ? 1 : 0, __ATOMIC_RELEASE);
-    if (enabled && __atomic_load_n(&gc_heap_bytes, __ATOMIC_RELAXED) >
-                       __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED))
+    __atomic_store_n(&gc_state.enabled, enabled ? 1 : 0, __ATOMIC_RELEASE);
+    if (enabled && __atomic_load_n(&gc_state.heap_bytes, __ATOMIC_RELAXED) >
+                       __atomic_load_n(&gc_state.trigger_bytes, __ATOMIC_RELAXED))
         __atomic_store_n(&auto_requested, 1, __ATOMIC_RELEASE);
     /* the collector may be waiting with a request noted while disabled */
     pthread_mutex_lock(&coll_mu);
@@ -404,5 +410,5 @@ void gc_set_threshold(double r, uint64_t f)
 
 uint64_t gc_cycles_completed(void)
 {
-    return __atomic_load_n(&gc_st_cycles, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&gc_state.st.cycles, __ATOMIC_ACQUIRE);
 }

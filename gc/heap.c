@@ -3,7 +3,7 @@
  *
  * New headers are pushed lock-free onto the alloc list.  At the start of a
  * cycle the collector splices that list into the heap list, which only the
- * collector modifies (under gc_list_mu, so gc_is_live_id/gc_count_objects may
+ * collector modifies (under gc_state.list_mu, so gc_is_live_id/gc_count_objects may
  * walk it).  A cycle sweeps only the heap list: an object allocated while a
  * cycle runs is never swept by that cycle, even if the allocating thread read
  * the previous epoch (so "black allocation" cannot lose a race).
@@ -12,13 +12,9 @@
 #include <string.h>
 #include "gc_internal.h"
 
-pthread_mutex_t gc_list_mu = PTHREAD_MUTEX_INITIALIZER;
-rt_obj *gc_heap_list = NULL;
 static rt_obj *alloc_list = NULL;
 static uint64_t serial = 0;
-uint64_t gc_alloc_since = 0;
 
-extern int32_t gc_n_entered; /* handshake.c */
 
 /* ---- root set: every object whose pins or holds ever became non-zero ----
  * So a cycle visits only these for pin/hold roots, not the whole heap.  An
@@ -107,7 +103,7 @@ rt_obj *gc_alloc_list_head(void) { return __atomic_load_n(&alloc_list, __ATOMIC_
 
 void gc_splice_alloc_list(void)
 {
-    pthread_mutex_lock(&gc_list_mu);
+    pthread_mutex_lock(&gc_state.list_mu);
     rt_obj *h = __atomic_exchange_n(&alloc_list, NULL, __ATOMIC_ACQ_REL);
     if (h) {
         /* These are swept (and counted as kept) by this cycle: they are not
@@ -118,10 +114,10 @@ void gc_splice_alloc_list(void)
                 __atomic_fetch_and(&t->flags, ~GC_OBJ_NEWBORN, __ATOMIC_RELAXED);
             if (!t->next) break;
         }
-        t->next = gc_heap_list;
-        gc_heap_list = h;
+        t->next = gc_state.heap_list;
+        gc_state.heap_list = h;
     }
-    pthread_mutex_unlock(&gc_list_mu);
+    pthread_mutex_unlock(&gc_state.list_mu);
 }
 
 /* A zeroed header (and, for internal objects, a zeroed payload at base). */
@@ -140,8 +136,8 @@ static rt_obj *new_object(uint64_t nbytes, int internal_payload, uint32_t dtype,
     /* Black allocation once the cycle's barrier is on everywhere (fugc.c
      * step 2); before that, and between cycles, the previous epoch: white
      * for the cycle that starts next. */
-    o->mark = __atomic_load_n(&gc_alloc_epoch, __ATOMIC_ACQUIRE) << 1;
-    if (__atomic_load_n(&gc_counting_newborn, __ATOMIC_ACQUIRE))
+    o->mark = __atomic_load_n(&gc_state.alloc_epoch, __ATOMIC_ACQUIRE) << 1;
+    if (__atomic_load_n(&gc_state.counting_newborn, __ATOMIC_ACQUIRE))
         o->flags |= GC_OBJ_NEWBORN; /* counted as live only if marking reaches it */
     return o;
 }
@@ -164,16 +160,16 @@ static void publish(rt_obj *o, uint64_t counted)
         o->next = h;
     } while (!__atomic_compare_exchange_n(&alloc_list, &h, o, 1, __ATOMIC_RELEASE,
                                           __ATOMIC_RELAXED));
-    __atomic_add_fetch(&gc_st_objects_alloc, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&gc_alloc_since, counted, __ATOMIC_RELAXED);
-    uint64_t occ = __atomic_load_n(&gc_heap_bytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.objects_alloc, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.alloc_since, counted, __ATOMIC_RELAXED);
+    uint64_t occ = __atomic_load_n(&gc_state.heap_bytes, __ATOMIC_RELAXED);
     uint64_t pk = __atomic_load_n(&heap_peak, __ATOMIC_RELAXED);
     while (occ + gc_free_list_bytes() > pk &&
            !__atomic_compare_exchange_n(&heap_peak, &pk, occ + gc_free_list_bytes(), 1,
                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         ;
-    if (occ > __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED) &&
-        __atomic_load_n(&gc_enabled, __ATOMIC_RELAXED)) {
+    if (occ > __atomic_load_n(&gc_state.trigger_bytes, __ATOMIC_RELAXED) &&
+        __atomic_load_n(&gc_state.enabled, __ATOMIC_RELAXED)) {
         gc_request_auto();
         gc_pace_note(occ);
     }
@@ -249,8 +245,8 @@ static rt_obj *alloc_common(uint64_t nbytes, uint32_t dtype, uint32_t perms, con
     o->rlen = nbytes;
     o->wlen = (perms & RT_PERM_W) ? nbytes : 0;
     if (pins) rootset_insert(o);
-    __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&gc_st_payload_alloc, nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.bytes_alloc, nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.payload_alloc, nbytes, __ATOMIC_RELAXED);
     publish(o, charged);
     return o;
 }
@@ -279,7 +275,7 @@ static rt_obj *wrap_common(void *payload, uint64_t nbytes, uint32_t dtype, uint3
     o->wlen = (perms & RT_PERM_W) ? nbytes : 0;
     o->flags |= RT_OBJ_EXTERNAL;
     if (pins) rootset_insert(o);
-    __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.bytes_alloc, nbytes, __ATOMIC_RELAXED);
     publish(o, charged); /* numpy's memory does not count toward our heap */
     return o;
 }
@@ -310,9 +306,9 @@ rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, 
     o->wlen = (perms & RT_PERM_W) ? nbytes : 0;
     o->flags |= RT_OBJ_DEVICE;
     rootset_insert(o);
-    __atomic_add_fetch(&gc_st_bytes_alloc, nbytes, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&gc_st_payload_alloc, nbytes, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&gc_heap_bytes, nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.bytes_alloc, nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.payload_alloc, nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.heap_bytes, nbytes, __ATOMIC_RELAXED);
     publish(o, charged + nbytes); /* device churn paces cycles like host churn */
     return o;
 }
@@ -327,13 +323,13 @@ void gc_release_payload(rt_obj *o)
     }
     if (old & RT_OBJ_DEVICE) {
         queue_push(&device_q, o);
-        __atomic_sub_fetch(&gc_heap_bytes, o->nbytes, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&gc_state.heap_bytes, o->nbytes, __ATOMIC_RELAXED);
     } else if (old & GC_OBJ_INLINE) {
         return; /* reused with its header (blocks.c), counted then */
     } else {
         gc_obj_release_payload(o);
     }
-    __atomic_add_fetch(&gc_st_bytes_freed, o->nbytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.bytes_freed, o->nbytes, __ATOMIC_RELAXED);
 }
 
 int gc_free(rt_obj *o)
@@ -348,14 +344,14 @@ int gc_free(rt_obj *o)
      * running (a marker might be reading a table's payload). */
     if (__atomic_load_n(&o->pins, __ATOMIC_SEQ_CST) > 0 ||
         __atomic_load_n(&o->holds, __ATOMIC_SEQ_CST) != 0 ||
-        __atomic_load_n(&gc_n_entered, __ATOMIC_SEQ_CST) != 0)
+        __atomic_load_n(&gc_state.n_entered, __ATOMIC_SEQ_CST) != 0)
         return 0;
-    if (pthread_mutex_trylock(&gc_cycle_mu) == 0) {
-        if (__atomic_load_n(&gc_n_entered, __ATOMIC_SEQ_CST) == 0 &&
+    if (pthread_mutex_trylock(&gc_state.cycle_mu) == 0) {
+        if (__atomic_load_n(&gc_state.n_entered, __ATOMIC_SEQ_CST) == 0 &&
             __atomic_load_n(&o->holds, __ATOMIC_SEQ_CST) == 0 &&
             __atomic_load_n(&o->pins, __ATOMIC_SEQ_CST) <= 0)
             gc_release_payload(o);
-        pthread_mutex_unlock(&gc_cycle_mu);
+        pthread_mutex_unlock(&gc_state.cycle_mu);
     }
     return 0;
 }
@@ -365,7 +361,7 @@ void gc_pin(rt_obj *o)
     rootset_add(o); /* before the count: a root scan that sees pins > 0 must find it */
     __atomic_add_fetch(&o->pins, 1, __ATOMIC_SEQ_CST);
     /* Pin barrier: a pin taken after the root scan must still mark. */
-    if (__atomic_load_n(&gc_marking, __ATOMIC_SEQ_CST)) gc_shade(o);
+    if (__atomic_load_n(&gc_state.marking, __ATOMIC_SEQ_CST)) gc_shade(o);
 }
 
 /* The decrement is the last access: once pins reaches 0 a concurrent sweep
@@ -377,7 +373,7 @@ void gc_hold(rt_obj *o)
 {
     rootset_add(o);
     __atomic_add_fetch(&o->holds, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&gc_marking, __ATOMIC_SEQ_CST)) gc_shade(o);
+    if (__atomic_load_n(&gc_state.marking, __ATOMIC_SEQ_CST)) gc_shade(o);
 }
 
 void gc_unhold(rt_obj *o) { __atomic_sub_fetch(&o->holds, 1, __ATOMIC_ACQ_REL); }
@@ -385,10 +381,10 @@ void gc_unhold(rt_obj *o) { __atomic_sub_fetch(&o->holds, 1, __ATOMIC_ACQ_REL); 
 static int walk(int (*fn)(rt_obj *, void *), void *arg)
 {
     int r = 0;
-    pthread_mutex_lock(&gc_list_mu);
+    pthread_mutex_lock(&gc_state.list_mu);
     for (rt_obj *o = gc_alloc_list_head(); o && !r; o = o->next) r = fn(o, arg);
-    for (rt_obj *o = gc_heap_list; o && !r; o = o->next) r = fn(o, arg);
-    pthread_mutex_unlock(&gc_list_mu);
+    for (rt_obj *o = gc_state.heap_list; o && !r; o = o->next) r = fn(o, arg);
+    pthread_mutex_unlock(&gc_state.list_mu);
     return r;
 }
 

@@ -35,8 +35,6 @@ static int nhelpers = 0, helpers_done = 0;
 
 int gc_nmarkers(void) { return 1 + nhelpers; }
 
-uint64_t gc_newborn_reached_bytes = 0;
-
 /* Live at mark end counts objects born during marking (not in the heap
  * list this cycle sweeps, white or black) only when tracing, a stack scan or
  * a root pass reaches them, each once (the flag is cleared): the others may
@@ -49,7 +47,7 @@ static void count_newborn(rt_obj *o)
     if (!(fl & GC_OBJ_NEWBORN)) return;
     fl = __atomic_fetch_and(&o->flags, ~GC_OBJ_NEWBORN, __ATOMIC_ACQ_REL);
     if (fl & GC_OBJ_NEWBORN)
-        __atomic_add_fetch(&gc_newborn_reached_bytes, gc_obj_occupancy(o, fl), __ATOMIC_RELAXED);
+        __atomic_add_fetch(&gc_state.newborn_reached_bytes, gc_obj_occupancy(o, fl), __ATOMIC_RELAXED);
 }
 
 static int try_mark(rt_obj *o, uint32_t epoch, int seen, int count)
@@ -120,7 +118,7 @@ int gc_mark_stack_empty(void)
 
 void gc_shade(rt_obj *o)
 {
-    if (try_mark(o, __atomic_load_n(&gc_epoch, __ATOMIC_ACQUIRE), 0, 0) && needs_trace(o))
+    if (try_mark(o, __atomic_load_n(&gc_state.epoch, __ATOMIC_ACQUIRE), 0, 0) && needs_trace(o))
         ms_push(&o, 1);
 }
 
@@ -133,7 +131,7 @@ void gc_store_barrier(rt_obj *target)
 {
     /* Dijkstra: shade the new target while marking.  Relaxed load: the
      * handshake after turning marking on orders it for every mutator. */
-    if (target && __atomic_load_n(&gc_marking, __ATOMIC_RELAXED)) gc_shade(target);
+    if (target && __atomic_load_n(&gc_state.marking, __ATOMIC_RELAXED)) gc_shade(target);
 }
 
 /* Roots held outside kernel frames: pins (Python handles) and holds

@@ -18,7 +18,6 @@
 #include <time.h>
 #include "gc_internal.h"
 
-uint64_t gc_goal_bytes = 2u << 20;
 static int32_t debtors = 0;
 static pthread_mutex_t pace_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pace_cv = PTHREAD_COND_INITIALIZER;
@@ -27,7 +26,7 @@ static double wait_s = 0;
 
 void gc_pace_note(uint64_t occupancy)
 {
-    if (occupancy <= __atomic_load_n(&gc_goal_bytes, __ATOMIC_RELAXED)) return;
+    if (occupancy <= __atomic_load_n(&gc_state.goal_bytes, __ATOMIC_RELAXED)) return;
     rt_thread *t = gc_current_thread();
     if (!t || __atomic_load_n(&t->state, __ATOMIC_RELAXED) != RT_THREAD_ENTERED ||
         t->pace_debt)
@@ -54,9 +53,9 @@ void gc_pace_poll(rt_thread *t)
     uint64_t c0 = gc_cycles_completed();
     double t0 = gc_now();
     int waited = 0;
-    while (__atomic_load_n(&gc_heap_bytes, __ATOMIC_RELAXED) >
-               __atomic_load_n(&gc_goal_bytes, __ATOMIC_RELAXED) &&
-           __atomic_load_n(&gc_enabled, __ATOMIC_ACQUIRE) && gc_cycles_completed() == c0) {
+    while (__atomic_load_n(&gc_state.heap_bytes, __ATOMIC_RELAXED) >
+               __atomic_load_n(&gc_state.goal_bytes, __ATOMIC_RELAXED) &&
+           __atomic_load_n(&gc_state.enabled, __ATOMIC_ACQUIRE) && gc_cycles_completed() == c0) {
         waited = 1;
         gc_handshake_answer(t);
         struct timespec ts;

@@ -19,12 +19,10 @@
 #include <string.h>
 #include "gc_internal.h"
 
-rt_obj *gc_graveyard = NULL;
-
 void gc_graveyard_flush(void)
 {
-    rt_obj *o = gc_graveyard;
-    gc_graveyard = NULL;
+    rt_obj *o = gc_state.graveyard;
+    gc_state.graveyard = NULL;
     while (o) {
         rt_obj *n = o->next;
         gc_header_free(o);
@@ -37,8 +35,8 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
     unsigned batch = 0, dead_batch = 0;
     gc_free_batch fb;
     memset(&fb, 0, sizeof fb);
-    pthread_mutex_lock(&gc_list_mu);
-    rt_obj **pp = &gc_heap_list;
+    pthread_mutex_lock(&gc_state.list_mu);
+    rt_obj **pp = &gc_state.heap_list;
     rt_obj *o;
     while ((o = *pp)) {
         uint32_t m = __atomic_load_n(&o->mark, __ATOMIC_RELAXED);
@@ -63,12 +61,12 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
                 }
                 r->objects_reclaimed++;
                 if (fl & GC_OBJ_ROOTSET) gc_rootset_remove(o);
-                if (gc_verify_mode) {
+                if (gc_state.verify_mode) {
                     /* keep the header readable so the verifier can detect a
                      * reachable released object; freed after verification */
                     __atomic_fetch_or(&o->flags, GC_OBJ_DEAD, __ATOMIC_RELEASE);
-                    o->next = gc_graveyard;
-                    gc_graveyard = o;
+                    o->next = gc_state.graveyard;
+                    gc_state.graveyard = o;
                 } else {
                     gc_batch_add(&fb, o);
                     /* hand dead blocks to allocators early: blocks held here
@@ -99,11 +97,11 @@ void gc_sweep(uint32_t epoch, gc_sweep_result *r)
             /* let gc_is_live_id/gc_count_objects in; only we modify the list,
              * so pp stays valid.  Dead blocks become reusable in batches. */
             batch = 0;
-            pthread_mutex_unlock(&gc_list_mu);
+            pthread_mutex_unlock(&gc_state.list_mu);
             gc_batch_flush(&fb);
-            pthread_mutex_lock(&gc_list_mu);
+            pthread_mutex_lock(&gc_state.list_mu);
         }
     }
-    pthread_mutex_unlock(&gc_list_mu);
+    pthread_mutex_unlock(&gc_state.list_mu);
     gc_batch_flush(&fb);
 }
