@@ -84,11 +84,16 @@ void gc_get_stats(gc_stats_t *out);
 int gc_is_live_id(uint64_t id);     /* header with this serial still allocated */
 uint64_t gc_count_objects(void);
 
-/* Additions (gc/fugc.c).  Prefer the _pinned forms from Python: the object
- * is born with pins == 1, so no cycle can run between allocation and pin. */
+/* Pinned allocation (heap.c).  Prefer these from Python: the object is born
+ * with pins == 1, so no cycle can run between allocation and pin. */
 rt_obj *gc_alloc_pinned(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name);
 rt_obj *gc_wrap_pinned(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t perms,
                        const char *name);
+/* A device payload owned by the collector from now on (pins == 1). */
+rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, uint32_t perms,
+                              const char *name);
+
+/* Observation (fugc.c, stats.c, heap.c) */
 uint64_t gc_cycles_completed(void);
 uint64_t gc_last_cycle_reclaimed(void);  /* headers reclaimed by the last cycle */
 uint64_t gc_late_roots(void);            /* white objects kept because pinned late */
@@ -104,6 +109,8 @@ uint64_t gc_last_id(void);               /* serial of the newest object */
  * parked). */
 void gc_debug_pause(int32_t phase);
 int32_t gc_debug_phase(void);
+void gc_debug_set_epoch(uint32_t e);     /* test hook: the next cycle marks with e + 1 */
+uint32_t gc_debug_epoch(void);
 void gc_handshake_observed_us(double out[3]); /* p50/p99/max incl. collector wakeup */
 
 /* Deferred releases (heap.c).  The collector never releases memory it does
@@ -120,19 +127,15 @@ typedef struct gc_release_rec {
 int64_t gc_drain_external_releases(gc_release_rec *out, int64_t max); /* records taken */
 int64_t gc_drain_device_releases(gc_release_rec *out, int64_t max);
 int64_t gc_pending_releases(void);       /* records queued now (both queues) */
-/* Heap occupancy (headers + payloads not yet released), the pacer's goal and
- * trigger, bytes parked on the size-class free lists, and how often / how
- * long kernel threads waited to pay allocation debt: {waits, seconds}. */
+/* Pacing (pace.c, blocks.c): heap occupancy (headers + payloads not yet
+ * released), the goal and trigger, bytes parked on the size-class free
+ * lists, and how often / how long kernel threads waited to pay allocation
+ * debt: {waits, seconds}. */
 uint64_t gc_heap_occupancy(void);
 uint64_t gc_heap_goal(void);
 uint64_t gc_heap_trigger(void);
 uint64_t gc_free_list_bytes(void);
 void gc_pace_stats(double out[2]);
-uint64_t gc_heap_peak(int reset);        /* high-water occupancy + parked blocks */
-/* A device payload owned by the collector from now on (pins == 1). */
-rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, uint32_t perms,
-                              const char *name);
-void gc_debug_set_epoch(uint32_t e);     /* test hook: the next cycle marks with e + 1 */
-uint32_t gc_debug_epoch(void);
+uint64_t gc_heap_peak(int reset);        /* high-water occupancy + parked blocks (heap.c) */
 
 #endif
