@@ -324,3 +324,27 @@ def test_churn_heap_stays_bounded():
     # goal, live + 1.25 x live (default CAPQR_GC_RATIO), plus a few blocks
     assert r["peak_occupancy_mib"] <= 2.25 * r["live_occupancy_mib"] + 0.5, r
     assert r["peak_over_live_rss"] <= 3.0, json.dumps(r)
+
+
+def test_freed_wrapped_array_released_while_its_header_is_reachable():
+    import weakref
+
+    kstore = runtime.compile(TABLE_SRC, "kstore")
+    get = runtime.compile("KERNEL void get(cap_t t, cap_t out)\n"
+                          "{\n    cap_t x = cap_load_cap(t, 0);\n"
+                          "    cap_store_f64(out, 0, cap_load_f64(x, 0));\n}\n", "get")
+    arr = np.arange(4.0)
+    alive = weakref.ref(arr)
+    h = capabilities.wrap(arr, name="ext")
+    table = capabilities.alloc(1, "cap", name="t")
+    out = capabilities.alloc(1, np.float64)
+    runtime.launch(kstore, [table, h], args=(0,))
+    h.free()
+    del h, arr
+    pygc.collect()
+    for _ in range(3):
+        runtime.gc_collect()
+    assert alive() is None            # released: no running block could reach it
+    with pytest.raises(CapabilityFault) as e:
+        runtime.launch(get, [table, out])
+    assert e.value.reason == "freed" and e.value.buffer == "ext"
