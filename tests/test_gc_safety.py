@@ -348,3 +348,34 @@ def test_freed_wrapped_array_released_while_its_header_is_reachable():
     with pytest.raises(CapabilityFault) as e:
         runtime.launch(get, [table, out])
     assert e.value.reason == "freed" and e.value.buffer == "ext"
+
+
+# ---------------------------------------------------------------------------
+# device payloads: released through the host's drain, never by the collector
+# (fake device addresses: the host never dereferences them)
+
+
+def test_device_payload_release_is_deferred_to_the_host():
+    ffi = runtime.core.ffi
+    recs = ffi.new("gc_release_rec[]", 8)
+    while lib.gc_drain_device_releases(recs, 8):
+        pass
+    held = lib.gc_wrap_device_pinned(0x7F0000001000, 4096, 2, 3, b"dev-held")
+    dropped = lib.gc_wrap_device_pinned(0x7F0000002000, 256, 2, 3, b"dev-dropped")
+    held_id, dropped_id = int(held.id), int(dropped.id)
+    lib.gc_hold(held)                  # a launch in flight
+    assert lib.gc_free(held) == 0 and lib.gc_free(held) == -1
+    lib.gc_unpin(held)
+    lib.gc_unpin(dropped)
+    for _ in range(3):
+        runtime.gc_collect()
+    n = lib.gc_drain_device_releases(recs, 8)
+    assert [(int(recs[i].id), int(recs[i].handle), int(recs[i].nbytes)) for i in range(n)] == [
+        (dropped_id, 0x7F0000002000, 256)]
+    lib.gc_unhold(held)                # the launch ended
+    for _ in range(3):
+        runtime.gc_collect()
+    n = lib.gc_drain_device_releases(recs, 8)
+    assert [(int(recs[i].id), int(recs[i].handle)) for i in range(n)] == [
+        (held_id, 0x7F0000001000)]
+    assert not lib.gc_is_live_id(held_id) and not lib.gc_is_live_id(dropped_id)
