@@ -1,12 +1,13 @@
 /*
- * Heap: object headers, payloads and the two object lists.
+ * Heap: objects, the two object lists, the root set and the deferred
+ * release queues (memory itself comes from blocks.c).
  *
  * New headers are pushed lock-free onto the alloc list.  At the start of a
  * cycle the collector splices that list into the heap list, which only the
- * collector modifies (under gc_state.list_mu, so gc_is_live_id/gc_count_objects may
- * walk it).  A cycle sweeps only the heap list: an object allocated while a
- * cycle runs is never swept by that cycle, even if the allocating thread read
- * the previous epoch (so "black allocation" cannot lose a race).
+ * collector modifies (under gc_state.list_mu, so gc_is_live_id and
+ * gc_count_objects may walk it).  A cycle sweeps only the heap list: an
+ * object allocated while a cycle runs is never swept by that cycle, whatever
+ * colour its allocator gave it.
  */
 #include <stdlib.h>
 #include <string.h>
