@@ -1,9 +1,14 @@
-"""Collector benchmark (issue 3): soft-handshake latency with 2 and 8 busy
-threads, mutator throughput with cycles running back to back vs the collector
-disabled, and sustained kernel allocation rate.
+"""Collector benchmark: soft-handshake latency with 2 and 8 busy threads,
+mutator throughput with cycles running back to back vs the collector
+disabled, sustained kernel allocation rate, and the churn scenario (a fixed
+live set whose slots every worker keeps replacing: peak RSS over the
+baseline against the live bytes, at two run lengths, and allocation
+throughput).
 
 Each measurement runs in a fresh process (the worker count, CAPQR_THREADS,
-is fixed at import).  ``python -m bench.gc_bench [--quick]`` prints JSON.
+is fixed at import).  ``python -m bench.gc_bench [--quick]`` prints JSON;
+``python -m bench.gc_bench --churn`` runs only the churn scenario and writes
+bench/results/gc-churn-<date>.json (machine, load, commit).
 """
 
 from __future__ import annotations
@@ -51,6 +56,29 @@ KERNEL void churn(cap_t keep, int64_t iters, int64_t n)
         cap_store_cap(t, it % 4, x);
     }
     cap_store_cap(keep, b, t);
+}
+"""
+
+# Every worker replaces random slots of one table holding the live set.
+CHURN_SRC = """
+KERNEL void fill(cap_t table, int64_t nslots, int64_t n)
+{
+    for (int64_t i = 0; i < nslots; i++) {
+        cap_t x = cap_alloc_f32(n);
+        cap_store_f32(x, 0, 1.0f);
+        cap_store_cap(table, i, x);
+    }
+}
+
+KERNEL void churn(cap_t table, int64_t iters, int64_t nslots, int64_t n)
+{
+    int64_t s = rt_block_idx() * 7919 + 17;
+    for (int64_t it = 0; it < iters; it++) {
+        s = (s * 1103515245 + 12345) % 2147483648;
+        cap_t x = cap_alloc_f32(n);
+        cap_store_f32(x, 0, 1.0f);
+        cap_store_cap(table, (s / 16) % nslots, x);
+    }
 }
 """
 
@@ -146,17 +174,74 @@ print(json.dumps(dict(threads=nthr, objects=objs, seconds=dt, objects_per_s=objs
 """
 
 
+CHURN_CHILD = r"""
+import json, resource, sys, time
+import numpy as np
+import capabilities, runtime
+total, nslots, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+fill = runtime.compile(CHURN_SRC, "fill")
+churn = runtime.compile(CHURN_SRC, "churn")
+nthr = runtime.threads()
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+def peak_rss():
+    # VmHWM belongs to this process's own memory map; ru_maxrss would carry
+    # over the parent's peak across the vfork + exec that started us
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+table = capabilities.alloc(nslots, "cap", name="live")
+runtime.gc_collect(); runtime.gc_collect()
+base = rss()
+runtime.launch(fill, [table], args=(nslots, n), timeout=600)
+runtime.gc_collect(); runtime.gc_collect()
+live = runtime.gc_stats()["bytes_live"]          # payload bytes of the live set
+live_rss = rss() - base                           # what it costs in resident memory
+from runtime.core import lib
+occ_live = lib.gc_heap_occupancy()
+lib.gc_heap_peak(1)
+s0 = runtime.gc_stats(); t = time.perf_counter()
+runtime.launch(churn, [table], args=(total // nthr, nslots, n), grid=nthr, timeout=600)
+dt = time.perf_counter() - t
+s1 = runtime.gc_stats()
+peak = peak_rss() - base
+objs = s1["objects_allocated_total"] - s0["objects_allocated_total"]
+print(json.dumps(dict(threads=nthr, allocations=objs, seconds=dt, allocs_per_s=objs / dt,
+                      live_payload_mib=live / 2**20, live_rss_mib=live_rss / 2**20,
+                      peak_rss_over_base_mib=peak / 2**20,
+                      peak_over_live_rss=peak / max(live_rss, 1),
+                      live_occupancy_mib=occ_live / 2**20,
+                      peak_occupancy_mib=lib.gc_heap_peak(0) / 2**20,
+                      goal_mib=lib.gc_heap_goal() / 2**20,
+                      cycles=s1["cycles"] - s0["cycles"],
+                      threshold_mib=s1["threshold_bytes"] / 2**20,
+                      mark_s=s1["mark_seconds_total"] - s0["mark_seconds_total"],
+                      sweep_s=s1["sweep_seconds_total"] - s0["sweep_seconds_total"])))
+"""
+
+
 def _child(code: str, args: list, threads: int | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     if threads:
         env["CAPQR_THREADS"] = str(threads)
-    prelude = (f"SPIN_SRC = {SPIN_SRC!r}\nWORK_SRC = {WORK_SRC!r}\nALLOC_SRC = {ALLOC_SRC!r}\n")
+    prelude = (f"SPIN_SRC = {SPIN_SRC!r}\nWORK_SRC = {WORK_SRC!r}\nALLOC_SRC = {ALLOC_SRC!r}\n"
+               f"CHURN_SRC = {CHURN_SRC!r}\n")
     p = subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)], env=env,
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"gc_bench child failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def churn(quick: bool = False) -> list:
+    """16384 live float32[256] buffers, all workers replacing random slots;
+    two run lengths, so a bound that holds only for short runs shows."""
+    lengths = (250_000, 1_000_000) if quick else (1_000_000, 6_000_000)
+    return [_child(CHURN_CHILD, [n, 16384, 256]) for n in lengths]
 
 
 def run(quick: bool = False) -> dict:
@@ -171,6 +256,7 @@ def run(quick: bool = False) -> dict:
     out["throughput_all_cores"] = _child(THROUGHPUT_CHILD, [2000 if quick else 8000, 3],
                                          threads=cpus)
     out["allocation"] = _child(ALLOC_CHILD, [5000 if quick else 50000])
+    out["churn"] = churn(quick)
     out["goals"] = {
         "handshake_p99_under_100us": {str(h["busy_threads"]): h["handshake_p99_us"] < 100
                                       for h in out["handshake"]},
@@ -179,5 +265,31 @@ def run(quick: bool = False) -> dict:
     return out
 
 
+def churn_report(quick: bool = False) -> Path:
+    """Run the churn scenario and write its JSON (with machine, load, commit)."""
+    import datetime
+    import platform
+
+    from bench.machine import cpu_model, git_commit
+
+    load0 = os.getloadavg()
+    runs = churn(quick)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    res = {"datetime_utc": now.isoformat(timespec="seconds"), "host": platform.node(),
+           "cpu_model": cpu_model(), "cpus": os.cpu_count(), "git": git_commit(),
+           "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+           "scenario": "16384 live float32[256] in one cap table; every worker replaces "
+                       "random slots with fresh buffers",
+           "gc_ratio": float(os.environ.get("CAPQR_GC_RATIO", "1.25")),
+           "runs": runs,
+           "bound_peak_over_live_le_3": all(r["peak_over_live_rss"] <= 3.0 for r in runs)}
+    out = ROOT / "bench" / "results" / f"gc-churn-{now.date().isoformat()}.json"
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
+    if "--churn" in sys.argv:
+        print(churn_report(quick="--quick" in sys.argv))
+    else:
+        print(json.dumps(run(quick="--quick" in sys.argv), indent=2))

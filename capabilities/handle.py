@@ -4,7 +4,15 @@ A Capability pins its object (a collector root) for as long as the handle or
 any numpy view made from it is alive; the pin is a cffi cdata with a
 destructor, and every view's buffer references that cdata.  ``free()``
 revokes the object at once: kernels then fault with reason "freed", and so
-does every later use of the handle from Python.
+does every later use of the handle from Python.  Every attribute of a handle
+is recorded when it is made, so reading one after free() never touches a
+header the collector may have released.
+
+Wrapped arrays: the collector owns the object, this module owns the array.
+The array stays referenced (``_EXTERNAL``) until the collector's sweep finds
+the object unreachable from every handle, table and running kernel and queues
+its release; ``drain_releases()`` (called on every alloc/wrap and after
+``runtime.gc_collect()``) then drops the reference.
 """
 
 from __future__ import annotations
@@ -13,10 +21,30 @@ from typing import Any
 
 import numpy as np
 
-from runtime import core
+from runtime import core, heap
 from runtime.errors import CapabilityFault
 
 ffi, lib = core.ffi, core.lib
+
+#: object id -> the Python object that owns a wrapped payload
+_EXTERNAL: dict[int, Any] = {}
+_DRAIN_BATCH = 256
+_drain_buf = ffi.new("gc_release_rec[]", _DRAIN_BATCH)
+
+
+def drain_releases() -> int:
+    """Drop the arrays of wrapped objects the collector has released; returns how many."""
+    n = 0
+    while True:
+        k = int(lib.gc_drain_external_releases(_drain_buf, _DRAIN_BATCH))
+        for i in range(k):
+            _EXTERNAL.pop(int(_drain_buf[i].id), None)
+        n += k
+        if k < _DRAIN_BATCH:
+            return n
+
+
+heap.add_release_hook(drain_releases)
 
 #: numpy dtype -> RT_DT_* code (cap.h)
 DTYPE_CODES = {
@@ -68,10 +96,9 @@ class Capability:
     """
 
     __slots__ = ("_obj", "_pin", "_shape", "_dtype", "_code", "_itemsize", "_name", "_perms",
-                 "_freed", "_id", "__weakref__")
+                 "_freed", "_id", "_nbytes", "__weakref__")
 
-    def __init__(self, obj: Any, shape: tuple[int, ...], dtype: Any, perms: str, name: str,
-                 keep: Any = None):
+    def __init__(self, obj: Any, shape: tuple[int, ...], dtype: Any, perms: str, name: str):
         """Take over one pin of ``obj`` (already pinned by the allocator)."""
         if obj == ffi.NULL:
             raise MemoryError(f"capqr: cannot allocate buffer {name!r}")
@@ -82,10 +109,11 @@ class Capability:
         self._name = name
         self._freed = False
         self._id = int(obj.id)
+        self._nbytes = int(obj.nbytes)
         # obj arrives pinned (gc_alloc_pinned/gc_wrap_pinned): no window in
         # which a fresh object is unrooted.
 
-        def unpin(_p: Any, o: Any = obj, k: Any = keep) -> None:
+        def unpin(_p: Any, o: Any = obj) -> None:
             lib.gc_unpin(o)
 
         # The pin is a char* to the payload; numpy views reference it, so the
@@ -111,7 +139,7 @@ class Capability:
 
     @property
     def nbytes(self) -> int:
-        return int(self._obj.nbytes)
+        return self._nbytes
 
     @property
     def size(self) -> int:
@@ -131,6 +159,7 @@ class Capability:
         return "cpu"
 
     def _check_live(self, access: str) -> None:
+        # _freed first: after free() the pin is gone and the header may be too
         if self._freed or (int(self._obj.flags) & RT_OBJ_FREED):
             raise CapabilityFault("freed", buffer=self._name, access=access,
                                   detail="capability used after free()")
@@ -206,6 +235,7 @@ def _auto_name(prefix: str) -> str:
 def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | None = None,
           *, device: str = "cpu") -> Any:
     """A fresh zeroed buffer owned by the collector."""
+    drain_releases()
     if device != "cpu":
         from runtime import cuda  # GPU lane (optional)
 
@@ -222,9 +252,10 @@ def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | No
 def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     """Zero-copy capability over a C-contiguous numpy array or CPU torch tensor.
 
-    The capability keeps the array alive.  When its last handle goes, the
-    object is revoked (numpy may release the memory then).
+    The array stays alive while any handle, cap table or running kernel can
+    reach the object; the collector's sweep releases it after that.
     """
+    drain_releases()
     keep: Any = array
     if type(array).__module__.startswith("torch"):
         if getattr(array, "is_cuda", False):
@@ -249,7 +280,9 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     name = name or _auto_name("arr")
     ptr = ffi.cast("void *", array.ctypes.data)
     obj = lib.gc_wrap_pinned(ptr, array.nbytes, code, bits, name.encode()[:47])
-    return Capability(obj, array.shape, array.dtype, perms, name, keep=keep)
+    cap = Capability(obj, array.shape, array.dtype, perms, name)
+    _EXTERNAL[cap.id] = keep
+    return cap
 
 
 def from_int(address: int) -> NoBoundsCap:

@@ -14,10 +14,14 @@ enum { RT_THREAD_EXITED = 0,   /* not running kernel code: the collector acts fo
        RT_THREAD_ENTERED = 1 };/* running kernel code: answers handshakes at pollchecks */
 
 /* The global poll word every pollcheck loads.  Bit 0: a soft handshake is
- * pending.  Bits 1..: number of launches being stopped (fault/timeout/cancel). */
+ * pending.  Bit 30: some thread owes allocation debt (gc/pace.c).  Bits
+ * 1..29: number of launches being stopped (fault/timeout/cancel).
+ * gc_handshake_poll must run when any RT_POLL_GC bit is set. */
 extern volatile int32_t rt_poll_word;
 #define RT_POLL_HANDSHAKE 1
 #define RT_POLL_STOP_UNIT 2
+#define RT_POLL_PACE 0x40000000
+#define RT_POLL_GC (RT_POLL_HANDSHAKE | RT_POLL_PACE)
 
 typedef struct rt_thread {
     int32_t index;
@@ -26,6 +30,7 @@ typedef struct rt_thread {
     rt_block *block;               /* block running now: its frames are roots */
     struct rt_thread *next;        /* collector's list of mutator threads */
     void *gc_private;              /* collector's per-thread data */
+    int32_t pace_debt;             /* allocated past the heap goal: wait at the next pollcheck */
 } rt_thread;
 
 typedef struct gc_stats_t {
@@ -67,7 +72,8 @@ void gc_thread_register(rt_thread *t);
 void gc_thread_unregister(rt_thread *t);
 void gc_enter(rt_thread *t);       /* about to run kernel code */
 void gc_exit(rt_thread *t);        /* left kernel code */
-void gc_handshake_poll(rt_thread *t); /* pollcheck slow path: answer a pending handshake */
+void gc_handshake_poll(rt_thread *t); /* pollcheck slow path: answer a pending handshake,
+                                        * pay allocation debt (any RT_POLL_GC bit) */
 void gc_store_barrier(rt_obj *target); /* Dijkstra barrier for cap-table stores */
 
 /* control and observation */
@@ -78,11 +84,16 @@ void gc_get_stats(gc_stats_t *out);
 int gc_is_live_id(uint64_t id);     /* header with this serial still allocated */
 uint64_t gc_count_objects(void);
 
-/* Additions (gc/fugc.c).  Prefer the _pinned forms from Python: the object
- * is born with pins == 1, so no cycle can run between allocation and pin. */
+/* Pinned allocation (heap.c).  Prefer these from Python: the object is born
+ * with pins == 1, so no cycle can run between allocation and pin. */
 rt_obj *gc_alloc_pinned(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name);
 rt_obj *gc_wrap_pinned(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t perms,
                        const char *name);
+/* A device payload owned by the collector from now on (pins == 1). */
+rt_obj *gc_wrap_device_pinned(uint64_t devptr, uint64_t nbytes, uint32_t dtype, uint32_t perms,
+                              const char *name);
+
+/* Observation (fugc.c, stats.c, heap.c) */
 uint64_t gc_cycles_completed(void);
 uint64_t gc_last_cycle_reclaimed(void);  /* headers reclaimed by the last cycle */
 uint64_t gc_late_roots(void);            /* white objects kept because pinned late */
@@ -90,11 +101,41 @@ uint64_t gc_freed_payloads_released(void); /* FREED payloads released by sweeps 
 void gc_reset_handshake_stats(void);     /* forget latency samples (benchmarks) */
 rt_obj *gc_find_id(uint64_t id);         /* live header by serial, or NULL (tests) */
 uint64_t gc_last_id(void);               /* serial of the newest object */
-/* Test hook: gc_debug_pause(1) parks the collector in its marking phase,
- * (2) in its sweeping phase, (0) resumes; gc_debug_phase() says where it
- * is parked now (0: not parked). */
+/* Test hook (gc/fugc.c dbg_point): gc_debug_pause(1) parks the collector in
+ * its marking phase, (2) in its sweeping phase, (3) after the roots were
+ * traced and before the first stack scan (concurrent mode), (4) after the
+ * barrier flag went on and before the barrier handshake (allocation still
+ * white), (0) resumes; gc_debug_phase() says where it is parked now (0: not
+ * parked). */
 void gc_debug_pause(int32_t phase);
 int32_t gc_debug_phase(void);
+void gc_debug_set_epoch(uint32_t e);     /* test hook: the next cycle marks with e + 1 */
+uint32_t gc_debug_epoch(void);
 void gc_handshake_observed_us(double out[3]); /* p50/p99/max incl. collector wakeup */
+
+/* Deferred releases (heap.c).  The collector never releases memory it does
+ * not own from its own thread: an external (wrapped numpy/torch) payload
+ * belongs to a Python object, a device payload to the GPU driver.  When the
+ * sweep finds such an object unreachable (or freed and no longer reachable
+ * by any running block) it queues one record; the host drains the queue
+ * from its own threads and drops the Python reference / calls cuMemFree. */
+typedef struct gc_release_rec {
+    uint64_t id;                /* the object's serial (rt_obj.id) */
+    uint64_t handle;            /* payload address (host pointer or device address) */
+    uint64_t nbytes;
+} gc_release_rec;
+int64_t gc_drain_external_releases(gc_release_rec *out, int64_t max); /* records taken */
+int64_t gc_drain_device_releases(gc_release_rec *out, int64_t max);
+int64_t gc_pending_releases(void);       /* records queued now (both queues) */
+/* Pacing (pace.c, blocks.c): heap occupancy (headers + payloads not yet
+ * released), the goal and trigger, bytes parked on the size-class free
+ * lists, and how often / how long kernel threads waited to pay allocation
+ * debt: {waits, seconds}. */
+uint64_t gc_heap_occupancy(void);
+uint64_t gc_heap_goal(void);
+uint64_t gc_heap_trigger(void);
+uint64_t gc_free_list_bytes(void);
+void gc_pace_stats(double out[2]);
+uint64_t gc_heap_peak(int reset);        /* high-water occupancy + parked blocks (heap.c) */
 
 #endif

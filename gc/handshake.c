@@ -30,8 +30,6 @@ static __thread rt_thread *self = NULL;
 static uint64_t hs_epoch = 0;
 static int32_t hs_kind = GC_HS_NOOP;
 static uint32_t hs_mark_epoch = 0;   /* mark epoch the SCAN callback marks with */
-int32_t gc_n_entered = 0;            /* threads ENTERED or entering */
-int32_t gc_world_stopped = 0;
 static uint64_t world_gen = 0;       /* bumped by each release */
 
 /* Latency is request -> last answer, timestamped by the answering side (a
@@ -75,6 +73,7 @@ void gc_thread_register(rt_thread *t)
     gc_init();
     __atomic_store_n(&t->state, RT_THREAD_EXITED, __ATOMIC_RELAXED);
     t->gc_private = NULL;
+    t->pace_debt = 0;
     pthread_mutex_lock(&threads_mu);
     /* threads_mu is held for a whole handshake, so this thread is either
      * counted in it or joins after it. */
@@ -118,12 +117,12 @@ static void notify_collector(void)
 }
 
 /* Wait for the release of stop generation gen (not merely for
- * gc_world_stopped == 0: the next cycle may stop the world again before a
+ * gc_state.world_stopped == 0: the next cycle may stop the world again before a
  * woken thread runs, and this thread must still leave to answer it). */
 static void park_while_stopped(uint64_t gen)
 {
     pthread_mutex_lock(&park_mu);
-    while (__atomic_load_n(&gc_world_stopped, __ATOMIC_ACQUIRE) &&
+    while (__atomic_load_n(&gc_state.world_stopped, __ATOMIC_ACQUIRE) &&
            __atomic_load_n(&world_gen, __ATOMIC_ACQUIRE) == gen)
         pthread_cond_wait(&park_cv, &park_mu);
     pthread_mutex_unlock(&park_mu);
@@ -133,16 +132,16 @@ void gc_enter(rt_thread *t)
 {
     /* Counted before the CAS so gc_free's "nobody entered" check is
      * conservative (seq_cst pairs with its rlen = 0 store). */
-    __atomic_add_fetch(&gc_n_entered, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&gc_state.n_entered, 1, __ATOMIC_SEQ_CST);
     for (unsigned spins = 0;;) {
         int32_t exp = RT_THREAD_EXITED;
         if (__atomic_compare_exchange_n(&t->state, &exp, RT_THREAD_ENTERED, 0, __ATOMIC_SEQ_CST,
                                         __ATOMIC_RELAXED)) {
-            /* Dekker with the collector: it sets gc_world_stopped, then reads
+            /* Dekker with the collector: it sets gc_state.world_stopped, then reads
              * states.  Either it sees us ENTERED (and waits for us) or we see
              * the stop and back out until the world restarts. */
             uint64_t gen = __atomic_load_n(&world_gen, __ATOMIC_SEQ_CST);
-            if (!__atomic_load_n(&gc_world_stopped, __ATOMIC_SEQ_CST)) return;
+            if (!__atomic_load_n(&gc_state.world_stopped, __ATOMIC_SEQ_CST)) return;
             __atomic_store_n(&t->state, RT_THREAD_EXITED, __ATOMIC_SEQ_CST);
             notify_collector();
             park_while_stopped(gen);
@@ -155,10 +154,11 @@ void gc_enter(rt_thread *t)
 
 void gc_exit(rt_thread *t)
 {
+    gc_pace_exit(t);
     /* No scan here: after a fault the frames chain may point into unwound
      * stack.  An exited thread holds no snapshots; the collector answers. */
     __atomic_store_n(&t->state, RT_THREAD_EXITED, __ATOMIC_SEQ_CST);
-    __atomic_sub_fetch(&gc_n_entered, 1, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&gc_state.n_entered, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&hs_epoch, __ATOMIC_ACQUIRE) >
         __atomic_load_n(&t->handshake_done, __ATOMIC_RELAXED))
         notify_collector();
@@ -178,10 +178,18 @@ void gc_scan_block(rt_block *b, uint32_t epoch)
     }
 }
 
+rt_thread *gc_current_thread(void) { return self; }
+
 void gc_handshake_poll(rt_thread *t)
 {
     if (!t) t = self;
     if (!t) return;
+    gc_handshake_answer(t);
+    if (t->pace_debt) gc_pace_poll(t);
+}
+
+void gc_handshake_answer(rt_thread *t)
+{
     uint64_t e = __atomic_load_n(&hs_epoch, __ATOMIC_ACQUIRE);
     if (e <= __atomic_load_n(&t->handshake_done, __ATOMIC_RELAXED)) return;
     int32_t kind = __atomic_load_n(&hs_kind, __ATOMIC_ACQUIRE);
@@ -200,9 +208,9 @@ double gc_handshake(int kind)
     uint64_t t0_ns = now_ns();
     double t0 = gc_now();
     __atomic_store_n(&hs_last_ack_ns, t0_ns, __ATOMIC_RELAXED);
-    if (kind == GC_HS_STOP) __atomic_store_n(&gc_world_stopped, 1, __ATOMIC_SEQ_CST);
+    if (kind == GC_HS_STOP) __atomic_store_n(&gc_state.world_stopped, 1, __ATOMIC_SEQ_CST);
     __atomic_store_n(&hs_kind, kind, __ATOMIC_RELEASE);
-    __atomic_store_n(&hs_mark_epoch, __atomic_load_n(&gc_epoch, __ATOMIC_ACQUIRE),
+    __atomic_store_n(&hs_mark_epoch, __atomic_load_n(&gc_state.epoch, __ATOMIC_ACQUIRE),
                      __ATOMIC_RELEASE);
     uint64_t e = __atomic_add_fetch(&hs_epoch, 1, __ATOMIC_SEQ_CST);
     __atomic_fetch_or(&rt_poll_word, RT_POLL_HANDSHAKE, __ATOMIC_SEQ_CST);
@@ -212,7 +220,7 @@ double gc_handshake(int kind)
     static long ncpu = 0;
     if (!ncpu) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned spin_rounds =
-        ncpu > (long)__atomic_load_n(&gc_n_entered, __ATOMIC_RELAXED) + 1 ? 200 : 0;
+        ncpu > (long)__atomic_load_n(&gc_state.n_entered, __ATOMIC_RELAXED) + 1 ? 200 : 0;
     pthread_mutex_lock(&hs_mu);
     for (;;) {
         int pending = 0;
@@ -261,7 +269,7 @@ void gc_world_release(void)
 {
     pthread_mutex_lock(&park_mu);
     __atomic_add_fetch(&world_gen, 1, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&gc_world_stopped, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gc_state.world_stopped, 0, __ATOMIC_SEQ_CST);
     pthread_cond_broadcast(&park_cv);
     pthread_mutex_unlock(&park_mu);
 }

@@ -35,12 +35,28 @@ static int nhelpers = 0, helpers_done = 0;
 
 int gc_nmarkers(void) { return 1 + nhelpers; }
 
-int gc_try_mark(rt_obj *o, uint32_t epoch, int seen)
+/* Live at mark end counts objects born during marking (not in the heap
+ * list this cycle sweeps, white or black) only when tracing, a stack scan or
+ * a root pass reaches them, each once (the flag is cleared): the others may
+ * have died already.  Not the store barrier: every fresh object stored into
+ * a table would count, even when a later store overwrites it before the
+ * table is traced. */
+static void count_newborn(rt_obj *o)
+{
+    uint32_t fl = __atomic_load_n(&o->flags, __ATOMIC_RELAXED);
+    if (!(fl & GC_OBJ_NEWBORN)) return;
+    fl = __atomic_fetch_and(&o->flags, ~GC_OBJ_NEWBORN, __ATOMIC_ACQ_REL);
+    if (fl & GC_OBJ_NEWBORN)
+        __atomic_add_fetch(&gc_state.newborn_reached_bytes, gc_obj_occupancy(o, fl), __ATOMIC_RELAXED);
+}
+
+static int try_mark(rt_obj *o, uint32_t epoch, int seen, int count)
 {
     uint32_t want = (epoch << 1) | (seen ? GC_MARK_SEEN : 0);
     uint32_t m = __atomic_load_n(&o->mark, __ATOMIC_RELAXED);
     for (;;) {
         if ((m >> 1) == epoch) {
+            if (count) count_newborn(o);
             if (!seen || (m & GC_MARK_SEEN)) return 0;
             if (__atomic_compare_exchange_n(&o->mark, &m, m | GC_MARK_SEEN, 1, __ATOMIC_RELAXED,
                                             __ATOMIC_RELAXED))
@@ -48,15 +64,22 @@ int gc_try_mark(rt_obj *o, uint32_t epoch, int seen)
             continue;
         }
         if (__atomic_compare_exchange_n(&o->mark, &m, want, 1, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED))
+                                        __ATOMIC_RELAXED)) {
+            if (count) count_newborn(o);
             return 1;
+        }
     }
 }
 
+int gc_try_mark(rt_obj *o, uint32_t epoch, int seen) { return try_mark(o, epoch, seen, 1); }
+
+/* A table's slots are edges unless it was freed (kernels can no longer
+ * read them: its bounds are zero) or its payload is not host memory. */
 static inline int needs_trace(rt_obj *o)
 {
     return o->dtype == RT_DT_CAP && o->base &&
-           !(__atomic_load_n(&o->flags, __ATOMIC_ACQUIRE) & RT_OBJ_PAYLOAD_GONE);
+           !(__atomic_load_n(&o->flags, __ATOMIC_ACQUIRE) &
+             (RT_OBJ_FREED | RT_OBJ_PAYLOAD_GONE | RT_OBJ_DEVICE));
 }
 
 /* caller holds ms_mu */
@@ -95,7 +118,7 @@ int gc_mark_stack_empty(void)
 
 void gc_shade(rt_obj *o)
 {
-    if (gc_try_mark(o, __atomic_load_n(&gc_epoch, __ATOMIC_ACQUIRE), 0) && needs_trace(o))
+    if (try_mark(o, __atomic_load_n(&gc_state.epoch, __ATOMIC_ACQUIRE), 0, 0) && needs_trace(o))
         ms_push(&o, 1);
 }
 
@@ -108,7 +131,7 @@ void gc_store_barrier(rt_obj *target)
 {
     /* Dijkstra: shade the new target while marking.  Relaxed load: the
      * handshake after turning marking on orders it for every mutator. */
-    if (target && __atomic_load_n(&gc_marking, __ATOMIC_RELAXED)) gc_shade(target);
+    if (target && __atomic_load_n(&gc_state.marking, __ATOMIC_RELAXED)) gc_shade(target);
 }
 
 /* Roots held outside kernel frames: pins (Python handles) and holds

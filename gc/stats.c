@@ -6,13 +6,6 @@
 #include <string.h>
 #include "gc_internal.h"
 
-uint64_t gc_st_cycles, gc_st_handshakes, gc_st_objects_freed, gc_st_bytes_freed;
-uint64_t gc_st_bytes_alloc, gc_st_objects_alloc, gc_st_payload_alloc;
-uint64_t gc_st_verify_failures, gc_st_last_reclaimed, gc_st_late_roots;
-uint64_t gc_st_freed_payloads;
-double gc_st_mark_s, gc_st_sweep_s;
-int32_t gc_st_running;
-uint64_t gc_live_after;
 
 #define HS_RING 8192
 static pthread_mutex_t st_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -31,7 +24,7 @@ void gc_record_handshake(double s, double observed)
     if (s > hs_max) hs_max = s;
     if (observed > obs_max) obs_max = observed;
     pthread_mutex_unlock(&st_mu);
-    __atomic_add_fetch(&gc_st_handshakes, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gc_state.st.handshakes, 1, __ATOMIC_RELAXED);
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -61,27 +54,26 @@ void gc_get_stats(gc_stats_t *out)
 {
     gc_init();
     memset(out, 0, sizeof(*out));
-    out->cycles = __atomic_load_n(&gc_st_cycles, __ATOMIC_ACQUIRE);
-    uint64_t oa = __atomic_load_n(&gc_st_objects_alloc, __ATOMIC_ACQUIRE);
-    uint64_t of = __atomic_load_n(&gc_st_objects_freed, __ATOMIC_ACQUIRE);
-    uint64_t pa = __atomic_load_n(&gc_st_payload_alloc, __ATOMIC_ACQUIRE);
-    uint64_t pf = __atomic_load_n(&gc_st_bytes_freed, __ATOMIC_ACQUIRE);
+    out->cycles = __atomic_load_n(&gc_state.st.cycles, __ATOMIC_ACQUIRE);
+    uint64_t oa = __atomic_load_n(&gc_state.st.objects_alloc, __ATOMIC_ACQUIRE);
+    uint64_t of = __atomic_load_n(&gc_state.st.objects_freed, __ATOMIC_ACQUIRE);
+    uint64_t pa = __atomic_load_n(&gc_state.st.payload_alloc, __ATOMIC_ACQUIRE);
+    uint64_t pf = __atomic_load_n(&gc_state.st.bytes_freed, __ATOMIC_ACQUIRE);
     out->objects_live = oa - of;
     out->bytes_live = pa - pf;
     out->objects_freed_total = of;
     out->bytes_freed_total = pf;
-    out->bytes_allocated_total = __atomic_load_n(&gc_st_bytes_alloc, __ATOMIC_ACQUIRE);
+    out->bytes_allocated_total = __atomic_load_n(&gc_state.st.bytes_alloc, __ATOMIC_ACQUIRE);
     out->objects_allocated_total = oa;
-    out->handshakes = __atomic_load_n(&gc_st_handshakes, __ATOMIC_ACQUIRE);
-    out->mark_seconds_total = gc_st_mark_s;
-    out->sweep_seconds_total = gc_st_sweep_s;
-    out->threshold_bytes = __atomic_load_n(&gc_live_after, __ATOMIC_RELAXED) +
-                           __atomic_load_n(&gc_trigger_bytes, __ATOMIC_RELAXED);
-    out->stw = gc_stw_mode;
-    out->verify = gc_verify_mode;
-    out->verify_failures = __atomic_load_n(&gc_st_verify_failures, __ATOMIC_ACQUIRE);
-    out->running = __atomic_load_n(&gc_st_running, __ATOMIC_ACQUIRE);
-    out->enabled = __atomic_load_n(&gc_enabled, __ATOMIC_ACQUIRE);
+    out->handshakes = __atomic_load_n(&gc_state.st.handshakes, __ATOMIC_ACQUIRE);
+    out->mark_seconds_total = gc_state.st.mark_s;
+    out->sweep_seconds_total = gc_state.st.sweep_s;
+    out->threshold_bytes = __atomic_load_n(&gc_state.trigger_bytes, __ATOMIC_RELAXED);
+    out->stw = gc_state.stw_mode;
+    out->verify = gc_state.verify_mode;
+    out->verify_failures = __atomic_load_n(&gc_state.st.verify_failures, __ATOMIC_ACQUIRE);
+    out->running = __atomic_load_n(&gc_state.st.running, __ATOMIC_ACQUIRE);
+    out->enabled = __atomic_load_n(&gc_state.enabled, __ATOMIC_ACQUIRE);
 
     static double tmp[HS_RING];
     pthread_mutex_lock(&st_mu);
@@ -109,6 +101,6 @@ void gc_handshake_observed_us(double out[3])
     pthread_mutex_unlock(&st_mu);
 }
 
-uint64_t gc_last_cycle_reclaimed(void) { return __atomic_load_n(&gc_st_last_reclaimed, __ATOMIC_ACQUIRE); }
-uint64_t gc_late_roots(void) { return __atomic_load_n(&gc_st_late_roots, __ATOMIC_ACQUIRE); }
-uint64_t gc_freed_payloads_released(void) { return __atomic_load_n(&gc_st_freed_payloads, __ATOMIC_ACQUIRE); }
+uint64_t gc_last_cycle_reclaimed(void) { return __atomic_load_n(&gc_state.st.last_reclaimed, __ATOMIC_ACQUIRE); }
+uint64_t gc_late_roots(void) { return __atomic_load_n(&gc_state.st.late_roots, __ATOMIC_ACQUIRE); }
+uint64_t gc_freed_payloads_released(void) { return __atomic_load_n(&gc_state.st.freed_payloads, __ATOMIC_ACQUIRE); }

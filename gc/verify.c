@@ -66,7 +66,7 @@ static void report(vset *s, rt_obj *o, const char *what)
             "\n*** capqr gc VERIFY FAILURE: reachable object id=%llu name='%s' %s "
             "(flags=0x%x mark=0x%x pins=%d holds=%d epoch=%u) ***\n",
             (unsigned long long)o->id, o->name, what, o->flags, o->mark, o->pins, o->holds,
-            gc_epoch);
+            gc_state.epoch);
 }
 
 static void add_block(rt_block *b, void *arg)
@@ -88,23 +88,26 @@ uint64_t gc_verify(void)
     /* World stopped: ENTERED threads are parked at pollchecks (their frames
      * are stable), nobody can enter.  Python threads still run but only
      * shrink the root set (unpin) or pin objects they already reach. */
-    pthread_mutex_lock(&gc_list_mu);
+    pthread_mutex_lock(&gc_state.list_mu);
     for (int pass = 0; pass < 2; pass++)
-        for (rt_obj *o = pass ? gc_heap_list : gc_alloc_list_head(); o; o = o->next)
+        for (rt_obj *o = pass ? gc_state.heap_list : gc_alloc_list_head(); o; o = o->next)
             if (__atomic_load_n(&o->pins, __ATOMIC_ACQUIRE) > 0 ||
                 __atomic_load_n(&o->holds, __ATOMIC_ACQUIRE) > 0)
                 vset_add(&s, o);
-    pthread_mutex_unlock(&gc_list_mu);
+    pthread_mutex_unlock(&gc_state.list_mu);
     gc_for_each_parked_block(add_block, &s);
     while (s.wn) {
         rt_obj *o = s.work[--s.wn];
         uint32_t fl = __atomic_load_n(&o->flags, __ATOMIC_ACQUIRE);
         if (fl & GC_OBJ_DEAD) { report(&s, o, "has a RELEASED HEADER"); continue; }
-        if ((fl & RT_OBJ_PAYLOAD_GONE) && !(fl & (RT_OBJ_FREED | RT_OBJ_EXTERNAL))) {
+        if ((fl & RT_OBJ_PAYLOAD_GONE) && !(fl & RT_OBJ_FREED)) {
             report(&s, o, "has a RELEASED PAYLOAD but was never freed");
             continue;
         }
-        if (o->dtype != RT_DT_CAP || (fl & RT_OBJ_PAYLOAD_GONE) || !o->base) continue;
+        /* freed tables have no edges (kernels cannot read their slots) */
+        if (o->dtype != RT_DT_CAP || (fl & (RT_OBJ_PAYLOAD_GONE | RT_OBJ_FREED | RT_OBJ_DEVICE)) ||
+            !o->base)
+            continue;
         rt_capslot *sl = (rt_capslot *)o->base;
         uint64_t n = o->nbytes / sizeof(rt_capslot);
         for (uint64_t i = 0; i < n; i++) {
@@ -116,10 +119,10 @@ uint64_t gc_verify(void)
     free(s.tab);
     free(s.work);
     if (s.failures) {
-        __atomic_add_fetch(&gc_st_verify_failures, s.failures, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&gc_state.st.verify_failures, s.failures, __ATOMIC_RELAXED);
         fprintf(stderr, "*** capqr gc: %llu verify failure(s) after cycle %llu ***\n",
-                (unsigned long long)s.failures, (unsigned long long)gc_st_cycles);
-        if (gc_verify_mode == 1) abort();
+                (unsigned long long)s.failures, (unsigned long long)gc_state.st.cycles);
+        if (gc_state.verify_mode == 1) abort();
     }
     return s.failures;
 }

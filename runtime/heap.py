@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .core import ffi, lib
+
+#: host-side drains of the collector's deferred releases (wrapped arrays,
+#: device payloads): run from Python threads, never from the collector's
+_RELEASE_HOOKS: list[Callable[[], Any]] = []
+
+
+def add_release_hook(fn: Callable[[], Any]) -> None:
+    """Run ``fn`` after every gc_collect() (it drains a release queue)."""
+    if fn not in _RELEASE_HOOKS:
+        _RELEASE_HOOKS.append(fn)
 
 _FIELDS = ("cycles", "objects_live", "bytes_live", "objects_freed_total", "bytes_freed_total",
            "bytes_allocated_total", "objects_allocated_total", "handshakes",
@@ -16,6 +27,8 @@ _FIELDS = ("cycles", "objects_live", "bytes_live", "objects_freed_total", "bytes
 def gc_collect() -> None:
     """Run one full collector cycle and wait for it (GIL released)."""
     lib.gc_collect()
+    for fn in _RELEASE_HOOKS:
+        fn()
 
 
 def gc_stats() -> dict[str, Any]:
@@ -38,8 +51,9 @@ def gc_set_enabled(enabled: bool) -> None:
     lib.gc_set_enabled(1 if enabled else 0)
 
 
-def gc_set_threshold(ratio: float = 1.5, floor_bytes: int = 1 << 20) -> None:
-    """Start a cycle when the heap grows past max(ratio * live, floor_bytes)."""
+def gc_set_threshold(ratio: float = 1.25, floor_bytes: int = 1 << 20) -> None:
+    """Pace the heap: with T = max(ratio * live, floor_bytes), a cycle starts at
+    live + T/2 and allocating kernels wait for it past live + T (gc/pace.c)."""
     lib.gc_set_threshold(float(ratio), int(floor_bytes))
 
 

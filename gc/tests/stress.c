@@ -35,7 +35,7 @@ static snap snap_of(rt_obj *o)
 
 static inline void poll(rt_thread *t)
 {
-    if (__atomic_load_n(&rt_poll_word, __ATOMIC_ACQUIRE) & RT_POLL_HANDSHAKE) gc_handshake_poll(t);
+    if (__atomic_load_n(&rt_poll_word, __ATOMIC_ACQUIRE) & RT_POLL_GC) gc_handshake_poll(t);
 }
 
 static void store_cap(rt_obj *table, uint64_t i, rt_obj *v)
@@ -193,6 +193,10 @@ int main(int argc, char **argv)
            (unsigned long long)st.objects_freed_total,
            (unsigned long long)gc_freed_payloads_released(), (unsigned long long)gc_late_roots(),
            (unsigned long long)st.verify_failures);
+    double pace[2];
+    gc_pace_stats(pace);
+    printf("pace: waits=%.0f wait_s=%.3f peak_occupancy=%llu goal=%llu\n", pace[0], pace[1],
+           (unsigned long long)gc_heap_peak(0), (unsigned long long)gc_heap_goal());
     printf("objects before final cycles=%llu after=%llu live_bytes=%llu\n",
            (unsigned long long)before, (unsigned long long)after,
            (unsigned long long)st.bytes_live);

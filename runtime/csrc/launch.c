@@ -159,7 +159,7 @@ __attribute__((noreturn)) static void fault_div_impl(rt_block *b, int32_t line)
 static void poll_impl(rt_block *b)
 {
     int32_t w = __atomic_load_n(&rt_poll_word, __ATOMIC_ACQUIRE);
-    if (w & RT_POLL_HANDSHAKE) gc_handshake_poll(b->thread);
+    if (w & RT_POLL_GC) gc_handshake_poll(b->thread);
     if (__atomic_load_n(&b->launch->stop, __ATOMIC_ACQUIRE)) longjmp(b->jmp, 2);
 }
 
