@@ -44,14 +44,12 @@
 #include <stddef.h>
 #include <setjmp.h>
 
+#include "cap_abi.h"   /* dtype/fault codes, cap_t, the bounds predicate */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- dtypes and permissions -------------------------------------------- */
-enum { RT_DT_F16 = 1, RT_DT_F32 = 2, RT_DT_F64 = 3, RT_DT_I32 = 4, RT_DT_I64 = 5,
-       RT_DT_U8 = 6, RT_DT_CAP = 7 };
-enum { RT_PERM_R = 1, RT_PERM_W = 2 };
 
 /* rt_obj.flags */
 enum { RT_OBJ_FREED = 1,      /* explicit free() happened */
@@ -78,14 +76,6 @@ typedef struct rt_obj {
     char name[RT_NAME_MAX];     /* buffer name shown in faults */
 } rt_obj;
 
-/* A capability as a kernel holds it: 40 bytes, by value. */
-typedef struct cap_t {
-    char *p;                    /* current origin: what cap_to_int() returns */
-    char *lo;                   /* object payload start */
-    uint64_t rlen;              /* readable bytes from lo (snapshot) */
-    uint64_t wlen;              /* writable bytes from lo (snapshot) */
-    rt_obj *obj;                /* owner; NULL for a cap made from an integer */
-} cap_t;
 
 /* One element of a cap table (dtype RT_DT_CAP). */
 typedef struct rt_capslot {
@@ -101,13 +91,8 @@ typedef union rt_arg {
     float f32;
 } rt_arg;
 
-/* ---- faults ------------------------------------------------------------ */
-enum { RT_OK = 0, RT_FAULT_OOB = 1, RT_FAULT_READONLY = 2, RT_FAULT_FREED = 3,
-       RT_FAULT_NOBOUNDS = 4, RT_FAULT_LOCAL = 5, RT_FAULT_TIMEOUT = 6,
-       RT_FAULT_CANCELLED = 7, RT_FAULT_ALLOC = 8, RT_FAULT_ARG = 9,
-       RT_FAULT_DIVZERO = 10, RT_FAULT_TYPE = 11 };
-enum { RT_ACC_LOAD = 1, RT_ACC_STORE = 2 };
 
+/* ---- faults ------------------------------------------------------------ */
 typedef struct rt_fault_rec {
     int32_t kind;               /* RT_FAULT_* (0: none) */
     int32_t access;             /* RT_ACC_* */
@@ -190,10 +175,6 @@ RT_INLINE uint16_t rt_float_to_half(float f)
     return h;
 }
 
-#define RT_LIKELY(x) __builtin_expect(!!(x), 1)
-#define RT_UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* Indices beyond +-2^58 could wrap i*sizeof(T); they are out of every buffer. */
-#define RT_IDX_LIMIT ((uint64_t)1 << 58)
 
 __attribute__((noinline, cold, noreturn)) static void rt_fail_local(rt_block *b, const char *a,
                                                                     int64_t i, int32_t line)
@@ -252,16 +233,6 @@ RT_INLINE int rt_affine_end(int64_t e0, int64_t d, int64_t span, int64_t *end)
 #if !defined(RT_RAW) && !defined(RT_RAW_POLL)
 /* ====================== checked mode ===================================== */
 
-/* In bounds iff the byte offset off = (p - lo) + i*S (mod 2^64: exactly the
- * address the access would touch) satisfies off < len and off + S <= len.
- * off < len first, so a "negative" off (huge unsigned) can never wrap the
- * second sum back into range.  |i| < 2^58 is required on top, so an index
- * whose i*S wraps into the buffer is still refused.  All operands are in
- * registers (the bounds are a by-value snapshot). */
-#define RT_OFF(c, i, S) ((uint64_t)((c).p - (c).lo) + (uint64_t)(i) * (uint64_t)(S))
-#define RT_INB(c, i, S, LEN)                                                     \
-    (RT_LIKELY(((uint64_t)(i) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT) &&             \
-     RT_LIKELY(RT_OFF(c, i, S) < (LEN)) && RT_LIKELY(RT_OFF(c, i, S) + (S) <= (LEN)))
 
 #define RT_DEFINE_ACCESS(T, CT, S)                                                \
     RT_INLINE CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
@@ -307,7 +278,7 @@ RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
     /* Moving the origin is always allowed; checks stay relative to the object.
      * Wrapping arithmetic: an absurd k yields an origin every access rejects. */
     c.p = (char *)((uint64_t)c.p + (uint64_t)k * (uint64_t)S);
-    if (((uint64_t)k + RT_IDX_LIMIT) >= 2 * RT_IDX_LIMIT) { c.rlen = 0; c.wlen = 0; }
+    if (!RT_OFFSET_SANE(k)) { c.rlen = 0; c.wlen = 0; }
     return c;
 }
 

@@ -26,14 +26,15 @@ from dataclasses import dataclass
 
 from pycparser import c_ast, c_generator
 
+from capabilities import abi
+
 from .errors import VerifyError
 from .hoist import node_fields
 from .parse import is_user_node
 from .verifier import VerifiedSource
 
-SIZES = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "cap": 16}
-DT_CODES = {"f16": "RT_DT_F16", "f32": "RT_DT_F32", "f64": "RT_DT_F64", "i32": "RT_DT_I32",
-            "i64": "RT_DT_I64", "cap": "RT_DT_CAP"}
+SIZES = abi.ELEM_SIZE
+DT_CODES = {d.suffix: f"RT_DT_{d.suffix.upper()}" for d in abi.DTYPES}
 ARG_FIELD = {"cap": "cap", "int64": "i64", "double": "f64", "float": "f32"}
 
 MODES = ("checked", "raw", "raw_poll")

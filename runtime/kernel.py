@@ -155,6 +155,7 @@ def _toolchain_version() -> str:
     caches.  Read once per process: compile() is called on every kernels.qr call."""
     here = Path(__file__).resolve().parent
     return content_hash((CAP_INCLUDE / "cap.h").read_text(),
+                        (CAP_INCLUDE / "cap_abi.h").read_text(),
                         *[(here / f).read_text() for f in
                           ("instrument.py", "hoist.py", "verifier.py", "parse.py")])
 

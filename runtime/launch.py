@@ -7,15 +7,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from capabilities import abi
+
 from . import core
 from .errors import CapabilityFault, KernelTimeout
 
 ffi, lib = core.ffi, core.lib
 
-FAULT_REASONS = {1: "out-of-bounds", 2: "read-only", 3: "freed", 4: "no-bounds",
-                 5: "local-array", 8: "alloc", 10: "division-by-zero", 11: "type"}
-RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED = 6, 7
-ACCESS = {0: None, 1: "load", 2: "store"}
+FAULT_REASONS = abi.FAULT_REASON
+RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED = abi.FAULT_CODE["TIMEOUT"], abi.FAULT_CODE["CANCELLED"]
+ACCESS = abi.ACCESS
 #: How often the waiting host thread wakes to deliver signals (Ctrl-C) and
 #: enforce the deadline.
 WAIT_SLICE = 0.05

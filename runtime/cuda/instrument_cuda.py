@@ -39,10 +39,12 @@ from dataclasses import dataclass, field
 
 from pycparser import c_ast, c_generator
 
+from capabilities import abi
+
 from ..errors import CompileError, VerifyError
 from ..parse import ParsedSource, is_user_node
 
-ELEM = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}
+ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
 
 #: scalar parameter kinds by C type name (after typedef names)
 SCALAR_KIND = {
@@ -52,31 +54,20 @@ SCALAR_KIND = {
     "unsigned int": "u32", "double": "f64", "float": "f32",
 }
 
-FAULT_KINDS = {1: "out-of-bounds", 2: "read-only", 3: "freed", 4: "no-bounds",
-               5: "local-array", 6: "timeout"}
+FAULT_KINDS = abi.FAULT_REASON
 
 DEVICE_PRELUDE = r"""
 /* ---- capqr device runtime (generated; see runtime/cuda/instrument_cuda.py) ---- */
 #pragma nv_diag_suppress 177   /* unused helpers of the runtime are expected */
 #pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
 
-/* cap_t as the launcher passes it (40 bytes, by value).  tag: bits 0-31 the
- * argument slot + 1 (0: made by cap_from_int), bit 32: the object was freed. */
-struct rt_cap { char *p; char *lo; unsigned long long rlen; unsigned long long wlen;
-                unsigned long long tag; };
-typedef struct rt_cap cap_t;
-
+/* cap_t, fault/dtype codes and RT_INB come from capabilities/abi.py (shared with cap.h). */
 struct rt_gpu_fault { int flag; int kind; int access; int line; long long block;
                       long long index; long long elsize; long long offset;
                       int thread; int slot; };
 __device__ struct rt_gpu_fault __rt_fault;   /* first fault of the launch (host reads it) */
 __device__ int __rt_cancel;                  /* set by the host when the deadline passed */
 __shared__ volatile int __rt_bfault;         /* this block: a thread faulted / cancelled */
-
-#define RT_IDX_LIMIT (1ull << 58)
-#define RT_INB(c, i, S, LEN)                                                  \
-    ((((unsigned long long)(i) + RT_IDX_LIMIT) < 2ull * RT_IDX_LIMIT) &&       \
-     ((unsigned long long)((c).p - (c).lo) + (unsigned long long)(i) * (S) + (S) <= (LEN)))
 
 static __device__ __forceinline__ float rt_h2f(unsigned short h)
 { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -98,7 +89,7 @@ static __device__ __forceinline__ cap_t rt_offset(cap_t c, long long k, long lon
 {
     c.p = (char *)((unsigned long long)c.p + (unsigned long long)k * (unsigned long long)S);
 #ifndef RT_RAW
-    if (((unsigned long long)k + RT_IDX_LIMIT) >= 2ull * RT_IDX_LIMIT) { c.rlen = 0; c.wlen = 0; }
+    if (!RT_OFFSET_SANE(k)) { c.rlen = 0; c.wlen = 0; }
 #endif
     return c;
 }
@@ -130,16 +121,17 @@ static __device__ __noinline__ void rt_fault_cap(cap_t c, long long i, int S, in
     unsigned long long tag = c.tag;
     int slot = (int)(tag & 0xffffffffull);
     int kind;
-    if (slot == 0) kind = 4;                                    /* no-bounds */
-    else if ((tag >> 32) & 1ull) kind = 3;                      /* freed */
-    else if (acc == 2 && RT_INB(c, i, (unsigned long long)S, c.rlen)) kind = 2;  /* read-only */
-    else kind = 1;                                              /* out-of-bounds */
+    if (slot == 0) kind = RT_FAULT_NOBOUNDS;
+    else if ((tag >> 32) & 1ull) kind = RT_FAULT_FREED;
+    else if (acc == RT_ACC_STORE && RT_INB(c, i, (unsigned long long)S, c.rlen))
+        kind = RT_FAULT_READONLY;
+    else kind = RT_FAULT_OOB;
     rt_record(kind, acc, line, i, S, (long long)(c.p - c.lo), slot - 1);
     rt_exit_block(1);
 }
 static __device__ __noinline__ void rt_fault_local(long long i, int id, int line)
 {
-    rt_record(5, 0, line, i, 0, 0, -(id + 1));
+    rt_record(RT_FAULT_LOCAL, 0, line, i, 0, 0, -(id + 1));
     rt_exit_block(1);
 }
 static __device__ __noinline__ void rt_poll_slow(void)
@@ -165,13 +157,19 @@ static __device__ __forceinline__ long long rt_lidx(long long i, long long n, in
 #define RT_DEFINE_ACCESS(T, CT, S, LD, ST)                                            \
     static __device__ __forceinline__ float_or_##T rt_load_##T(cap_t c, long long i, int line) \
     {                                                                                \
-        if (!RT_INB(c, i, S, c.rlen)) { rt_fault_cap(c, i, S, 1, line); __builtin_unreachable(); } \
+        if (!RT_INB(c, i, S, c.rlen)) {                                              \
+            rt_fault_cap(c, i, S, RT_ACC_LOAD, line);                               \
+            __builtin_unreachable();                                                 \
+        }                                                                            \
         return LD(((const CT *)c.p)[i]);                                             \
     }                                                                                \
     static __device__ __forceinline__ void rt_store_##T(cap_t c, long long i, float_or_##T v, \
                                                         int line)                    \
     {                                                                                \
-        if (!RT_INB(c, i, S, c.wlen)) { rt_fault_cap(c, i, S, 2, line); __builtin_unreachable(); } \
+        if (!RT_INB(c, i, S, c.wlen)) {                                              \
+            rt_fault_cap(c, i, S, RT_ACC_STORE, line);                               \
+            __builtin_unreachable();                                                 \
+        }                                                                            \
         ((CT *)c.p)[i] = ST(v);                                                      \
     }
 #else
@@ -227,6 +225,11 @@ static __device__ __forceinline__ bool rt_lrange_ok(long long lo, long long hi, 
 #define rt_ustore_f16(c, i, v) (((unsigned short *)(c).p)[i] = rt_f2h(v))
 /* ---- end of the device runtime; kernel source follows ---- */
 """
+
+
+def device_prelude() -> str:
+    """The device runtime: the shared ABI fragment, then the device helpers."""
+    return "#define RT_DEVICE_LANE 1\n" + abi.c_header() + DEVICE_PRELUDE
 
 
 @dataclass
@@ -670,7 +673,7 @@ class _Instrumenter:
         return out, KernelInfo(name, params, line)
 
     def run(self) -> CudaSource:
-        parts = [("" if self.checked else "#define RT_RAW 1\n") + DEVICE_PRELUDE]
+        parts = [("" if self.checked else "#define RT_RAW 1\n") + device_prelude()]
         kernels: dict[str, KernelInfo] = {}
         # Forward declarations first so helpers may appear in any order.
         for ext in self.parsed.ast.ext:

@@ -23,18 +23,18 @@ from typing import Any
 
 import numpy as np
 
+from capabilities import abi
+
 from ..errors import CapabilityFault, CompileError, KernelTimeout
 from . import driver as drv
 from . import nvrtc
 from .instrument_cuda import FAULT_KINDS, CudaSource, KernelInfo, instrument
 
-CAP_CDEF = """
-typedef struct { char *p; char *lo; unsigned long long rlen; unsigned long long wlen;
-                 unsigned long long tag; } rt_cap;
+CAP_CDEF = abi.cffi_cap_cdef() + """
 typedef struct { int flag; int kind; int access; int line; long long block; long long index;
                  long long elsize; long long offset; int thread; int slot; } rt_gpu_fault;
 """
-TAG_FREED = 1 << 32
+TAG_FREED = abi.GPU_TAG_FREED
 _DTYPES = {"float16", "float32", "float64", "int32", "int64", "uint8"}
 
 _ffi_lock = threading.Lock()
