@@ -24,10 +24,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from pycparser import c_ast, c_generator
+from pycparser import c_ast
 
 from capabilities import abi
 
+from .astutil import CapTyping, Generator, StmtExpr
 from .errors import VerifyError
 from .hoist import node_fields
 from .parse import is_user_node
@@ -98,6 +99,10 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         self.mode = mode
         self.arrays: dict[str, tuple[int, ...]] = {}  # local arrays (from the verifier)
         self.cap_slots: dict[str, int] = {}
+        self.typing: CapTyping | None = None  # set when frames are on
+        self.spill_top = 0   # hidden slots in use by the spills being rewritten
+        self.spill_max = 0
+        self.spill_count = 0  # temporaries named so far
 
     # -- expression rewriting --------------------------------------------
     def rewrite(self, node: c_ast.Node | None) -> c_ast.Node | None:
@@ -202,7 +207,33 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         return node
 
     def _rewrite_call(self, node: c_ast.FuncCall) -> c_ast.Node:
-        args = [self.rewrite(a) for a in (node.args.exprs if node.args else [])]
+        held = self.typing.spill_args(node) if self.typing is not None else None
+        if held is None:
+            args = [self.rewrite(a) for a in (node.args.exprs if node.args else [])]
+            return self._lower_call(node, args)
+        # A cap computed by one argument would sit in a compiler temporary
+        # while another argument polls or allocates: evaluate the arguments in
+        # source order into temporaries, caps into hidden shadow slots.
+        base = self.spill_top
+        decls: list[tuple[str, str, c_ast.Node]] = []
+        temps: list[c_ast.Node] = []
+        for a, is_held in zip(node.args.exprs, held, strict=True):
+            val = self.rewrite(a)
+            tmp = f"__sp{self.spill_count}"
+            self.spill_count += 1
+            if is_held:
+                slot = len(self.cap_slots) + self.spill_top
+                self.spill_top += 1
+                self.spill_max = max(self.spill_max, self.spill_top)
+                val = _call("rt_root", c_ast.UnaryOp("&", _id("__fr")), _const(slot), val)
+                decls.append(("cap_t", tmp, val))
+            else:
+                decls.append(("__auto_type", tmp, val))
+            temps.append(_id(tmp))
+        self.spill_top = base
+        return StmtExpr(decls, self._lower_call(node, temps), node.coord)
+
+    def _lower_call(self, node: c_ast.FuncCall, args: list[c_ast.Node]) -> c_ast.Node:
         name = node.name.name if isinstance(node.name, c_ast.ID) else None
         line = _line(node)
         rt = _id("__rt")
@@ -297,6 +328,8 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
     user = [e for e in ast.ext if is_user_node(e)]
     funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)}
     frames = _creates_objects(ast)
+    cap_funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)
+                 and verified.returns_cap.get(e.decl.name, False)}
     out_ext: list[c_ast.Node] = []
     for ext in user:
         if isinstance(ext, c_ast.Decl) and isinstance(ext.type, c_ast.FuncDecl):
@@ -311,6 +344,9 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
         fi.arrays = dict(verified.local_arrays.get(name, {}))
         caps = list(verified.cap_locals.get(name, [])) if frames else []
         fi.cap_slots = {n: k for k, n in enumerate(caps)}
+        if frames:
+            fi.typing = CapTyping(frozenset(verified.cap_locals.get(name, [])),
+                                  frozenset(cap_funcs), frozenset(funcs))
         if hoist and mode in ("checked", "raw_poll"):  # raw_poll: same poll placement
             from .hoist import hoist_function
 
@@ -319,16 +355,15 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
         _add_rt_param(ext.decl.type)
         if "static" not in ext.decl.storage:
             ext.decl.storage = ["static"] + list(ext.decl.storage)
-        if caps:
-            pre: list[c_ast.Node] = [_call("RT_FRAME", _const(len(caps)))]
+        if caps or fi.spill_max:
+            pre: list[c_ast.Node] = [_call("RT_FRAME", _const(len(caps) + fi.spill_max))]
             args = ext.decl.type.args
             for p in (args.params if args else []):
                 if isinstance(p, c_ast.Decl) and p.name in fi.cap_slots:
                     pre.append(fi._root(p.name, _id(p.name)))
             ext.body.block_items = pre + list(ext.body.block_items or [])
         out_ext.append(ext)
-    gen = c_generator.CGenerator()
-    body = gen.visit(c_ast.FileAST(out_ext))
+    body = Generator().visit(c_ast.FileAST(out_ext))
     call_args = ", ".join(f"a[{i}].{ARG_FIELD[k]}" for i, (_, k) in enumerate(sig.params))
     sep = ", " if call_args else ""
     entry = (

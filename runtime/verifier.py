@@ -26,6 +26,7 @@ from typing import NoReturn
 
 from pycparser import c_ast
 
+from .astutil import CapTyping
 from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
@@ -138,6 +139,7 @@ class VerifiedSource:
     helpers: list[str] = field(default_factory=list)
     local_arrays: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     cap_locals: dict[str, list[str]] = field(default_factory=dict)
+    returns_cap: dict[str, bool] = field(default_factory=dict)
     call_graph: dict[str, set[str]] = field(default_factory=dict)
 
 
@@ -654,7 +656,17 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(decl, "too many cap_t locals",
                        f"'{name}' has {len(fn.caps)} cap_t params/locals; each needs a shadow "
                        f"slot and a frame holds {MAX_CAP_LOCALS}")
+        typing = CapTyping(frozenset(fn.caps),
+                           frozenset(f for f, sig in self._sigs.items() if sig[1] == "cap"),
+                           frozenset(self._sigs))
+        spills = typing.spill_slots(node.body)
+        if len(fn.caps) + spills > MAX_CAP_LOCALS:
+            self._fail(decl, "too many live cap_t temporaries",
+                       f"'{name}' needs {len(fn.caps)} cap_t slots plus {spills} for caps held "
+                       f"across calls in argument lists; a frame holds {MAX_CAP_LOCALS} "
+                       "(move nested calls into cap_t locals)")
         self.result.cap_locals[name] = fn.caps
+        self.result.returns_cap[name] = ret == "cap"
         self.result.local_arrays[name] = fn.arrays
         if is_kernel:
             self.result.kernels[name] = KernelSig(
