@@ -31,6 +31,38 @@ def int_literal(node: c_ast.Node | None) -> int | None:
         return None
 
 
+def pure_expr(node: c_ast.Node) -> bool:
+    """No side effects and cannot fault: safe to evaluate early or twice."""
+    if isinstance(node, (c_ast.ID, c_ast.Constant)):
+        return not (isinstance(node, c_ast.Constant) and node.type in ("string", "char"))
+    if isinstance(node, c_ast.BinaryOp):
+        if node.op in ("/", "%"):
+            # only a non-zero integer literal divisor: the guard must never fault
+            divisor = int_literal(node.right)
+            return pure_expr(node.left) and divisor is not None and divisor != 0
+        return pure_expr(node.left) and pure_expr(node.right)
+    if isinstance(node, c_ast.UnaryOp):
+        return node.op in ("-", "+", "~", "!") and pure_expr(node.expr)
+    if isinstance(node, c_ast.Cast):
+        return pure_expr(node.expr)
+    if isinstance(node, c_ast.TernaryOp):
+        return pure_expr(node.cond) and pure_expr(node.iftrue) and pure_expr(node.iffalse)
+    if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID):
+        if node.name.name.startswith(("cap_len_",)) or node.name.name in (
+                "rt_block_idx", "rt_grid_dim"):
+            return all(pure_expr(a) for a in (node.args.exprs if node.args else []))
+    return False
+
+
+def pure_lvalue(lv: c_ast.Node) -> bool:
+    """A variable or an array element with pure subscripts (safe to evaluate twice)."""
+    if isinstance(lv, c_ast.ID):
+        return True
+    if isinstance(lv, c_ast.ArrayRef):
+        return pure_lvalue(lv.name) and pure_expr(lv.subscript)
+    return False
+
+
 def node_fields(n: c_ast.Node) -> Iterator[tuple[str, Any]]:
     """(attribute, value) for every child slot of a pycparser node."""
     for attr in n.__slots__:

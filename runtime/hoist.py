@@ -26,15 +26,14 @@ mathematical one and lies between its two checked ends.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from pycparser import c_ast
 
+from .astutil import int_literal, node_fields, pure_expr
+
 # int counters are guarded by rt_loop_span32 (start fits, no wrap past INT32_MAX).
 _INT_TYPES = {"int64_t": 64, "long": 64, "int": 32, "int32_t": 32}
-_PURE_CALLS_PREFIX = ("cap_len_",)
 _ACCESS_PREFIX = ("cap_load_", "cap_store_")
 _ELEM = ("f16", "f32", "f64", "i32", "i64")
 
@@ -115,13 +114,6 @@ def _loop_depth(node: c_ast.Node | None) -> int:
     return best
 
 
-def node_fields(n: c_ast.Node) -> Iterator[tuple[str, Any]]:
-    """(field name, value) of a pycparser node's children (its __slots__ minus bookkeeping)."""
-    for attr in n.__slots__:
-        if attr not in ("coord", "__weakref__"):
-            yield attr, getattr(n, attr, None)
-
-
 def array_chain(ref: c_ast.ArrayRef) -> tuple[c_ast.Node, list[c_ast.ArrayRef]]:
     """a[i][j][k] -> (a, [a[i], a[i][j], a[i][j][k]]): the base and each subscript level."""
     chain: list[c_ast.ArrayRef] = []
@@ -174,29 +166,6 @@ def _assigned(node: c_ast.Node | None) -> set[str]:
     if node is not None:
         V().visit(node)
     return out
-
-
-def _pure(node: c_ast.Node) -> bool:
-    """No side effects and cannot fault: safe to evaluate early or twice."""
-    if isinstance(node, (c_ast.ID, c_ast.Constant)):
-        return not (isinstance(node, c_ast.Constant) and node.type in ("string", "char"))
-    if isinstance(node, c_ast.BinaryOp):
-        if node.op in ("/", "%"):
-            # division by zero would trap (SIGFPE) where the original might not run
-            return (_pure(node.left) and isinstance(node.right, c_ast.Constant)
-                    and node.right.value not in ("0", "0L"))
-        return _pure(node.left) and _pure(node.right)
-    if isinstance(node, c_ast.UnaryOp):
-        return node.op in ("-", "+", "~", "!") and _pure(node.expr)
-    if isinstance(node, c_ast.Cast):
-        return _pure(node.expr)
-    if isinstance(node, c_ast.TernaryOp):
-        return _pure(node.cond) and _pure(node.iftrue) and _pure(node.iffalse)
-    if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID):
-        if node.name.name.startswith(_PURE_CALLS_PREFIX) or node.name.name in (
-                "rt_block_idx", "rt_grid_dim"):
-            return all(_pure(a) for a in (node.args.exprs if node.args else []))
-    return False
 
 
 def _subst(expr: c_ast.Node, var: str, repl: c_ast.Node) -> c_ast.Node:
@@ -271,13 +240,10 @@ def _loop_shape(loop: c_ast.For) -> tuple[str, int, c_ast.Node, c_ast.Node, str,
     elif (isinstance(nxt, c_ast.Assignment) and nxt.op == "+=" and isinstance(nxt.lvalue, c_ast.ID)
           and nxt.lvalue.name == var and isinstance(nxt.rvalue, c_ast.Constant)
           and nxt.rvalue.type == "int"):
-        try:
-            step = int(nxt.rvalue.value.rstrip("uUlL"), 0)
-        except ValueError:
-            step = None
+        step = int_literal(nxt.rvalue)
     if not step or step <= 0 or step > 1 << 20:
         return None
-    if not (_pure(d.init) and _pure(cond.right)):
+    if not (pure_expr(d.init) and pure_expr(cond.right)):
         return None
     return var, bits, d.init, cond.right, cond.op, step
 
@@ -314,7 +280,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             cap, idx = n.args.exprs[0], n.args.exprs[1]
             if not isinstance(cap, c_ast.ID) or cap.name in changed:
                 return
-            if not _pure(idx) or not _affine(idx, var) or (_ids(idx) - {var}) & changed:
+            if not pure_expr(idx) or not _affine(idx, var) or (_ids(idx) - {var}) & changed:
                 return
             accesses.append(n)
 
@@ -335,7 +301,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
                 self.visit(ref.subscript)
                 idx = ref.subscript
                 if (dims is not None and depth < len(dims) and cur.name not in changed
-                        and _pure(idx) and _affine(idx, var)
+                        and pure_expr(idx) and _affine(idx, var)
                         and not ((_ids(idx) - {var}) & changed)):
                     subs.append((ref, dims[depth]))
 
@@ -537,11 +503,8 @@ def _mark_nopoll(loop: c_ast.Node) -> None:
 
 
 def _const_int(node: c_ast.Node) -> int | None:
-    if isinstance(node, c_ast.Constant) and node.type == "int":
-        try:
-            return int(node.value.rstrip("uUlL"), 0)
-        except ValueError:
-            return None
+    if isinstance(node, c_ast.Constant):
+        return int_literal(node)
     if isinstance(node, c_ast.UnaryOp) and node.op == "-":
         v = _const_int(node.expr)
         return None if v is None else -v

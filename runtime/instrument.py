@@ -28,9 +28,7 @@ from pycparser import c_ast
 
 from capabilities import abi
 
-from .astutil import CapTyping, Generator, StmtExpr
-from .errors import VerifyError
-from .hoist import node_fields
+from .astutil import CapTyping, Generator, StmtExpr, node_fields, pure_lvalue
 from .parse import is_user_node
 from .verifier import VerifiedSource
 
@@ -134,13 +132,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         if isinstance(node, c_ast.Assignment) and node.op in ("/=", "%="):
             # x /= y  ->  x = RT_DIV(x, y): the lvalue is evaluated twice, so it
             # must be side-effect free (a variable or a pure subscript).
-            from .hoist import _pure
-
-            if not _pure_lvalue(node.lvalue, _pure):
-                raise VerifyError(node.coord.line if node.coord else None,
-                                  f"compound '{node.op}' on a complex lvalue",
-                                  "write it as 'x = x / y' (the checked division needs the "
-                                  "target twice)")
+            assert pure_lvalue(node.lvalue), "the verifier admits only pure /= targets"
             op = node.op[0]
             node.rvalue = c_ast.BinaryOp(op, copy.deepcopy(node.lvalue), node.rvalue,
                                          node.coord)
@@ -269,14 +261,6 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return c_ast.StructRef(rt, "->", _id("grid_dim"))
         node.args = c_ast.ExprList(args) if node.args else None
         return node
-
-
-def _pure_lvalue(lv: c_ast.Node, pure) -> bool:
-    if isinstance(lv, c_ast.ID):
-        return True
-    if isinstance(lv, c_ast.ArrayRef):
-        return _pure_lvalue(lv.name, pure) and pure(lv.subscript)
-    return False
 
 
 def _creates_objects(ast: c_ast.FileAST) -> bool:

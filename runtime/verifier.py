@@ -26,7 +26,7 @@ from typing import NoReturn
 
 from pycparser import c_ast
 
-from .astutil import CapTyping
+from .astutil import CapTyping, int_literal, pure_lvalue
 from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
@@ -171,16 +171,6 @@ def verify(parsed: ParsedSource, *, target: str = "cpu") -> VerifiedSource:
     v = _Verifier(parsed, target)
     v.visit(parsed.ast)
     return v.result
-
-
-def _int_literal(node: c_ast.Node) -> int | None:
-    """Value of a plain integer literal the way the instrumenter reads it, else None."""
-    if not isinstance(node, c_ast.Constant) or "int" not in node.type or "'" in node.value:
-        return None
-    try:
-        return int(node.value.rstrip("uUlL"), 0)
-    except ValueError:
-        return None
 
 
 def _callees(body: c_ast.Node, names: set[str]) -> set[str]:
@@ -386,7 +376,7 @@ class _Verifier(c_ast.NodeVisitor):
             if d is None:
                 self._fail(node, "array without a size",
                            "local arrays need an explicit integer-literal size")
-            val = _int_literal(d)
+            val = int_literal(d)
             if val is None:
                 self._fail(d, "non-constant array size",
                            "array sizes must be decimal or hex integer literals: a runtime "
@@ -933,6 +923,9 @@ class _Verifier(c_ast.NodeVisitor):
             self.visit(lv)  # e.g. member access: report the construct itself
             self._fail(lv, "assignment target", "only variables and array elements are "
                        "assignable")
+        elif node.op in ("/=", "%=") and not pure_lvalue(lv):
+            self._fail(node, f"compound '{node.op}' on a complex lvalue",
+                       "write it as 'x = x / y' (the checked division needs the target twice)")
         self.generic_visit(node)
 
     def visit_ArrayRef(self, node: c_ast.ArrayRef) -> None:

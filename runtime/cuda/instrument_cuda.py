@@ -41,6 +41,7 @@ from pycparser import c_ast, c_generator
 
 from capabilities import abi
 
+from ..astutil import int_literal
 from ..errors import CompileError, VerifyError
 from ..parse import ParsedSource, is_user_node
 
@@ -269,9 +270,9 @@ def _type_name(t: c_ast.Node) -> str:
 
 def _const_int(node: c_ast.Node) -> int:
     """Evaluate an integer-constant array dimension (the verifier only admits constants)."""
-    if isinstance(node, c_ast.Constant) and node.type in ("int", "long", "unsigned int",
-                                                           "long int", "unsigned long"):
-        return int(node.value.rstrip("uUlL"), 0)
+    value = int_literal(node)
+    if value is not None:
+        return value
     if isinstance(node, c_ast.BinaryOp) and node.op in "+-*":
         a, b = _const_int(node.left), _const_int(node.right)
         return {"+": a + b, "-": a - b, "*": a * b}[node.op]
