@@ -30,37 +30,13 @@ from capabilities import abi
 
 from .astutil import CapTyping, Generator, StmtExpr, node_fields, pure_lvalue
 from .parse import is_user_node
-from .verifier import VerifiedSource
+from .verifier import KernelSig, VerifiedSource
 
 SIZES = abi.ELEM_SIZE
 DT_CODES = {d.suffix: f"RT_DT_{d.suffix.upper()}" for d in abi.DTYPES}
 ARG_FIELD = {"cap": "cap", "int64": "i64", "double": "f64", "float": "f32"}
 
 MODES = ("checked", "raw", "raw_poll")
-
-
-@dataclass
-class KernelSig:
-    """An entry point's parameters: (name, kind) with kind cap/int64/double/float."""
-
-    name: str
-    params: list[tuple[str, str]]
-
-    @property
-    def n_caps(self) -> int:
-        return sum(1 for _, k in self.params if k == "cap")
-
-    @property
-    def n_scalars(self) -> int:
-        return len(self.params) - self.n_caps
-
-    @property
-    def cap_names(self) -> list[str]:
-        return [n for n, k in self.params if k == "cap"]
-
-    @property
-    def scalar_params(self) -> list[tuple[str, str]]:
-        return [(n, k) for n, k in self.params if k != "cap"]
 
 
 def _id(name: str) -> c_ast.ID:
@@ -292,7 +268,6 @@ class Instrumented:
     """Generated C for one kernel module."""
 
     c_source: str
-    entry_symbol: str
     signature: KernelSig
     mode: str
 
@@ -307,7 +282,7 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if kernel not in verified.kernels:
         raise KeyError(kernel)
-    sig = KernelSig(kernel, list(verified.kernels[kernel].params))
+    sig = verified.kernels[kernel]
     ast = copy.deepcopy(verified.parsed.ast)
     user = [e for e in ast.ext if is_user_node(e)]
     funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)}
@@ -359,7 +334,7 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
     )
     defines = {"checked": "", "raw": "#define RT_RAW 1\n", "raw_poll": "#define RT_RAW_POLL 1\n"}
     src = defines[mode] + PREAMBLE + "\n" + body + "\n" + entry
-    return Instrumented(src, "capqr_entry", sig, mode)
+    return Instrumented(src, sig, mode)
 
 
 def _add_rt_param(fdecl: c_ast.FuncDecl) -> None:

@@ -126,8 +126,23 @@ class KernelSig:
 
     name: str
     params: list[tuple[str, str]]
-    n_caps: int = 0
-    n_scalars: int = 0
+    line: int = 0
+
+    @property
+    def n_caps(self) -> int:
+        return sum(1 for _, k in self.params if k == "cap")
+
+    @property
+    def n_scalars(self) -> int:
+        return len(self.params) - self.n_caps
+
+    @property
+    def cap_names(self) -> list[str]:
+        return [n for n, k in self.params if k == "cap"]
+
+    @property
+    def scalar_params(self) -> list[tuple[str, str]]:
+        return [(n, k) for n, k in self.params if k != "cap"]
 
 
 @dataclass
@@ -135,6 +150,7 @@ class VerifiedSource:
     """What the verifier learnt about an accepted source (consumed by the instrumenter)."""
 
     parsed: ParsedSource
+    target: str = "cpu"
     kernels: dict[str, KernelSig] = field(default_factory=dict)
     helpers: list[str] = field(default_factory=list)
     local_arrays: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
@@ -170,7 +186,56 @@ def verify(parsed: ParsedSource, *, target: str = "cpu") -> VerifiedSource:
         raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
     v = _Verifier(parsed, target)
     v.visit(parsed.ast)
+    if target == "cpu":
+        _check_stack_budget(v.result)
+    v.result.target = target
     return v.result
+
+
+#: Local arrays along any call chain must fit well inside a worker's 16 MiB
+#: stack: a stack overflow would kill the host process, not fault.
+STACK_BUDGET = 8 << 20
+
+
+def select_kernel(verified: VerifiedSource, name: str | None) -> str:
+    """The entry point to build: ``name``, or the only KERNEL when ``name`` is None."""
+    kernels = verified.parsed.kernels
+    if name is None:
+        if len(kernels) != 1:
+            raise VerifyError(None, "kernel name", f"source defines kernels {kernels}; "
+                              "pass name= to pick one")
+        return kernels[0]
+    if name not in kernels:
+        raise VerifyError(None, f"kernel {name!r}",
+                          f"no KERNEL function of that name (found {kernels})")
+    return name
+
+
+def _check_stack_budget(result: VerifiedSource) -> None:
+    """Reject a kernel whose local arrays could overflow a worker stack (CPU lane)."""
+    own = {f: sum(8 * _prod(d) for d in arrays.values())
+           for f, arrays in result.local_arrays.items()}
+    memo: dict[str, int] = {}
+
+    def deepest(f: str) -> int:  # the call graph is acyclic (no recursion)
+        if f not in memo:
+            memo[f] = own.get(f, 0) + max(
+                (deepest(g) for g in result.call_graph.get(f, ())), default=0)
+        return memo[f]
+
+    for k in result.kernels:
+        if deepest(k) > STACK_BUDGET:
+            raise VerifyError(result.parsed.funcs[k].decl.coord.line, "local arrays",
+                              f"kernel {k!r} and its callees need about {deepest(k) >> 10} "
+                              f"KiB of local arrays; the limit is {STACK_BUDGET >> 10} KiB "
+                              "(use a buffer from capabilities.alloc or cap_alloc_*)")
+
+
+def _prod(dims: tuple[int, ...]) -> int:
+    out = 1
+    for d in dims:
+        out *= int(d)
+    return out
 
 
 def _callees(body: c_ast.Node, names: set[str]) -> set[str]:
@@ -660,8 +725,7 @@ class _Verifier(c_ast.NodeVisitor):
         self.result.local_arrays[name] = fn.arrays
         if is_kernel:
             self.result.kernels[name] = KernelSig(
-                name, params, sum(k == "cap" for _, k in params),
-                sum(k != "cap" for _, k in params))
+                name, list(params), decl.coord.line if decl.coord else 0)
         else:
             self.result.helpers.append(name)
 
@@ -858,6 +922,11 @@ class _Verifier(c_ast.NodeVisitor):
         if name in _CUDA_SIGS and self.target != "cuda":
             self._fail(node, f"call to '{name}'",
                        f"'{name}' exists only on the GPU (target is {self.target!r})")
+        if self.target == "cuda" and (name.startswith("cap_alloc_")
+                                      or name in ("cap_load_cap", "cap_store_cap")):
+            self._fail(node, f"call to '{name}'",
+                       "not available on the GPU lane: device-side allocation and cap tables "
+                       "need the host collector")
         sig = self._sig(name)
         if sig is None:
             if name.startswith("__"):

@@ -41,19 +41,10 @@ from pycparser import c_ast, c_generator
 
 from capabilities import abi
 
-from ..astutil import int_literal
-from ..errors import CompileError, VerifyError
-from ..parse import ParsedSource, is_user_node
+from ..parse import is_user_node
+from ..verifier import KernelSig, VerifiedSource
 
 ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
-
-#: scalar parameter kinds by C type name (after typedef names)
-SCALAR_KIND = {
-    "int64_t": "i64", "long": "i64", "long long": "i64", "long int": "i64",
-    "uint64_t": "u64", "unsigned long": "u64", "unsigned long long": "u64",
-    "int": "i32", "int32_t": "i32", "uint32_t": "u32", "unsigned": "u32",
-    "unsigned int": "u32", "double": "f64", "float": "f32",
-}
 
 FAULT_KINDS = abi.FAULT_REASON
 
@@ -187,6 +178,39 @@ static __device__ __forceinline__ long long rt_lidx(long long i, long long n, in
                                                         int line)                    \
     { ((CT *)c.p)[i] = ST(v); }
 #endif
+/* Integer division and remainder: a zero divisor faults "division-by-zero" with
+ * its line (as on the CPU); floating-point division is left alone. */
+template <class T> struct rt_is_int { enum { value = 0 }; };
+template <> struct rt_is_int<int> { enum { value = 1 }; };
+template <> struct rt_is_int<unsigned int> { enum { value = 1 }; };
+template <> struct rt_is_int<long> { enum { value = 1 }; };
+template <> struct rt_is_int<unsigned long> { enum { value = 1 }; };
+template <> struct rt_is_int<long long> { enum { value = 1 }; };
+template <> struct rt_is_int<unsigned long long> { enum { value = 1 }; };
+#ifndef RT_RAW
+static __device__ __noinline__ void rt_fault_div(int line)
+{
+    rt_record(RT_FAULT_DIVZERO, 0, line, 0, 0, 0, -1);
+    rt_exit_block(1);
+}
+#define RT_DIV_CHECK(T, y, line)                                                      \
+    if (rt_is_int<T>::value && (y) == 0) { rt_fault_div(line); __builtin_unreachable(); }
+#else
+#define RT_DIV_CHECK(T, y, line)
+#endif
+template <class A, class B>
+static __device__ __forceinline__ auto rt_div(A x, B y, int line) -> decltype(x / y)
+{
+    RT_DIV_CHECK(decltype(x / y), y, line)
+    return x / y;
+}
+template <class A, class B>
+static __device__ __forceinline__ auto rt_mod(A x, B y, int line) -> decltype(x % y)
+{
+    RT_DIV_CHECK(decltype(x % y), y, line)
+    return x % y;
+}
+
 typedef float float_or_f16;
 typedef float float_or_f32;
 typedef double float_or_f64;
@@ -234,50 +258,13 @@ def device_prelude() -> str:
 
 
 @dataclass
-class KernelInfo:
-    """What the launcher needs to know about one entry point."""
-
-    name: str
-    params: list[tuple[str, str]]  # (name, kind): kind "cap" or a SCALAR_KIND value
-    line: int
-
-    @property
-    def n_caps(self) -> int:
-        """Number of cap_t parameters."""
-        return sum(1 for _, k in self.params if k == "cap")
-
-    @property
-    def n_scalars(self) -> int:
-        """Number of scalar parameters."""
-        return sum(1 for _, k in self.params if k != "cap")
-
-
-@dataclass
 class CudaSource:
     """Result of instrumentation: CUDA C text plus launch metadata."""
 
     text: str
-    kernels: dict[str, KernelInfo]
+    kernels: dict[str, KernelSig]
     local_arrays: list[str] = field(default_factory=list)  # fault slot -(id+1) -> name
     checked: bool = True
-
-
-def _type_name(t: c_ast.Node) -> str:
-    if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
-        return " ".join(t.type.names)
-    raise CompileError(f"unsupported parameter type {type(t).__name__}")
-
-
-def _const_int(node: c_ast.Node) -> int:
-    """Evaluate an integer-constant array dimension (the verifier only admits constants)."""
-    value = int_literal(node)
-    if value is not None:
-        return value
-    if isinstance(node, c_ast.BinaryOp) and node.op in "+-*":
-        a, b = _const_int(node.left), _const_int(node.right)
-        return {"+": a + b, "-": a - b, "*": a * b}[node.op]
-    line = node.coord.line if node.coord else None
-    raise VerifyError(line, "array size", "local array sizes must be integer constants")
 
 
 def _children_set(node: c_ast.Node, name: str, new: c_ast.Node) -> None:
@@ -434,17 +421,26 @@ class _Rewriter:
         self.no_poll: set[int] = set()
 
     def visit(self, node: c_ast.Node) -> c_ast.Node:
-        if (self.o.checked and isinstance(node, c_ast.For)
+        if (self.o.hoist and isinstance(node, c_ast.For)
                 and id(node) not in self.no_version):
             versioned = self.version(node)
             if versioned is not None:
                 return versioned
         if isinstance(node, c_ast.ArrayRef):
             return self.subscript(node)
+        if isinstance(node, c_ast.Assignment) and node.op in ("/=", "%="):
+            # x /= y -> x = x / y (the verifier admits only side-effect-free targets)
+            node.rvalue = c_ast.BinaryOp(node.op[0], copy.deepcopy(node.lvalue), node.rvalue,
+                                         node.coord)
+            node.op = "="
         for name, child in list(node.children()):
             _children_set(node, name, self.visit(child))
         if isinstance(node, c_ast.FuncCall):
             return self.call(node)
+        if isinstance(node, c_ast.BinaryOp) and node.op in ("/", "%"):
+            line = node.coord.line if node.coord else 0
+            return _call("rt_div" if node.op == "/" else "rt_mod",
+                         [node.left, node.right, _int(line)], node.coord)
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self.has_loop = True
             if id(node) in self.no_poll:
@@ -554,10 +550,7 @@ class _Rewriter:
             return node
         dims = self.arrays[base.name]
         chain.reverse()  # outermost dimension first
-        if len(chain) != len(dims):
-            line = node.coord.line if node.coord else None
-            raise VerifyError(line, "partial array subscript",
-                              f"'{base.name}' has {len(dims)} dimensions")
+        assert len(chain) == len(dims), "the verifier refuses partial subscripts"
         aid = self.o.array_id(base.name)
         for ref, n in zip(chain, dims, strict=True):
             line = ref.coord.line if ref.coord else 0
@@ -566,9 +559,7 @@ class _Rewriter:
         return node
 
     def call(self, node: c_ast.FuncCall) -> c_ast.Node:
-        if not isinstance(node.name, c_ast.ID):
-            raise VerifyError(node.coord.line if node.coord else None, "indirect call",
-                              "only named functions may be called")
+        assert isinstance(node.name, c_ast.ID), "the verifier refuses indirect calls"
         name = node.name.name
         args = list(node.args.exprs) if node.args is not None else []
         line = node.coord.line if node.coord else 0
@@ -590,19 +581,21 @@ class _Rewriter:
         if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
                     "rt_sync_threads"):
             return node
-        if name.startswith("cap_alloc_") or name in ("cap_load_cap", "cap_store_cap"):
-            raise VerifyError(line, name, "not available on the GPU lane: device-side "
-                              "allocation and cap tables need the host collector")
+        assert not name.startswith("cap_alloc_") and name not in (
+            "cap_load_cap", "cap_store_cap"), "the verifier refuses these for target cuda"
         if name in self.o.kernel_names:
             node.name = c_ast.ID(f"__rtk_{name}", coord)
         return node
 
 
 class _Instrumenter:
-    def __init__(self, parsed: ParsedSource, checked: bool):
-        self.parsed = parsed
+    def __init__(self, verified: VerifiedSource, checked: bool, hoist: bool):
+        assert verified.target == "cuda", "verify(parsed, target='cuda') first"
+        self.verified = verified
+        self.ast = copy.deepcopy(verified.parsed.ast)  # lowering edits its own copy
         self.checked = checked
-        self.kernel_names = set(parsed.kernels)
+        self.hoist = hoist and checked
+        self.kernel_names = set(verified.parsed.kernels)
         self.arrays: list[str] = []
         self.gen = c_generator.CGenerator()
 
@@ -611,31 +604,19 @@ class _Instrumenter:
         return len(self.arrays) - 1
 
     def local_arrays(self, fn: c_ast.FuncDef) -> dict[str, list[int]]:
-        found: dict[str, list[int]] = {}
+        """The verifier's local arrays of ``fn``; smem_ arrays get __shared__ storage."""
+        dims = self.verified.local_arrays.get(fn.decl.name, {})
 
         def walk(n: c_ast.Node) -> None:
-            if isinstance(n, c_ast.Decl) and isinstance(n.type, c_ast.ArrayDecl):
-                dims = []
-                t = n.type
-                while isinstance(t, c_ast.ArrayDecl):
-                    if t.dim is None:
-                        raise VerifyError(n.coord.line if n.coord else None, "array size",
-                                          "local arrays need a constant size")
-                    dims.append(_const_int(t.dim))
-                    t = t.type
-                found[n.name] = dims
-                if n.name.startswith("smem_"):
-                    if n.init is not None:
-                        raise VerifyError(n.coord.line if n.coord else None, "initializer",
-                                          "shared-memory arrays cannot be initialised")
-                    n.storage = list(n.storage) + ["__shared__"]
+            if isinstance(n, c_ast.Decl) and n.name in dims and n.name.startswith("smem_"):
+                n.storage = list(n.storage) + ["__shared__"]
             for _, c in n.children():
                 walk(c)
 
         walk(fn.body)
-        return found
+        return {k: list(v) for k, v in dims.items()}
 
-    def function(self, fn: c_ast.FuncDef) -> tuple[str, KernelInfo | None]:
+    def function(self, fn: c_ast.FuncDef) -> tuple[str, KernelSig | None]:
         name = fn.decl.name
         arrays = self.local_arrays(fn)
         rw = _Rewriter(self, arrays)
@@ -649,35 +630,20 @@ class _Instrumenter:
         if name not in self.kernel_names:
             return f"static __device__ __forceinline__ {self.gen.visit(fn.decl)}\n{body}\n", None
         # Kernel: device body + __global__ wrapper that sets up the block's fault flag.
-        fdecl = fn.decl.type
-        params: list[tuple[str, str]] = []
-        plist = fdecl.args.params if fdecl.args is not None else []
-        for p in plist:
-            if isinstance(p, c_ast.Typename):  # (void)
-                continue
-            tn = _type_name(p.type)
-            tn = {"long long": "int64_t", "unsigned long long": "uint64_t"}.get(tn, tn)
-            if tn == "cap_t":
-                params.append((p.name, "cap"))
-            elif tn in SCALAR_KIND:
-                params.append((p.name, SCALAR_KIND[tn]))
-            else:
-                raise VerifyError(p.coord.line if p.coord else None, f"parameter type {tn}",
-                                  "kernel parameters are cap_t, int64_t, double or float")
+        sig = self.verified.kernels[name]
         decl_txt = self.gen.visit(fn.decl)
         inner = decl_txt.replace(name + "(", f"__rtk_{name}(", 1)
         out = f"static __device__ __forceinline__ {inner}\n{body}\n"
-        argnames = ", ".join(n for n, _ in params)
+        argnames = ", ".join(n for n, _ in sig.params)
         out += (f'extern "C" __global__ {decl_txt}\n{{\n  RT_PROLOGUE();\n'
                 f"  __rtk_{name}({argnames});\n}}\n")
-        line = fn.decl.coord.line if fn.decl.coord else 0
-        return out, KernelInfo(name, params, line)
+        return out, sig
 
     def run(self) -> CudaSource:
         parts = [("" if self.checked else "#define RT_RAW 1\n") + device_prelude()]
-        kernels: dict[str, KernelInfo] = {}
+        kernels: dict[str, KernelSig] = {}
         # Forward declarations first so helpers may appear in any order.
-        for ext in self.parsed.ast.ext:
+        for ext in self.ast.ext:
             if not is_user_node(ext):
                 continue
             if isinstance(ext, c_ast.FuncDef):
@@ -692,16 +658,15 @@ class _Instrumenter:
                 _map_types(ext)
                 parts.append(f"static __device__ __forceinline__ {self.gen.visit(ext)};\n")
             else:
-                line = ext.coord.line if ext.coord else None
-                raise VerifyError(line, type(ext).__name__, "only functions may appear at "
-                                  "file scope")
+                raise AssertionError("the verifier admits only functions at file scope")
         return CudaSource("\n".join(parts), kernels, self.arrays, self.checked)
 
 
-def instrument(parsed: ParsedSource, *, checked: bool = True) -> CudaSource:
-    """Turn a parsed (and verified) kernel source into CUDA C.
+def instrument(verified: VerifiedSource, *, checked: bool = True,
+               hoist: bool = True) -> CudaSource:
+    """Lower a source verified for target "cuda" to CUDA C.
 
-    ``checked=False`` emits the same code with raw pointer accesses (baseline).
-    The AST is modified in place, so pass a fresh parse for each variant.
+    ``checked=False`` emits the same code with raw pointer accesses (baseline);
+    ``hoist=False`` keeps every access checked inside loops (no versioning).
     """
-    return _Instrumenter(parsed, checked).run()
+    return _Instrumenter(verified, checked, hoist).run()
