@@ -179,6 +179,7 @@ class DeviceCapability:
 def alloc_device(shape: int | Sequence[int], dtype: Any = np.float32, perms: str = "rw",
                  name: str | None = None) -> DeviceCapability:
     """Allocate a zeroed device buffer and return its capability."""
+    check_perms(perms)  # before the device allocation, which would leak on a refusal
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -287,6 +288,9 @@ class _Prepared:
             if not isinstance(c, DeviceCapability):
                 raise TypeError(f"GPU kernels take device capabilities, not {type(c).__name__}"
                                 " (allocate with device='cuda')")
+            if c.freed:  # as on the CPU: refused before anything runs
+                raise CapabilityFault("freed", buffer=c.name, access="launch",
+                                      detail="capability used after free()")
         f = _ffi()
         ctype = {"i64": "long long *", "f64": "double *", "f32": "float *"}
         self.keep = []
@@ -335,8 +339,8 @@ def _read_fault(kernel: CudaKernel, caps: Sequence[DeviceCapability]) -> Capabil
         buf = None
     elif slot >= 0:
         buf = caps[slot].name if slot < len(caps) else f"cap#{slot}"
-    elif slot == -1 and rec.kind == 4:
-        buf = None  # cap_from_int: no object
+    elif slot == -1 and reason == "no-bounds":
+        buf = "<int-derived>"  # cap_from_int: no object (the CPU lane's name)
     else:
         arrays = kernel.cuda.local_arrays
         buf = arrays[-slot - 1] if 0 <= -slot - 1 < len(arrays) else None
