@@ -41,13 +41,3 @@ def gc_set_enabled(enabled: bool) -> None:
 def gc_set_threshold(ratio: float = 1.5, floor_bytes: int = 1 << 20) -> None:
     """Start a cycle when the heap grows past max(ratio * live, floor_bytes)."""
     lib.gc_set_threshold(float(ratio), int(floor_bytes))
-
-
-def is_live(obj_id: int) -> bool:
-    """Whether the object with this serial still has a header (debugging/tests)."""
-    return bool(lib.gc_is_live_id(obj_id))
-
-
-def object_count() -> int:
-    """Number of object headers the collector currently holds."""
-    return int(lib.gc_count_objects())

@@ -583,9 +583,6 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(decl, "extern declaration",
                        "external symbols are code and data the verifier never saw")
         if not isinstance(decl.type, c_ast.FuncDecl):
-            if "extern" in decl.storage:
-                self._fail(decl, "extern declaration",
-                           "external symbols are code and data the verifier never saw")
             if decl.name:
                 self._check_name(decl, decl.name, declaring="variable")
             self._base_type(decl.type, "file-scope declaration")
