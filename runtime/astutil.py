@@ -65,9 +65,10 @@ def pure_lvalue(lv: c_ast.Node) -> bool:
 
 def node_fields(n: c_ast.Node) -> Iterator[tuple[str, Any]]:
     """(attribute, value) for every child slot of a pycparser node."""
-    for attr in n.__slots__:
-        if attr not in ("coord", "__weakref__"):
-            yield attr, getattr(n, attr)
+    for cls in type(n).__mro__:  # marked subclasses (hoist.py) add no slots of their own
+        for attr in cls.__dict__.get("__slots__", ()):
+            if attr not in ("coord", "__weakref__"):
+                yield attr, getattr(n, attr, None)
 
 
 #: runtime calls whose result is a cap_t
@@ -162,7 +163,17 @@ class StmtExpr(c_ast.Node):
 
 
 class Generator(c_generator.CGenerator):
-    """CGenerator that also prints :class:`StmtExpr`."""
+    """CGenerator that also prints :class:`StmtExpr` and loop versioning's marked nodes
+    (subclasses of For/While/DoWhile/ArrayRef/FuncCall: printed as their base)."""
+
+    def visit(self, node: c_ast.Node) -> str:
+        method = getattr(self, "visit_" + node.__class__.__name__, None)
+        if method is None:
+            for base in type(node).__mro__[1:]:
+                method = getattr(self, "visit_" + base.__name__, None)
+                if method is not None:
+                    break
+        return method(node) if method is not None else self.generic_visit(node)
 
     def visit_StmtExpr(self, n: StmtExpr) -> str:
         parts = [f"{ty} {name} = {self.visit(init)};" for ty, name, init in n.decls]

@@ -29,6 +29,14 @@ from pycparser import c_ast
 from capabilities import abi
 
 from .astutil import CapTyping, Generator, StmtExpr, node_fields, pure_lvalue
+from .hoist import (
+    QUIET_LOOPS,
+    PollPoint,
+    UncheckedCall,
+    UncheckedRef,
+    array_chain,
+    hoist_function,
+)
 from .parse import is_user_node
 from .verifier import KernelSig, VerifiedSource
 
@@ -89,16 +97,11 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return self._rewrite_arrayref(node)
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self._rewrite_children(node)
-            body = node.stmt
-            if (isinstance(body, c_ast.Compound) and body.block_items
-                    and isinstance(body.block_items[0], c_ast.FuncCall)
-                    and isinstance(body.block_items[0].name, c_ast.ID)
-                    and body.block_items[0].name.name == "RT_NOPOLL"):
-                body.block_items = body.block_items[1:]  # hoist.py: short fast copy
-                node.stmt = self._with_pollcheck(body, poll=False)
-            else:
-                node.stmt = self._with_pollcheck(node.stmt)
+            # a quiet loop (hoist.py) polls once after itself instead
+            node.stmt = self._with_pollcheck(node.stmt, poll=not isinstance(node, QUIET_LOOPS))
             return node
+        if isinstance(node, PollPoint):
+            return _pollcheck()
         if isinstance(node, c_ast.Decl):
             return self._rewrite_decl(node)
         if isinstance(node, c_ast.BinaryOp) and node.op in ("/", "%"):
@@ -156,18 +159,12 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         return node
 
     def _rewrite_arrayref(self, node: c_ast.ArrayRef) -> c_ast.Node:
-        from .hoist import array_chain
-
         base, subs = array_chain(node)
         dims = self.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
         for depth, ref in enumerate(subs):
-            sub = ref.subscript
-            if (isinstance(sub, c_ast.FuncCall) and isinstance(sub.name, c_ast.ID)
-                    and sub.name.name == "cap_uidx"):
-                # covered by a hoisted rt_lrange_ok guard (hoist.py)
-                ref.subscript = self.rewrite(sub.args.exprs[0])
-                continue
             ref.subscript = self.rewrite(ref.subscript)
+            if isinstance(ref, UncheckedRef):
+                continue  # covered by a loop guard (hoist.py)
             if dims is not None and depth < len(dims) and self.mode == "checked":
                 ref.subscript = _call(
                     "rt_local_idx", _id("__rt"), ref.subscript, _const(dims[depth]),
@@ -211,6 +208,8 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return c_ast.FuncCall(_id(name), c_ast.ExprList([rt] + args), node.coord)
         if name.startswith(("cap_load_", "cap_store_", "cap_len_", "cap_offset_", "cap_alloc_")):
             op, t = name[4:].rsplit("_", 1)
+            if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
+                return _call(f"rt_u{op}_{t}", *args)
             if op == "load":
                 return _call(f"rt_load_{t}", rt, args[0], args[1], line)
             if op == "store":
@@ -221,12 +220,6 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
                 return _call("rt_offset", args[0], args[1], _const(SIZES[t]))
             if op == "alloc":
                 return _call("rt_alloc", rt, args[0], _id(DT_CODES[t]), line)
-        if name.startswith(("cap_uload_", "cap_ustore_")):
-            return _call("rt_u" + name[5:], *args)
-        if name.startswith("cap_range_ok_"):
-            t = name.rsplit("_", 1)[1]
-            return _call("rt_range_ok", args[0], args[1], args[2], args[3], _const(SIZES[t]),
-                         args[4])
         if name == "cap_to_int":
             return _call("rt_cap_to_int", *args)
         if name == "cap_from_int":
@@ -257,7 +250,6 @@ def _creates_objects(ast: c_ast.FileAST) -> bool:
 PREAMBLE = """\
 #include "cap.h"
 #include <math.h>
-#define RT_POLL() rt_pollcheck(__rt)
 #define RT_FRAME(K) rt_frame __fr __attribute__((cleanup(rt_frame_cleanup))); \\
     rt_frame_push(__rt, &__fr, K)
 """
@@ -307,8 +299,6 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
             fi.typing = CapTyping(frozenset(verified.cap_locals.get(name, [])),
                                   frozenset(cap_funcs), frozenset(funcs))
         if hoist and mode in ("checked", "raw_poll"):  # raw_poll: same poll placement
-            from .hoist import hoist_function
-
             hoist_function(ext, fi.arrays)
         ext.body = fi.rewrite(ext.body)
         _add_rt_param(ext.decl.type)
