@@ -222,13 +222,6 @@ RT_INLINE cap_t rt_cap_from_int(int64_t x)
     return c;
 }
 
-/* The last value e0 + d*span of an affine index, or 0 if computing it
- * overflows (then the index sequence may wrap and no range guard holds). */
-RT_INLINE int rt_affine_end(int64_t e0, int64_t d, int64_t span, int64_t *end)
-{
-    int64_t tot;
-    return !__builtin_mul_overflow(d, span, &tot) && !__builtin_add_overflow(e0, tot, end);
-}
 
 #if !defined(RT_RAW) && !defined(RT_RAW_POLL)
 /* ====================== checked mode ===================================== */
@@ -262,16 +255,6 @@ RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t li
     ((uint16_t *)(c.p))[i] = rt_float_to_half(v);
 }
 
-/* Loop-versioning guard (runtime/hoist.py): an affine index e0 + d*t for
- * t in [0, span] stays inside the object, without wrapping, at both ends. */
-RT_INLINE int rt_range_ok(cap_t c, int64_t e0, int64_t d, int64_t span, int64_t S,
-                          int store)
-{
-    int64_t eL;
-    uint64_t len = store ? c.wlen : c.rlen;
-    if (!rt_affine_end(e0, d, span, &eL)) return 0;
-    return RT_INB(c, e0, (uint64_t)S, len) && RT_INB(c, eL, (uint64_t)S, len);
-}
 
 RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
 {
@@ -374,33 +357,6 @@ RT_INLINE void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t li
 RT_INLINE cap_t rt_root(rt_frame *f, int32_t k, cap_t v) { f->slots[k] = v.obj; return v; }
 #endif
 
-/* Iteration span (last - a) of `for (i = a; i < b (or <= b); i += step)` when
- * a < b (a <= b), or 0 if it cannot be computed without overflow, including
- * the final `i += step` past the end. */
-RT_INLINE int rt_loop_span(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
-{
-    int64_t d, last, after;
-    if (__builtin_sub_overflow(b, a, &d)) return 0;
-    if (!incl) d -= 1;
-    last = a + (d / step) * step;
-    if (__builtin_add_overflow(last, step, &after)) return 0;
-    *span = last - a;
-    return 1;
-}
-/* Same for a 32-bit (int) loop counter: the start must fit an int and the
- * final `i += step` must not pass INT32_MAX. */
-RT_INLINE int rt_loop_span32(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
-{
-    if (a < INT32_MIN || a > INT32_MAX || !rt_loop_span(a, b, step, incl, span)) return 0;
-    return a + *span + step <= INT32_MAX;
-}
-/* Local-array subscript e0 + d*t for t in [0, span] stays in [0, dim). */
-RT_INLINE int rt_lrange_ok(int64_t e0, int64_t d, int64_t span, int64_t dim)
-{
-    int64_t eL;
-    if (!rt_affine_end(e0, d, span, &eL)) return 0;
-    return e0 >= 0 && e0 < dim && eL >= 0 && eL < dim;
-}
 /* Whether an expression has a signed integer type of at most 64 bits. */
 #define RT_IS_INT(e) _Generic((e), long: 1, long long: 1, int: 1, short: 1, signed char: 1, \
                               default: 0)

@@ -5,11 +5,15 @@
 
 #ifdef RT_DEVICE_LANE
 typedef unsigned long long rt_u64;
+typedef long long rt_i64;
 #define RT_CAP_OWNER unsigned long long tag;  /* slot + 1 | freed << 32 */
+#define RT_ABI_FN static __device__ __forceinline__
 #else
 typedef uint64_t rt_u64;
+typedef int64_t rt_i64;
 struct rt_obj;
 #define RT_CAP_OWNER struct rt_obj *obj;      /* NULL for a cap made from an integer */
+#define RT_ABI_FN static inline __attribute__((always_inline))
 #endif
 
 enum { RT_DT_F16 = 1, RT_DT_F32 = 2, RT_DT_F64 = 3, RT_DT_I32 = 4, RT_DT_I64 = 5, RT_DT_U8 = 6, RT_DT_CAP = 7 };
@@ -48,5 +52,78 @@ typedef struct cap_t {
      RT_LIKELY(RT_OFF(c, i, S) < (LEN)) && RT_LIKELY(RT_OFF(c, i, S) + (S) <= (LEN)))
 /* An origin moved by an absurd k keeps zero bounds (every access refused). */
 #define RT_OFFSET_SANE(k) ((((rt_u64)(k)) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT)
+
+/* ---- loop-versioning guards (runtime/hoist.py), the same on both lanes ---- */
+/* Overflow-checked int64 arithmetic: gcc's builtins on the host; on the device
+ * the same results from wrapping arithmetic and the high product word. */
+#ifdef RT_DEVICE_LANE
+RT_ABI_FN int rt_add_ovf(rt_i64 a, rt_i64 b, rt_i64 *r)
+{
+    *r = (rt_i64)((rt_u64)a + (rt_u64)b);
+    return ((a ^ *r) & (b ^ *r)) < 0;
+}
+RT_ABI_FN int rt_sub_ovf(rt_i64 a, rt_i64 b, rt_i64 *r)
+{
+    *r = (rt_i64)((rt_u64)a - (rt_u64)b);
+    return ((a ^ b) & (a ^ *r)) < 0;
+}
+RT_ABI_FN int rt_mul_ovf(rt_i64 a, rt_i64 b, rt_i64 *r)
+{
+    rt_i64 hi = __mul64hi(a, b);
+    *r = (rt_i64)((rt_u64)a * (rt_u64)b);
+    return hi != (*r < 0 ? -1 : 0);
+}
+#else
+#define rt_add_ovf(a, b, r) __builtin_add_overflow(a, b, r)
+#define rt_sub_ovf(a, b, r) __builtin_sub_overflow(a, b, r)
+#define rt_mul_ovf(a, b, r) __builtin_mul_overflow(a, b, r)
+#endif
+
+/* The last value e0 + d*span of an affine index, or 0 if computing it
+ * overflows (then the index sequence may wrap and no range guard holds). */
+RT_ABI_FN int rt_affine_end(rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 *end)
+{
+    rt_i64 tot;
+    return !rt_mul_ovf(d, span, &tot) && !rt_add_ovf(e0, tot, end);
+}
+
+/* An affine index e0 + d*t for t in [0, span] stays inside the object, without
+ * wrapping, at both ends. */
+RT_ABI_FN int rt_range_ok(cap_t c, rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 S, int store)
+{
+    rt_i64 eL;
+    rt_u64 len = store ? c.wlen : c.rlen;
+    if (!rt_affine_end(e0, d, span, &eL)) return 0;
+    return RT_INB(c, e0, (rt_u64)S, len) && RT_INB(c, eL, (rt_u64)S, len);
+}
+
+/* Iteration span (last - a) of `for (i = a; i < b (or <= b); i += step)` when
+ * a < b (a <= b), or 0 if it cannot be computed without overflow, including
+ * the final `i += step` past the end. */
+RT_ABI_FN int rt_loop_span(rt_i64 a, rt_i64 b, rt_i64 step, int incl, rt_i64 *span)
+{
+    rt_i64 d, last, after;
+    if (rt_sub_ovf(b, a, &d)) return 0;
+    if (!incl) d -= 1;
+    last = a + (d / step) * step;
+    if (rt_add_ovf(last, step, &after)) return 0;
+    *span = last - a;
+    return 1;
+}
+/* Same for a 32-bit (int) loop counter: the start must fit an int and the
+ * final `i += step` must not pass INT32_MAX. */
+RT_ABI_FN int rt_loop_span32(rt_i64 a, rt_i64 b, rt_i64 step, int incl, rt_i64 *span)
+{
+    if (a < -2147483647 - 1 || a > 2147483647 || !rt_loop_span(a, b, step, incl, span))
+        return 0;
+    return a + *span + step <= 2147483647;
+}
+/* Local-array subscript e0 + d*t for t in [0, span] stays in [0, dim). */
+RT_ABI_FN int rt_lrange_ok(rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 dim)
+{
+    rt_i64 eL;
+    if (!rt_affine_end(e0, d, span, &eL)) return 0;
+    return e0 >= 0 && e0 < dim && eL >= 0 && eL < dim;
+}
 
 #endif /* CAPQR_CAP_ABI_H */

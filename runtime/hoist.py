@@ -291,8 +291,12 @@ def _affine(expr: c_ast.Node, var: str) -> bool:
     return False
 
 
-def _loop_shape(loop: c_ast.For) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int] | None:
-    """(var, bits, A, B, cmp, step) for a countable loop, else None."""
+def _loop_shape(loop: c_ast.For
+                ) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int | c_ast.Node] | None:
+    """(var, bits, A, B, cmp, step) for a countable loop, else None.
+
+    step is a positive int literal, or a pure loop-invariant expression that the
+    guard checks at run time."""
     init = loop.init
     if not (isinstance(init, c_ast.DeclList) and len(init.decls) == 1):
         return None
@@ -313,14 +317,20 @@ def _loop_shape(loop: c_ast.For) -> tuple[str, int, c_ast.Node, c_ast.Node, str,
             nxt.expr, c_ast.ID) and nxt.expr.name == var:
         step = 1
     elif (isinstance(nxt, c_ast.Assignment) and nxt.op == "+=" and isinstance(nxt.lvalue, c_ast.ID)
-          and nxt.lvalue.name == var and isinstance(nxt.rvalue, c_ast.Constant)
-          and nxt.rvalue.type == "int"):
+          and nxt.lvalue.name == var):
         step = int_literal(nxt.rvalue)
+        if step is None and pure_expr(nxt.rvalue) and var not in _ids(nxt.rvalue):
+            # an invariant step (e.g. a thread stride): the guard requires 0 < step
+            return var, bits, d.init, cond.right, cond.op, nxt.rvalue
     if not step or step <= 0 or step > 1 << 20:
         return None
     if not (pure_expr(d.init) and pure_expr(cond.right)):
         return None
     return var, bits, d.init, cond.right, cond.op, step
+
+
+def _step_node(step: int | c_ast.Node) -> c_ast.Node:
+    return _const(step) if isinstance(step, int) else copy.deepcopy(step)
 
 
 def _const(v: int) -> c_ast.Constant:
@@ -337,8 +347,11 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     if shape is None or loop.stmt is None:
         return None
     var, bits, a_expr, b_expr, cmp, step = shape
+    if not isinstance(step, int) and not (pure_expr(a_expr) and pure_expr(b_expr)):
+        return None
     changed = _assigned(loop.stmt)
-    if var in changed or changed & (_ids(b_expr) | _ids(a_expr)):
+    step_ids = set() if isinstance(step, int) else _ids(step)
+    if var in changed or changed & (_ids(b_expr) | _ids(a_expr) | step_ids):
         return None
     # Candidate accesses anywhere in the body (conditional ones too: the guard
     # only selects the copy, it never faults).
@@ -430,7 +443,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     runs = c_ast.BinaryOp(cmp, c_ast.ID(h0), c_ast.ID(hb))
     span_fn = "rt_loop_span" if bits == 64 else "rt_loop_span32"
     span_ok = c_ast.FuncCall(c_ast.ID(span_fn), c_ast.ExprList([
-        c_ast.ID(h0), c_ast.ID(hb), _const(step), _const(1 if cmp == "<=" else 0),
+        c_ast.ID(h0), c_ast.ID(hb), _step_node(step), _const(1 if cmp == "<=" else 0),
         c_ast.UnaryOp("&", c_ast.ID(hs))]))
     # Fast copy only if bounds and indices are signed integers (so the loop
     # runs exactly over [A, last]) and the span is computable (it is set by
@@ -444,6 +457,11 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         pos = 0 if g.name.name == "rt_lrange_ok" else 1
         is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[pos]))
     hok = f"__h{k}_ok"
+    if not isinstance(step, int):
+        # run-time step: an int in (0, 2^20], tested before rt_loop_span divides by it
+        is_int = c_ast.BinaryOp("&&", is_int, c_ast.BinaryOp("&&", _is_int(step), c_ast.BinaryOp(
+            "&&", c_ast.BinaryOp(">", _step_node(step), _const(0)),
+            c_ast.BinaryOp("<=", _step_node(step), _const(1 << 20)))))
     ok_init = c_ast.BinaryOp("&&", is_int,
                              c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), span_ok))
     cond: c_ast.Node = c_ast.ID(hok)
@@ -486,9 +504,10 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     ])
 
 
-def _span_below(hs: str, step: int, limit: int) -> c_ast.BinaryOp:
+def _span_below(hs: str, step: int | c_ast.Node, limit: int) -> c_ast.BinaryOp:
     """span / step < limit: the loop has fewer than limit + 1 iterations."""
-    return c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)), _const(limit))
+    return c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _step_node(step)),
+                          _const(limit))
 
 
 def _then_poll(quiet: c_ast.Node) -> c_ast.Compound:
@@ -585,10 +604,10 @@ def _const_int(node: c_ast.Node) -> int | None:
     return None
 
 
-def _const_trips(a: c_ast.Node, b: c_ast.Node, cmp: str, step: int) -> int | None:
-    """Trip count of a loop with integer-literal bounds, else None."""
+def _const_trips(a: c_ast.Node, b: c_ast.Node, cmp: str, step: int | c_ast.Node) -> int | None:
+    """Trip count of a loop with integer-literal bounds and step, else None."""
     lo, hi = _const_int(a), _const_int(b)
-    if lo is None or hi is None:
+    if lo is None or hi is None or not isinstance(step, int):
         return None
     if cmp == "<=":
         hi += 1

@@ -66,14 +66,17 @@ int main(void)
 
 # The device prelude up to its first helper function, compiled as C: CUDA
 # keywords become nothing.  This is exactly the predicate text NVRTC compiles.
-_DEVICE_STUBS = ("#define __device__\n#define __shared__\n#define __forceinline__\n"
-                 "#define __noinline__\n")
+_DEVICE_STUBS = ("#define __device__\n#define __shared__\n#define __forceinline__ inline\n"
+                 "#define __noinline__\n"
+                 "static inline long long __mul64hi(long long a, long long b)\n"
+                 "{ return (long long)(((__int128)a * b) >> 64); }\n")
 
 
 def _device_predicate_source() -> str:
+    """The device prelude's ABI part (predicate, cap_t, guard helpers), as C."""
     text = device_prelude()
-    cut = text.index("static __device__")
-    return "#include <stdint.h>\n" + _DEVICE_STUBS + text[:cut]
+    cut = text.index("#endif /* CAPQR_CAP_ABI_H */")
+    return "#include <stdint.h>\n" + _DEVICE_STUBS + text[:cut] + "#endif\n"
 
 
 def _run_predicate(tmp_path: Path, name: str, prelude: str, include: list[str]) -> str:
@@ -104,6 +107,60 @@ def test_device_bounds_predicate_matches_exact_oracle(tmp_path: Path) -> None:
     got = _run_predicate(tmp_path, "dev", _device_predicate_source(), [])
     bad = _mismatches(got)
     assert bad == [], f"{len(bad)} wrong verdicts, e.g. (off, len, S, i) = {bad[:5]}"
+
+
+_GUARD_HARNESS = r"""
+#include <stdio.h>
+int main(void)
+{
+    long long a, b, c, d, e;
+    static char base[1 << 12];
+    while (scanf("%lld %lld %lld %lld %lld", &a, &b, &c, &d, &e) == 5) {
+        rt_i64 span = -7, end = -7;
+        int s1 = rt_loop_span(a, b, c > 0 ? c : 1, (int)(e & 1), &span);
+        rt_i64 span32 = -7;
+        int s2 = rt_loop_span32(a, b, c > 0 ? c : 1, (int)(e & 1), &span32);
+        int s3 = rt_affine_end(a, b, c, &end);
+        cap_t cp;
+        cp.lo = base + 2048; cp.p = cp.lo + (d & 63); cp.rlen = (rt_u64)(e & 1023);
+        cp.wlen = cp.rlen / 2;
+        int s4 = rt_range_ok(cp, a, b, c, 4, (int)(e & 1));
+        int s5 = rt_lrange_ok(a, b, c, d & 1023);
+        printf("%d %lld %d %lld %d %lld %d %d\n", s1, s1 ? span : 0, s2, s2 ? span32 : 0,
+               s3, s3 ? end : 0, s4, s5);
+    }
+    return 0;
+}
+"""
+
+
+def test_device_guard_helpers_match_the_host_ones(tmp_path: Path) -> None:
+    """Loop-versioning guards: the device's overflow arithmetic (no gcc builtins there)
+    gives the host's answers on edge and random inputs."""
+    import random
+
+    rnd = random.Random(7)
+    edge = [0, 1, -1, 2, 3, 7, 64, 2**31 - 1, -(2**31), 2**32, 2**62, -(2**62), 2**63 - 1,
+            -(2**63), 3037000499, 3037000500, -3037000500]
+    rows = [[rnd.choice(edge) if rnd.random() < 0.6 else rnd.randrange(-(2**63), 2**63)
+             for _ in range(5)] for _ in range(4000)]
+    rows += [[rnd.randrange(-50, 50) for _ in range(5)] for _ in range(2000)]
+    inp = "".join(" ".join(map(str, r)) + "\n" for r in rows)
+
+    def run(name: str, prelude: str, include: list[str]) -> str:
+        src, exe = tmp_path / f"{name}.c", tmp_path / name
+        src.write_text(prelude + _GUARD_HARNESS)
+        subprocess.run(["gcc", "-O1", "-std=gnu11", "-fwrapv", "-w", *include, "-o", str(exe),
+                        str(src)], check=True)
+        return subprocess.run([str(exe)], input=inp, capture_output=True, text=True,
+                              check=True).stdout
+
+    host = run("host", '#include "cap.h"\n', [f"-I{capabilities.INCLUDE_DIR}"])
+    dev = run("dev", _device_predicate_source(), [])
+    assert host.count("\n") == len(rows)
+    bad = [(r, h, d) for r, h, d in zip(rows, host.splitlines(), dev.splitlines(), strict=True)
+           if h != d]
+    assert bad == [], bad[:3]
 
 
 def test_device_prelude_has_one_predicate_from_the_abi() -> None:
@@ -150,6 +207,8 @@ def test_cuda_lowering_compiles_as_cpp(tmp_path: Path) -> None:
              "static inline void __threadfence(void) {}\n"
              "static inline void __threadfence_block(void) {}\n"
              "static inline void __syncthreads(void) {}\n"
+             "static inline long long __mul64hi(long long a, long long b)"
+             " { return (long long)(((__int128)a * b) >> 64); }\n"
              "#include <cmath>\nusing std::sqrt; using std::copysign; using std::fabs;\n")
     sources = [c.src for c in FAULT_CASES] + [HOIST_SRC, (REPO / "kernels/gpu/qr.c").read_text()]
     for k, src in enumerate(sources):
@@ -499,6 +558,12 @@ KERNEL void fill(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
     for (int64_t i = lo; i < hi; i++)
         cap_store_f32(x, a * i + b, (float)i);
 }
+KERNEL void fill_stride(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
+{
+    int64_t s = (a & 3) + 1;
+    for (int64_t i = lo; i < hi; i += s)
+        cap_store_f32(x, a * i + b, cap_load_f32(x, i - lo) + 1.0f);
+}
 KERNEL void fill_div(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
 {
     for (int64_t i = lo; i <= hi; i += 2)
@@ -512,7 +577,7 @@ def test_loop_versioning_equivalence(lane: Lane) -> None:
     from hypothesis import strategies as st
 
     builds = {n: (lane.compile(HOIST_SRC, n), lane.compile(HOIST_SRC, n, hoist=False))
-              for n in ("fill", "fill_div")}
+              for n in ("fill", "fill_div", "fill_stride")}
 
     def run(k, n, args):
         x = lane.buffer(np.arange(n, dtype=np.float32), name="x")

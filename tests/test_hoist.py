@@ -56,9 +56,16 @@ KERNEL void div_var(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
         cap_store_f32(x, i + b / a, (float)i);
 }
 """
-SRC += DIV_SRC
+SRC += DIV_SRC + """
+KERNEL void fill_stride(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
+{
+    int64_t s = (a & 3) + 1;
+    for (int64_t i = lo; i < hi; i += s)
+        cap_store_f32(x, i + b, (float)i);
+}
+"""
 
-NAMES = ["fill_lt", "fill_le3", "cond_store", "div_zero", "div_lit", "div_var"]
+NAMES = ["fill_lt", "fill_le3", "cond_store", "div_zero", "div_lit", "div_var", "fill_stride"]
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +104,10 @@ def test_zero_trip_loop_never_evaluates_a_division_by_zero(builds) -> None:
 
 def test_literal_divisions_are_hoisted(builds) -> None:
     assert "rt_ustore_f32" in builds["div_lit"][0].c_source
+
+
+def test_invariant_variable_steps_are_hoisted(builds) -> None:
+    assert "rt_ustore_f32" in builds["fill_stride"][0].c_source
 
 
 def test_loop_that_writes_its_counter_is_not_hoisted() -> None:

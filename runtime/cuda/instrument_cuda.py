@@ -37,10 +37,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from pycparser import c_ast, c_generator
+from pycparser import c_ast
 
 from capabilities import abi
 
+from ..astutil import Generator
+from ..hoist import QUIET_LOOPS, PollPoint, UncheckedCall, UncheckedRef, hoist_function
 from ..parse import is_user_node
 from ..verifier import KernelSig, VerifiedSource
 
@@ -131,6 +133,7 @@ static __device__ __noinline__ void rt_poll_slow(void)
     if (*(volatile int *)&__rt_cancel) rt_exit_block(2);
 }
 #define RT_POLL(pc) ((((pc) += 1u) & 1023u) == 0u ? rt_poll_slow() : (void)0)
+#define RT_POLL_NOW() rt_poll_slow()      /* after a quiet (versioned, short) loop */
 #define RT_PROLOGUE() do { if (threadIdx.x == 0) __rt_bfault = 0; __syncthreads(); } while (0)
 
 static __device__ __forceinline__ void rt_sync_threads(void)
@@ -167,6 +170,7 @@ static __device__ __forceinline__ long long rt_lidx(long long i, long long n, in
 #else
 /* ============================ raw mode (baseline) ============================ */
 #define RT_POLL(pc) ((void)0)
+#define RT_POLL_NOW() ((void)0)
 #define RT_PROLOGUE() do { } while (0)
 static __device__ __forceinline__ void rt_sync_threads(void) { __syncthreads(); }
 static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
@@ -223,21 +227,15 @@ RT_DEFINE_ACCESS(i32, int, 4, RT_ID, RT_ID)
 RT_DEFINE_ACCESS(i64, long long, 8, RT_ID, RT_ID)
 RT_DEFINE_ACCESS(f16, unsigned short, 2, rt_h2f, rt_f2h)
 
-/* Loop versioning: the range of an affine index over a counted loop is
- * checked once (both ends) and the loop runs with these unchecked accessors;
- * if the check fails the original, fully checked loop runs instead, so a
- * fault is still reported at the exact element, thread and line. */
-static __device__ __forceinline__ bool rt_range_ok(cap_t c, long long lo, long long hi,
-                                                   unsigned long long S, int store)
-{
-    unsigned long long len = store ? c.wlen : c.rlen;
-    return RT_INB(c, lo, S, len) && RT_INB(c, hi, S, len);
-}
-static __device__ __forceinline__ bool rt_lrange_ok(long long lo, long long hi, long long n)
-{
-    return (unsigned long long)lo < (unsigned long long)n &&
-           (unsigned long long)hi < (unsigned long long)n;
-}
+/* Loop versioning (runtime/hoist.py): rt_range_ok, rt_lrange_ok and rt_loop_span
+ * come from the shared ABI fragment; covered accesses use these unchecked forms. */
+template <class T> struct rt_is_sint { enum { value = 0 }; };
+template <> struct rt_is_sint<signed char> { enum { value = 1 }; };
+template <> struct rt_is_sint<short> { enum { value = 1 }; };
+template <> struct rt_is_sint<int> { enum { value = 1 }; };
+template <> struct rt_is_sint<long> { enum { value = 1 }; };
+template <> struct rt_is_sint<long long> { enum { value = 1 }; };
+#define RT_IS_INT(e) ((int)rt_is_sint<decltype(e)>::value)
 #define rt_uload_f32(c, i) (((const float *)(c).p)[i])
 #define rt_uload_f64(c, i) (((const double *)(c).p)[i])
 #define rt_uload_i32(c, i) (((const int *)(c).p)[i])
@@ -297,118 +295,6 @@ def _int(v: int) -> c_ast.Constant:
     return c_ast.Constant("int", str(v))
 
 
-_PURE_CALLS = {"rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim"}
-
-
-def _loop_init(init: c_ast.Node | None) -> tuple[str | None, c_ast.Node | None]:
-    if isinstance(init, c_ast.DeclList) and len(init.decls) == 1 and init.decls[0].init:
-        return init.decls[0].name, init.decls[0].init
-    if isinstance(init, c_ast.Assignment) and init.op == "=" and isinstance(init.lvalue, c_ast.ID):
-        return init.lvalue.name, init.rvalue
-    return None, None
-
-
-def _loop_step(nxt: c_ast.Node, var: str) -> c_ast.Node | None:
-    if isinstance(nxt, c_ast.UnaryOp) and nxt.op in ("p++", "++") \
-            and isinstance(nxt.expr, c_ast.ID) and nxt.expr.name == var:
-        return _int(1)
-    if isinstance(nxt, c_ast.Assignment) and nxt.op == "+=" \
-            and isinstance(nxt.lvalue, c_ast.ID) and nxt.lvalue.name == var:
-        return nxt.rvalue
-    return None
-
-
-def _has_loop(n: c_ast.Node) -> bool:
-    if isinstance(n, (c_ast.For, c_ast.While, c_ast.DoWhile)):
-        return True
-    return any(_has_loop(c) for _, c in n.children())
-
-
-def _assigned(n: c_ast.Node) -> set[str]:
-    """Names a statement may change (assignments, ++/--, declarations)."""
-    out: set[str] = set()
-
-    def walk(x: c_ast.Node) -> None:
-        if isinstance(x, c_ast.Assignment) and isinstance(x.lvalue, c_ast.ID):
-            out.add(x.lvalue.name)
-        elif isinstance(x, c_ast.UnaryOp) and x.op in ("++", "--", "p++", "p--") \
-                and isinstance(x.expr, c_ast.ID):
-            out.add(x.expr.name)
-        elif isinstance(x, c_ast.Decl) and x.name:
-            out.add(x.name)
-        for _, c in x.children():
-            walk(c)
-
-    walk(n)
-    return out
-
-
-def _invariant(e: c_ast.Node, assigned: set[str]) -> bool:
-    """Side-effect free and independent of the loop (only reads invariant names)."""
-    if isinstance(e, c_ast.Constant):
-        return e.type in ("int", "long", "long int", "unsigned int", "unsigned long")
-    if isinstance(e, c_ast.ID):
-        return e.name not in assigned
-    if isinstance(e, c_ast.BinaryOp) and e.op in ("+", "-", "*", "/"):
-        return _invariant(e.left, assigned) and _invariant(e.right, assigned)
-    if isinstance(e, c_ast.UnaryOp) and e.op in ("-", "+"):
-        return _invariant(e.expr, assigned)
-    if isinstance(e, c_ast.Cast):
-        return _invariant(e.expr, assigned)
-    if isinstance(e, c_ast.FuncCall) and isinstance(e.name, c_ast.ID):
-        return e.name.name in _PURE_CALLS and e.args is None
-    return False
-
-
-def _degree(e: c_ast.Node, var: str, assigned: set[str]) -> int | None:
-    """Degree of an integer expression in ``var`` (0 or 1), None if not affine/invariant."""
-    if isinstance(e, c_ast.ID) and e.name == var:
-        return 1
-    if isinstance(e, c_ast.BinaryOp) and e.op in ("+", "-", "*"):
-        a, b = _degree(e.left, var, assigned), _degree(e.right, var, assigned)
-        if a is None or b is None:
-            return None
-        d = a + b if e.op == "*" else max(a, b)
-        return d if d <= 1 else None
-    if isinstance(e, c_ast.UnaryOp) and e.op in ("-", "+"):
-        return _degree(e.expr, var, assigned)
-    return 0 if _invariant(e, assigned) and not isinstance(e, c_ast.Cast) else None
-
-
-def _subst(e: c_ast.Node, var: str, val: c_ast.Node) -> c_ast.Node:
-    """Copy of ``e`` with ``var`` replaced by ``(val)``."""
-    if isinstance(e, c_ast.ID) and e.name == var:
-        return copy.deepcopy(val)
-    e = copy.deepcopy(e)
-    for name, c in list(e.children()):
-        _children_set(e, name, _subst(c, var, val))
-    return e
-
-
-def _accesses(n: c_ast.Node) -> list[c_ast.Node]:
-    """cap_load_T/cap_store_T calls and outermost ArrayRefs in a statement."""
-    out: list[c_ast.Node] = []
-
-    def walk(x: c_ast.Node) -> None:
-        if isinstance(x, c_ast.FuncCall) and isinstance(x.name, c_ast.ID):
-            nm = x.name.name
-            if (nm.startswith("cap_load_") or nm.startswith("cap_store_")) \
-                    and nm.rsplit("_", 1)[1] in ELEM and x.args and len(x.args.exprs) >= 2:
-                out.append(x)
-        if isinstance(x, c_ast.ArrayRef):
-            if not isinstance(x.name, c_ast.ArrayRef):
-                out.append(x)
-            walk(x.subscript)
-            if isinstance(x.name, c_ast.ArrayRef):
-                walk(x.name)
-            return
-        for _, c in x.children():
-            walk(c)
-
-    walk(n)
-    return out
-
-
 class _Rewriter:
     """Rewrites one function's body in place (API calls, array subscripts, pollchecks)."""
 
@@ -416,16 +302,10 @@ class _Rewriter:
         self.o = owner
         self.arrays = arrays
         self.has_loop = False
-        self.unchecked: set[int] = set()  # ids of accesses covered by a hoisted check
-        self.no_version: set[int] = set()
-        self.no_poll: set[int] = set()
 
     def visit(self, node: c_ast.Node) -> c_ast.Node:
-        if (self.o.hoist and isinstance(node, c_ast.For)
-                and id(node) not in self.no_version):
-            versioned = self.version(node)
-            if versioned is not None:
-                return versioned
+        if isinstance(node, PollPoint):
+            return _call("RT_POLL_NOW", [], node.coord)
         if isinstance(node, c_ast.ArrayRef):
             return self.subscript(node)
         if isinstance(node, c_ast.Assignment) and node.op in ("/=", "%="):
@@ -443,97 +323,13 @@ class _Rewriter:
                          [node.left, node.right, _int(line)], node.coord)
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self.has_loop = True
-            if id(node) in self.no_poll:
-                return node
+            if isinstance(node, QUIET_LOOPS):
+                return node  # polls once after itself (hoist.py)
             poll = _call("RT_POLL", [c_ast.ID("__rt_pc")], node.coord)
             cond = node.cond if node.cond is not None else _int(1)
             node.cond = c_ast.ExprList([poll, cond], node.coord)
             return node
         return node
-
-    # -- loop versioning ------------------------------------------------------
-    def version(self, loop: c_ast.For) -> c_ast.Node | None:
-        """Hoist the checks of affine accesses out of an innermost counted loop.
-
-        Pattern: ``for (i = A; i < B (or <=); i++ / i += s)`` whose body has no
-        loop and never assigns i, A, B, s or the variables of the hoisted
-        indices.  Emits ``if (guard) fast_loop else checked_loop`` and one
-        pollcheck after it (the fast loop is finite: its bounds are invariant).
-        """
-        var, lo = _loop_init(loop.init)
-        if var is None or loop.cond is None or loop.next is None:
-            return None
-        c = loop.cond
-        if not (isinstance(c, c_ast.BinaryOp) and c.op in ("<", "<=")
-                and isinstance(c.left, c_ast.ID) and c.left.name == var):
-            return None
-        hi, inclusive = c.right, c.op == "<="
-        step = _loop_step(loop.next, var)
-        if step is None or _has_loop(loop.stmt):
-            return None
-        assigned = _assigned(loop.stmt) | {var}
-        for e in (lo, hi, step):
-            if not _invariant(e, assigned):
-                return None
-        fast = copy.deepcopy(loop)
-        checks: list[c_ast.Node] = []
-        unit = isinstance(step, c_ast.Constant) and step.value == "1"
-        one = _int(1)
-        # last value of the loop variable (the loop runs only if lo < hi_excl)
-        hi_excl = c_ast.BinaryOp("+", copy.deepcopy(hi), one) if inclusive else hi
-        if unit:
-            last = c_ast.BinaryOp("-", copy.deepcopy(hi_excl), _int(1))
-        else:
-            span = c_ast.BinaryOp("-", c_ast.BinaryOp("-", copy.deepcopy(hi_excl), _int(1)),
-                                  copy.deepcopy(lo))
-            last = c_ast.BinaryOp("+", copy.deepcopy(lo), c_ast.BinaryOp(
-                "*", c_ast.BinaryOp("/", span, copy.deepcopy(step)), copy.deepcopy(step)))
-        for acc in _accesses(fast.stmt):
-            if isinstance(acc, c_ast.FuncCall):
-                cap, idx = acc.args.exprs[0], acc.args.exprs[1]
-                if not (isinstance(cap, c_ast.ID) and cap.name not in assigned):
-                    continue
-                if _degree(idx, var, assigned) is None:
-                    continue
-                T = acc.name.name.rsplit("_", 1)[1]
-                store = acc.name.name.startswith("cap_store")
-                checks.append(_call("rt_range_ok", [
-                    c_ast.ID(cap.name), _subst(idx, var, lo), _subst(idx, var, last),
-                    _int(ELEM[T]), _int(int(store))], acc.coord))
-                self.unchecked.add(id(acc))
-            else:
-                base = acc.name
-                dims = self.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
-                if dims is None or len(dims) != 1:
-                    continue
-                if _degree(acc.subscript, var, assigned) is None:
-                    continue
-                checks.append(_call("rt_lrange_ok", [
-                    _subst(acc.subscript, var, lo), _subst(acc.subscript, var, last),
-                    _int(dims[0])], acc.coord))
-                self.unchecked.add(id(acc))
-        if not checks:
-            return None
-        guard: c_ast.Node = checks[0]
-        for ch in checks[1:]:
-            guard = c_ast.BinaryOp("&&", guard, ch)
-        if not unit:
-            guard = c_ast.BinaryOp("&&", c_ast.BinaryOp(">", copy.deepcopy(step), _int(0)),
-                                   guard)
-        # Bound the trip count of the poll-free fast loop (a huge invariant bound
-        # with an index of slope 0 would otherwise make it uncancellable).
-        trip = c_ast.BinaryOp("-", copy.deepcopy(hi_excl), copy.deepcopy(lo))
-        guard = c_ast.BinaryOp("&&", c_ast.BinaryOp("<=", trip, c_ast.Constant(
-            "long long", "67108864LL")), guard)
-        guard = c_ast.BinaryOp("||", c_ast.BinaryOp(">=", copy.deepcopy(lo),
-                                                    copy.deepcopy(hi_excl)), guard)
-        self.no_version.update((id(fast), id(loop)))
-        self.no_poll.add(id(fast))
-        fast = self.visit(fast)
-        slow = self.visit(loop)
-        poll = _call("RT_POLL", [c_ast.ID("__rt_pc")], loop.coord)
-        return c_ast.Compound([c_ast.If(guard, c_ast.Compound([fast]), c_ast.Compound([slow])),
-                               poll], loop.coord)
 
     def subscript(self, node: c_ast.ArrayRef) -> c_ast.Node:
         # Pre-order: handle the whole chain a[i][j] at its outermost ArrayRef.
@@ -544,8 +340,7 @@ class _Rewriter:
             base = base.name
         for ref in chain:
             ref.subscript = self.visit(ref.subscript)
-        if not (isinstance(base, c_ast.ID) and base.name in self.arrays) \
-                or id(node) in self.unchecked:
+        if not (isinstance(base, c_ast.ID) and base.name in self.arrays):
             chain[-1].name = self.visit(base)
             return node
         dims = self.arrays[base.name]
@@ -553,6 +348,8 @@ class _Rewriter:
         assert len(chain) == len(dims), "the verifier refuses partial subscripts"
         aid = self.o.array_id(base.name)
         for ref, n in zip(chain, dims, strict=True):
+            if isinstance(ref, UncheckedRef):
+                continue  # covered by a loop guard (hoist.py)
             line = ref.coord.line if ref.coord else 0
             ref.subscript = _call("rt_lidx", [ref.subscript, _int(n), _int(aid), _int(line)],
                                   ref.coord)
@@ -570,7 +367,7 @@ class _Rewriter:
                 T = name[len(pre):]
                 S = ELEM[T]
                 if op in ("load", "store"):
-                    if id(node) in self.unchecked:
+                    if isinstance(node, UncheckedCall):  # covered by a loop guard
                         return _call(f"rt_u{op}_{T}", args, coord)
                     return _call(f"rt_{op}_{T}", args + [_int(line)], coord)
                 return _call(f"rt_{op}", args + [_int(S)], coord)
@@ -597,7 +394,7 @@ class _Instrumenter:
         self.hoist = hoist and checked
         self.kernel_names = set(verified.parsed.kernels)
         self.arrays: list[str] = []
-        self.gen = c_generator.CGenerator()
+        self.gen = Generator()
 
     def array_id(self, name: str) -> int:
         self.arrays.append(name)
@@ -619,6 +416,8 @@ class _Instrumenter:
     def function(self, fn: c_ast.FuncDef) -> tuple[str, KernelSig | None]:
         name = fn.decl.name
         arrays = self.local_arrays(fn)
+        if self.hoist:
+            hoist_function(fn, {k: tuple(v) for k, v in arrays.items()})
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
         _map_types(fn)
