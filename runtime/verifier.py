@@ -152,6 +152,7 @@ class VerifiedSource:
     parsed: ParsedSource
     target: str = "cpu"
     kernels: dict[str, KernelSig] = field(default_factory=dict)
+    stack_bytes: dict[str, int] = field(default_factory=dict)  # local arrays per call chain
     helpers: list[str] = field(default_factory=list)
     local_arrays: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     cap_locals: dict[str, list[str]] = field(default_factory=dict)
@@ -186,9 +187,8 @@ def verify(parsed: ParsedSource, *, target: str = "cpu") -> VerifiedSource:
         raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
     v = _Verifier(parsed, target)
     v.visit(parsed.ast)
-    if target == "cpu":
-        _check_stack_budget(v.result)
     v.result.target = target
+    v.result.stack_bytes = _stack_bytes(v.result)
     return v.result
 
 
@@ -204,15 +204,16 @@ def select_kernel(verified: VerifiedSource, name: str | None) -> str:
         if len(kernels) != 1:
             raise VerifyError(None, "kernel name", f"source defines kernels {kernels}; "
                               "pass name= to pick one")
-        return kernels[0]
+        name = kernels[0]
     if name not in kernels:
         raise VerifyError(None, f"kernel {name!r}",
                           f"no KERNEL function of that name (found {kernels})")
+    _check_stack_budget(verified, name)
     return name
 
 
-def _check_stack_budget(result: VerifiedSource) -> None:
-    """Reject a kernel whose local arrays could overflow a worker stack (CPU lane)."""
+def _stack_bytes(result: VerifiedSource) -> dict[str, int]:
+    """Bytes of local arrays along the deepest call chain from each kernel."""
     own = {f: sum(8 * _prod(d) for d in arrays.values())
            for f, arrays in result.local_arrays.items()}
     memo: dict[str, int] = {}
@@ -223,12 +224,17 @@ def _check_stack_budget(result: VerifiedSource) -> None:
                 (deepest(g) for g in result.call_graph.get(f, ())), default=0)
         return memo[f]
 
-    for k in result.kernels:
-        if deepest(k) > STACK_BUDGET:
-            raise VerifyError(result.parsed.funcs[k].decl.coord.line, "local arrays",
-                              f"kernel {k!r} and its callees need about {deepest(k) >> 10} "
-                              f"KiB of local arrays; the limit is {STACK_BUDGET >> 10} KiB "
-                              "(use a buffer from capabilities.alloc or cap_alloc_*)")
+    return {k: deepest(k) for k in result.kernels}
+
+
+def _check_stack_budget(result: VerifiedSource, kernel: str) -> None:
+    """Reject a CPU kernel whose local arrays could overflow a worker stack."""
+    need = result.stack_bytes.get(kernel, 0)
+    if result.target == "cpu" and need > STACK_BUDGET:
+        raise VerifyError(result.parsed.funcs[kernel].decl.coord.line, "local arrays",
+                          f"kernel {kernel!r} and its callees need about {need >> 10} "
+                          f"KiB of local arrays; the limit is {STACK_BUDGET >> 10} KiB "
+                          "(use a buffer from capabilities.alloc or cap_alloc_*)")
 
 
 def _prod(dims: tuple[int, ...]) -> int:
