@@ -44,14 +44,12 @@
 #include <stddef.h>
 #include <setjmp.h>
 
+#include "cap_abi.h"   /* dtype/fault codes, cap_t, the bounds predicate */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- dtypes and permissions -------------------------------------------- */
-enum { RT_DT_F16 = 1, RT_DT_F32 = 2, RT_DT_F64 = 3, RT_DT_I32 = 4, RT_DT_I64 = 5,
-       RT_DT_U8 = 6, RT_DT_CAP = 7 };
-enum { RT_PERM_R = 1, RT_PERM_W = 2 };
 
 /* rt_obj.flags */
 enum { RT_OBJ_FREED = 1,      /* explicit free() happened */
@@ -78,14 +76,6 @@ typedef struct rt_obj {
     char name[RT_NAME_MAX];     /* buffer name shown in faults */
 } rt_obj;
 
-/* A capability as a kernel holds it: 40 bytes, by value. */
-typedef struct cap_t {
-    char *p;                    /* current origin: what cap_to_int() returns */
-    char *lo;                   /* object payload start */
-    uint64_t rlen;              /* readable bytes from lo (snapshot) */
-    uint64_t wlen;              /* writable bytes from lo (snapshot) */
-    rt_obj *obj;                /* owner; NULL for a cap made from an integer */
-} cap_t;
 
 /* One element of a cap table (dtype RT_DT_CAP). */
 typedef struct rt_capslot {
@@ -101,13 +91,8 @@ typedef union rt_arg {
     float f32;
 } rt_arg;
 
-/* ---- faults ------------------------------------------------------------ */
-enum { RT_OK = 0, RT_FAULT_OOB = 1, RT_FAULT_READONLY = 2, RT_FAULT_FREED = 3,
-       RT_FAULT_NOBOUNDS = 4, RT_FAULT_LOCAL = 5, RT_FAULT_TIMEOUT = 6,
-       RT_FAULT_CANCELLED = 7, RT_FAULT_ALLOC = 8, RT_FAULT_ARG = 9,
-       RT_FAULT_DIVZERO = 10, RT_FAULT_TYPE = 11 };
-enum { RT_ACC_LOAD = 1, RT_ACC_STORE = 2 };
 
+/* ---- faults ------------------------------------------------------------ */
 typedef struct rt_fault_rec {
     int32_t kind;               /* RT_FAULT_* (0: none) */
     int32_t access;             /* RT_ACC_* */
@@ -190,10 +175,6 @@ RT_INLINE uint16_t rt_float_to_half(float f)
     return h;
 }
 
-#define RT_LIKELY(x) __builtin_expect(!!(x), 1)
-#define RT_UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* Indices beyond +-2^58 could wrap i*sizeof(T); they are out of every buffer. */
-#define RT_IDX_LIMIT ((uint64_t)1 << 58)
 
 __attribute__((noinline, cold, noreturn)) static void rt_fail_local(rt_block *b, const char *a,
                                                                     int64_t i, int32_t line)
@@ -241,27 +222,10 @@ RT_INLINE cap_t rt_cap_from_int(int64_t x)
     return c;
 }
 
-/* The last value e0 + d*span of an affine index, or 0 if computing it
- * overflows (then the index sequence may wrap and no range guard holds). */
-RT_INLINE int rt_affine_end(int64_t e0, int64_t d, int64_t span, int64_t *end)
-{
-    int64_t tot;
-    return !__builtin_mul_overflow(d, span, &tot) && !__builtin_add_overflow(e0, tot, end);
-}
 
 #if !defined(RT_RAW) && !defined(RT_RAW_POLL)
 /* ====================== checked mode ===================================== */
 
-/* In bounds iff the byte offset off = (p - lo) + i*S (mod 2^64: exactly the
- * address the access would touch) satisfies off < len and off + S <= len.
- * off < len first, so a "negative" off (huge unsigned) can never wrap the
- * second sum back into range.  |i| < 2^58 is required on top, so an index
- * whose i*S wraps into the buffer is still refused.  All operands are in
- * registers (the bounds are a by-value snapshot). */
-#define RT_OFF(c, i, S) ((uint64_t)((c).p - (c).lo) + (uint64_t)(i) * (uint64_t)(S))
-#define RT_INB(c, i, S, LEN)                                                     \
-    (RT_LIKELY(((uint64_t)(i) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT) &&             \
-     RT_LIKELY(RT_OFF(c, i, S) < (LEN)) && RT_LIKELY(RT_OFF(c, i, S) + (S) <= (LEN)))
 
 #define RT_DEFINE_ACCESS(T, CT, S)                                                \
     RT_INLINE CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
@@ -291,23 +255,13 @@ RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t li
     ((uint16_t *)(c.p))[i] = rt_float_to_half(v);
 }
 
-/* Loop-versioning guard (runtime/hoist.py): an affine index e0 + d*t for
- * t in [0, span] stays inside the object, without wrapping, at both ends. */
-RT_INLINE int rt_range_ok(cap_t c, int64_t e0, int64_t d, int64_t span, int64_t S,
-                          int store)
-{
-    int64_t eL;
-    uint64_t len = store ? c.wlen : c.rlen;
-    if (!rt_affine_end(e0, d, span, &eL)) return 0;
-    return RT_INB(c, e0, (uint64_t)S, len) && RT_INB(c, eL, (uint64_t)S, len);
-}
 
 RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
 {
     /* Moving the origin is always allowed; checks stay relative to the object.
      * Wrapping arithmetic: an absurd k yields an origin every access rejects. */
     c.p = (char *)((uint64_t)c.p + (uint64_t)k * (uint64_t)S);
-    if (((uint64_t)k + RT_IDX_LIMIT) >= 2 * RT_IDX_LIMIT) { c.rlen = 0; c.wlen = 0; }
+    if (!RT_OFFSET_SANE(k)) { c.rlen = 0; c.wlen = 0; }
     return c;
 }
 
@@ -403,33 +357,6 @@ RT_INLINE void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t li
 RT_INLINE cap_t rt_root(rt_frame *f, int32_t k, cap_t v) { f->slots[k] = v.obj; return v; }
 #endif
 
-/* Iteration span (last - a) of `for (i = a; i < b (or <= b); i += step)` when
- * a < b (a <= b), or 0 if it cannot be computed without overflow, including
- * the final `i += step` past the end. */
-RT_INLINE int rt_loop_span(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
-{
-    int64_t d, last, after;
-    if (__builtin_sub_overflow(b, a, &d)) return 0;
-    if (!incl) d -= 1;
-    last = a + (d / step) * step;
-    if (__builtin_add_overflow(last, step, &after)) return 0;
-    *span = last - a;
-    return 1;
-}
-/* Same for a 32-bit (int) loop counter: the start must fit an int and the
- * final `i += step` must not pass INT32_MAX. */
-RT_INLINE int rt_loop_span32(int64_t a, int64_t b, int64_t step, int incl, int64_t *span)
-{
-    if (a < INT32_MIN || a > INT32_MAX || !rt_loop_span(a, b, step, incl, span)) return 0;
-    return a + *span + step <= INT32_MAX;
-}
-/* Local-array subscript e0 + d*t for t in [0, span] stays in [0, dim). */
-RT_INLINE int rt_lrange_ok(int64_t e0, int64_t d, int64_t span, int64_t dim)
-{
-    int64_t eL;
-    if (!rt_affine_end(e0, d, span, &eL)) return 0;
-    return e0 >= 0 && e0 < dim && eL >= 0 && eL < dim;
-}
 /* Whether an expression has a signed integer type of at most 64 bits. */
 #define RT_IS_INT(e) _Generic((e), long: 1, long long: 1, int: 1, short: 1, signed char: 1, \
                               default: 0)

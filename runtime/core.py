@@ -104,7 +104,8 @@ def _sources() -> list:
 
 
 def _headers() -> list:
-    return sorted(CSRC.glob("*.h")) + sorted(GC_DIR.glob("*.h")) + [CAP_INCLUDE / "cap.h"]
+    return (sorted(CSRC.glob("*.h")) + sorted(GC_DIR.glob("*.h"))
+            + [CAP_INCLUDE / "cap.h", CAP_INCLUDE / "cap_abi.h"])
 
 
 def _load():

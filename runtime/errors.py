@@ -87,3 +87,16 @@ class KernelTimeout(CapqrError):
         self.timeout = timeout
         self.blocks_done = blocks_done
         super().__init__(f"kernel {kernel!r} exceeded its timeout of {timeout:g} s")
+
+
+def fault_detail(reason: str, index: int | None) -> str:
+    """The explanation both lanes attach to a fault of kind ``reason``."""
+    if reason == "local-array":
+        return "local array index outside its declared size"
+    if reason == "type":
+        return "cap tables hold capabilities: use cap_load_cap/cap_store_cap, aligned slots"
+    if reason == "division-by-zero":
+        return "integer division or remainder by zero"
+    if reason == "alloc":
+        return f"cap_alloc of {index} elements refused"
+    return ""

@@ -55,13 +55,3 @@ def gc_set_threshold(ratio: float = 1.25, floor_bytes: int = 1 << 20) -> None:
     """Pace the heap: with T = max(ratio * live, floor_bytes), a cycle starts at
     live + T/2 and allocating kernels wait for it past live + T (gc/pace.c)."""
     lib.gc_set_threshold(float(ratio), int(floor_bytes))
-
-
-def is_live(obj_id: int) -> bool:
-    """Whether the object with this serial still has a header (debugging/tests)."""
-    return bool(lib.gc_is_live_id(obj_id))
-
-
-def object_count() -> int:
-    """Number of object headers the collector currently holds."""
-    return int(lib.gc_count_objects())

@@ -26,21 +26,86 @@ mathematical one and lies between its two checked ends.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pycparser import c_ast
 
+from capabilities import abi
+
+from .astutil import int_literal, node_fields, pure_expr
+
 # int counters are guarded by rt_loop_span32 (start fits, no wrap past INT32_MAX).
 _INT_TYPES = {"int64_t": 64, "long": 64, "int": 32, "int32_t": 32}
-_PURE_CALLS_PREFIX = ("cap_len_",)
 _ACCESS_PREFIX = ("cap_load_", "cap_store_")
-_ELEM = ("f16", "f32", "f64", "i32", "i64")
+_ELEM = abi.SCALAR_SUFFIXES
+ELEM_SIZE = abi.ELEM_SIZE
 
 
-#: First statement of a loop body that must get no per-iteration pollcheck.
-NOPOLL_MARK = "RT_NOPOLL"
+# ---------------------------------------------------------------------------
+# What the pass leaves in the AST for the lowerings: node types, not names.
+# The marks are subclasses with the same slots, so they survive the deep
+# copies of enclosing versioned loops; each lowering dispatches on the type.
+
+
+class UncheckedCall(c_ast.FuncCall):
+    """cap_load_T/cap_store_T whose index a loop guard proved in range."""
+
+    __slots__ = ()
+
+
+class UncheckedRef(c_ast.ArrayRef):
+    """One subscript level of a local array that a loop guard proved in range."""
+
+    __slots__ = ()
+
+
+class QuietFor(c_ast.For):
+    """A loop without a per-iteration pollcheck (it polls once after itself)."""
+
+    __slots__ = ()
+
+
+class QuietWhile(c_ast.While):
+    __slots__ = ()
+
+
+class QuietDoWhile(c_ast.DoWhile):
+    __slots__ = ()
+
+
+QUIET_LOOPS = (QuietFor, QuietWhile, QuietDoWhile)
+_QUIET = {c_ast.For: QuietFor, c_ast.While: QuietWhile, c_ast.DoWhile: QuietDoWhile}
+
+
+class PollPoint(c_ast.Node):
+    """One pollcheck, after a quiet loop."""
+
+    __slots__ = ("coord", "__weakref__")
+    attr_names = ()
+
+    def __init__(self, coord: Any = None):
+        self.coord = coord
+
+    def children(self) -> tuple:
+        return ()
+
+
+@dataclass
+class LoopPlan:
+    """One versioned loop: its guard terms, the accesses they cover, and polling."""
+
+    line: int
+    guards: list[c_ast.Node]
+    covered: list[c_ast.Node]
+    polls_after: bool
+
+
+@dataclass
+class Versioning:
+    """The side table of one function's loop versioning."""
+
+    loops: list[LoopPlan] = field(default_factory=list)
 
 #: A loop nest polls once after itself when the outer loop has fewer than
 #: OUTER_SHORT_TRIP iterations and every inner loop at most INNER_CONST_TRIP
@@ -59,15 +124,22 @@ class _Ctx:
 
     arrays: dict[str, tuple[int, ...]]  # local array name -> dims (from the verifier)
     counter: int = 0                    # numbers the guard variables __h<k>_*
+    table: Versioning = field(default_factory=Versioning)
 
 
-def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> None:
-    """Version every eligible loop of ``func`` in place.
+def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> Versioning:
+    """Version every eligible loop of ``func`` in place; return the side table.
 
     ``arrays`` maps the function's local arrays to their dimensions
-    (``VerifiedSource.local_arrays[name]``).
+    (``VerifiedSource.local_arrays[name]``).  Both lowerings consume the
+    result: covered accesses are UncheckedCall/UncheckedRef nodes, quiet
+    loops are Quiet* nodes followed by a PollPoint, guards are calls of the
+    runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
+    for both lanes).
     """
-    _walk(func.body, _Ctx(arrays))
+    ctx = _Ctx(arrays)
+    _walk(func.body, ctx)
+    return ctx.table
 
 
 def _walk(node: c_ast.Node, ctx: _Ctx) -> None:
@@ -115,13 +187,6 @@ def _loop_depth(node: c_ast.Node | None) -> int:
     return best
 
 
-def node_fields(n: c_ast.Node) -> Iterator[tuple[str, Any]]:
-    """(field name, value) of a pycparser node's children (its __slots__ minus bookkeeping)."""
-    for attr in n.__slots__:
-        if attr not in ("coord", "__weakref__"):
-            yield attr, getattr(n, attr, None)
-
-
 def array_chain(ref: c_ast.ArrayRef) -> tuple[c_ast.Node, list[c_ast.ArrayRef]]:
     """a[i][j][k] -> (a, [a[i], a[i][j], a[i][j][k]]): the base and each subscript level."""
     chain: list[c_ast.ArrayRef] = []
@@ -143,6 +208,8 @@ def _ids(node: c_ast.Node | None) -> set[str]:
         def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
             if n.args is not None:
                 self.visit(n.args)  # the callee name is not a variable
+
+        visit_UncheckedCall = visit_FuncCall
 
         def visit_StructRef(self, n: c_ast.StructRef) -> None:
             self.visit(n.name)
@@ -174,29 +241,6 @@ def _assigned(node: c_ast.Node | None) -> set[str]:
     if node is not None:
         V().visit(node)
     return out
-
-
-def _pure(node: c_ast.Node) -> bool:
-    """No side effects and cannot fault: safe to evaluate early or twice."""
-    if isinstance(node, (c_ast.ID, c_ast.Constant)):
-        return not (isinstance(node, c_ast.Constant) and node.type in ("string", "char"))
-    if isinstance(node, c_ast.BinaryOp):
-        if node.op in ("/", "%"):
-            # division by zero would trap (SIGFPE) where the original might not run
-            return (_pure(node.left) and isinstance(node.right, c_ast.Constant)
-                    and node.right.value not in ("0", "0L"))
-        return _pure(node.left) and _pure(node.right)
-    if isinstance(node, c_ast.UnaryOp):
-        return node.op in ("-", "+", "~", "!") and _pure(node.expr)
-    if isinstance(node, c_ast.Cast):
-        return _pure(node.expr)
-    if isinstance(node, c_ast.TernaryOp):
-        return _pure(node.cond) and _pure(node.iftrue) and _pure(node.iffalse)
-    if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID):
-        if node.name.name.startswith(_PURE_CALLS_PREFIX) or node.name.name in (
-                "rt_block_idx", "rt_grid_dim"):
-            return all(_pure(a) for a in (node.args.exprs if node.args else []))
-    return False
 
 
 def _subst(expr: c_ast.Node, var: str, repl: c_ast.Node) -> c_ast.Node:
@@ -247,8 +291,12 @@ def _affine(expr: c_ast.Node, var: str) -> bool:
     return False
 
 
-def _loop_shape(loop: c_ast.For) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int] | None:
-    """(var, bits, A, B, cmp, step) for a countable loop, else None."""
+def _loop_shape(loop: c_ast.For
+                ) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int | c_ast.Node] | None:
+    """(var, bits, A, B, cmp, step) for a countable loop, else None.
+
+    step is a positive int literal, or a pure loop-invariant expression that the
+    guard checks at run time."""
     init = loop.init
     if not (isinstance(init, c_ast.DeclList) and len(init.decls) == 1):
         return None
@@ -269,17 +317,20 @@ def _loop_shape(loop: c_ast.For) -> tuple[str, int, c_ast.Node, c_ast.Node, str,
             nxt.expr, c_ast.ID) and nxt.expr.name == var:
         step = 1
     elif (isinstance(nxt, c_ast.Assignment) and nxt.op == "+=" and isinstance(nxt.lvalue, c_ast.ID)
-          and nxt.lvalue.name == var and isinstance(nxt.rvalue, c_ast.Constant)
-          and nxt.rvalue.type == "int"):
-        try:
-            step = int(nxt.rvalue.value.rstrip("uUlL"), 0)
-        except ValueError:
-            step = None
+          and nxt.lvalue.name == var):
+        step = int_literal(nxt.rvalue)
+        if step is None and pure_expr(nxt.rvalue) and var not in _ids(nxt.rvalue):
+            # an invariant step (e.g. a thread stride): the guard requires 0 < step
+            return var, bits, d.init, cond.right, cond.op, nxt.rvalue
     if not step or step <= 0 or step > 1 << 20:
         return None
-    if not (_pure(d.init) and _pure(cond.right)):
+    if not (pure_expr(d.init) and pure_expr(cond.right)):
         return None
     return var, bits, d.init, cond.right, cond.op, step
+
+
+def _step_node(step: int | c_ast.Node) -> c_ast.Node:
+    return _const(step) if isinstance(step, int) else copy.deepcopy(step)
 
 
 def _const(v: int) -> c_ast.Constant:
@@ -296,8 +347,11 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     if shape is None or loop.stmt is None:
         return None
     var, bits, a_expr, b_expr, cmp, step = shape
+    if not isinstance(step, int) and not (pure_expr(a_expr) and pure_expr(b_expr)):
+        return None
     changed = _assigned(loop.stmt)
-    if var in changed or changed & (_ids(b_expr) | _ids(a_expr)):
+    step_ids = set() if isinstance(step, int) else _ids(step)
+    if var in changed or changed & (_ids(b_expr) | _ids(a_expr) | step_ids):
         return None
     # Candidate accesses anywhere in the body (conditional ones too: the guard
     # only selects the copy, it never faults).
@@ -314,7 +368,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             cap, idx = n.args.exprs[0], n.args.exprs[1]
             if not isinstance(cap, c_ast.ID) or cap.name in changed:
                 return
-            if not _pure(idx) or not _affine(idx, var) or (_ids(idx) - {var}) & changed:
+            if not pure_expr(idx) or not _affine(idx, var) or (_ids(idx) - {var}) & changed:
                 return
             accesses.append(n)
 
@@ -322,6 +376,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             return None  # accesses in inner loops belong to their own versioning
 
         visit_While = visit_DoWhile = visit_For
+        visit_QuietFor = visit_QuietWhile = visit_QuietDoWhile = visit_For
 
     V().visit(loop.stmt)
     # Local-array subscripts: a[E1][E2]... where every E is pure and affine.
@@ -335,7 +390,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
                 self.visit(ref.subscript)
                 idx = ref.subscript
                 if (dims is not None and depth < len(dims) and cur.name not in changed
-                        and _pure(idx) and _affine(idx, var)
+                        and pure_expr(idx) and _affine(idx, var)
                         and not ((_ids(idx) - {var}) & changed)):
                     subs.append((ref, dims[depth]))
 
@@ -343,6 +398,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             return None
 
         visit_While = visit_DoWhile = visit_For
+        visit_QuietFor = visit_QuietWhile = visit_QuietDoWhile = visit_For
 
     A().visit(loop.stmt)
     if not innermost and not accesses and not subs:
@@ -356,6 +412,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     # whatever the inner loops' own versioning did.
     slow = copy.deepcopy(loop)
     guard_terms: list[c_ast.Node] = []
+    covered: list[c_ast.Node] = []
     seen: set[str] = set()
     from pycparser import c_generator
 
@@ -370,21 +427,23 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             seen.add(key)
             e0 = _subst(idx, var, c_ast.ID(h0))
             e1 = _subst(idx, var, c_ast.BinaryOp("+", c_ast.ID(h0), _const(1)))
-            guard_terms.append(c_ast.FuncCall(c_ast.ID(f"cap_range_ok_{t}"), c_ast.ExprList([
+            guard_terms.append(c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
                 c_ast.ID(cap.name), e0, c_ast.BinaryOp("-", e1, copy.deepcopy(e0)),
-                c_ast.ID(hs), _const(store)])))
-        n.name = c_ast.ID(("cap_ustore_" if store else "cap_uload_") + t, n.name.coord)
+                c_ast.ID(hs), _const(ELEM_SIZE[t]), _const(store)])))
+        n.__class__ = UncheckedCall
+        covered.append(n)
     for ref, dim in subs:
         idx = ref.subscript
         e0 = _subst(idx, var, c_ast.ID(h0))
         e1 = _subst(idx, var, c_ast.BinaryOp("+", c_ast.ID(h0), _const(1)))
         guard_terms.append(c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
             e0, c_ast.BinaryOp("-", e1, copy.deepcopy(e0)), c_ast.ID(hs), _const(dim)])))
-        ref.subscript = c_ast.FuncCall(c_ast.ID("cap_uidx"), c_ast.ExprList([idx]))
+        ref.__class__ = UncheckedRef
+        covered.append(ref)
     runs = c_ast.BinaryOp(cmp, c_ast.ID(h0), c_ast.ID(hb))
     span_fn = "rt_loop_span" if bits == 64 else "rt_loop_span32"
     span_ok = c_ast.FuncCall(c_ast.ID(span_fn), c_ast.ExprList([
-        c_ast.ID(h0), c_ast.ID(hb), _const(step), _const(1 if cmp == "<=" else 0),
+        c_ast.ID(h0), c_ast.ID(hb), _step_node(step), _const(1 if cmp == "<=" else 0),
         c_ast.UnaryOp("&", c_ast.ID(hs))]))
     # Fast copy only if bounds and indices are signed integers (so the loop
     # runs exactly over [A, last]) and the span is computable (it is set by
@@ -398,6 +457,11 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         pos = 0 if g.name.name == "rt_lrange_ok" else 1
         is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[pos]))
     hok = f"__h{k}_ok"
+    if not isinstance(step, int):
+        # run-time step: an int in (0, 2^20], tested before rt_loop_span divides by it
+        is_int = c_ast.BinaryOp("&&", is_int, c_ast.BinaryOp("&&", _is_int(step), c_ast.BinaryOp(
+            "&&", c_ast.BinaryOp(">", _step_node(step), _const(0)),
+            c_ast.BinaryOp("<=", _step_node(step), _const(1 << 20)))))
     ok_init = c_ast.BinaryOp("&&", is_int,
                              c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), span_ok))
     cond: c_ast.Node = c_ast.ID(hok)
@@ -429,6 +493,8 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         quiet = copy.deepcopy(fast)
         _silence(quiet)
         fast_block = c_ast.If(_span_below(hs, step, OUTER_SHORT_TRIP), _then_poll(quiet), fast)
+    ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, guard_terms, covered,
+                                    fast_block is not fast))
     return c_ast.Compound([
         _decl64(h0, copy.deepcopy(a_expr)),
         _decl64(hb, copy.deepcopy(b_expr)),
@@ -438,14 +504,15 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     ])
 
 
-def _span_below(hs: str, step: int, limit: int) -> c_ast.BinaryOp:
+def _span_below(hs: str, step: int | c_ast.Node, limit: int) -> c_ast.BinaryOp:
     """span / step < limit: the loop has fewer than limit + 1 iterations."""
-    return c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _const(step)), _const(limit))
+    return c_ast.BinaryOp("<", c_ast.BinaryOp("/", c_ast.ID(hs), _step_node(step)),
+                          _const(limit))
 
 
 def _then_poll(quiet: c_ast.Node) -> c_ast.Compound:
     """The quiet copy followed by one pollcheck."""
-    return c_ast.Compound([quiet, c_ast.FuncCall(c_ast.ID("RT_POLL"), c_ast.ExprList([]))])
+    return c_ast.Compound([quiet, PollPoint(quiet.coord)])
 
 
 def _leaf_body(node: c_ast.Node) -> bool:
@@ -457,10 +524,9 @@ def _leaf_body(node: c_ast.Node) -> bool:
 
         def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
             name = n.name.name if isinstance(n.name, c_ast.ID) else ""
-            leaf = (name in MATH_FUNCS or name in ("cap_to_int", "cap_from_int", "cap_uidx",
+            leaf = (name in MATH_FUNCS or name in ("cap_to_int", "cap_from_int",
                                                     "rt_block_idx", "rt_grid_dim")
-                    or (name.startswith(("cap_load_", "cap_store_", "cap_uload_",
-                                         "cap_ustore_", "cap_len_", "cap_offset_"))
+                    or (name.startswith(("cap_load_", "cap_store_", "cap_len_", "cap_offset_"))
                         and not name.endswith("_cap")))
             if not leaf:
                 self.ok = False
@@ -473,8 +539,7 @@ def _leaf_body(node: c_ast.Node) -> bool:
 
 def _short_nest(body: c_ast.Node) -> bool:
     """Body is leaf code plus inner for-loops with small constant trip counts."""
-    allowed = {"RT_POLL", "RT_NOPOLL", "rt_loop_span", "rt_loop_span32", "rt_lrange_ok",
-               "RT_IS_INT"}
+    allowed = {"rt_loop_span", "rt_loop_span32", "rt_lrange_ok", "rt_range_ok", "RT_IS_INT"}
 
     class V(c_ast.NodeVisitor):
         ok = True
@@ -482,7 +547,7 @@ def _short_nest(body: c_ast.Node) -> bool:
         def visit_While(self, n: c_ast.Node) -> None:
             self.ok = False
 
-        visit_DoWhile = visit_While
+        visit_DoWhile = visit_QuietWhile = visit_QuietDoWhile = visit_While
 
         def visit_For(self, n: c_ast.For) -> None:
             shape = _loop_shape(n)
@@ -491,9 +556,11 @@ def _short_nest(body: c_ast.Node) -> bool:
                 self.ok = False
             self.generic_visit(n)
 
+        visit_QuietFor = visit_For
+
         def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
             name = n.name.name if isinstance(n.name, c_ast.ID) else ""
-            if name not in allowed and not name.startswith("cap_range_ok_") and not _leaf_body(n):
+            if name not in allowed and not _leaf_body(n):
                 self.ok = False
             if n.args is not None:
                 self.visit(n.args)
@@ -504,13 +571,13 @@ def _short_nest(body: c_ast.Node) -> bool:
 
 
 def _silence(node: c_ast.Node) -> None:
-    """Drop RT_POLL() statements and mark every loop inside as no-poll."""
+    """Drop PollPoints and mark every loop inside as quiet."""
 
     class V(c_ast.NodeVisitor):
         def generic_visit(self, n: c_ast.Node) -> None:
             for attr, val in node_fields(n):
                 if isinstance(val, list):
-                    setattr(n, attr, [x for x in val if not _is_call(x, "RT_POLL")])
+                    setattr(n, attr, [x for x in val if not isinstance(x, PollPoint)])
                     for x in getattr(n, attr):
                         if isinstance(x, c_ast.Node):
                             self.visit(x)
@@ -522,36 +589,25 @@ def _silence(node: c_ast.Node) -> None:
     V().visit(node)
 
 
-def _is_call(n: object, name: str) -> bool:
-    return (isinstance(n, c_ast.FuncCall) and isinstance(n.name, c_ast.ID)
-            and n.name.name == name)
-
-
 def _mark_nopoll(loop: c_ast.Node) -> None:
-    body = loop.stmt
-    items = list(body.block_items or []) if isinstance(body, c_ast.Compound) else [body]
-    if items and _is_call(items[0], NOPOLL_MARK):
-        return
-    loop.stmt = c_ast.Compound([c_ast.FuncCall(c_ast.ID(NOPOLL_MARK), c_ast.ExprList([]))]
-                               + items)
+    cls = _QUIET.get(type(loop))
+    if cls is not None:
+        loop.__class__ = cls
 
 
 def _const_int(node: c_ast.Node) -> int | None:
-    if isinstance(node, c_ast.Constant) and node.type == "int":
-        try:
-            return int(node.value.rstrip("uUlL"), 0)
-        except ValueError:
-            return None
+    if isinstance(node, c_ast.Constant):
+        return int_literal(node)
     if isinstance(node, c_ast.UnaryOp) and node.op == "-":
         v = _const_int(node.expr)
         return None if v is None else -v
     return None
 
 
-def _const_trips(a: c_ast.Node, b: c_ast.Node, cmp: str, step: int) -> int | None:
-    """Trip count of a loop with integer-literal bounds, else None."""
+def _const_trips(a: c_ast.Node, b: c_ast.Node, cmp: str, step: int | c_ast.Node) -> int | None:
+    """Trip count of a loop with integer-literal bounds and step, else None."""
     lo, hi = _const_int(a), _const_int(b)
-    if lo is None or hi is None:
+    if lo is None or hi is None or not isinstance(step, int):
         return None
     if cmp == "<=":
         hi += 1

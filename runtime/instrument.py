@@ -24,43 +24,27 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from pycparser import c_ast, c_generator
+from pycparser import c_ast
 
-from .errors import VerifyError
-from .hoist import node_fields
+from capabilities import abi
+
+from .astutil import CapTyping, Generator, StmtExpr, node_fields, pure_lvalue
+from .hoist import (
+    QUIET_LOOPS,
+    PollPoint,
+    UncheckedCall,
+    UncheckedRef,
+    array_chain,
+    hoist_function,
+)
 from .parse import is_user_node
-from .verifier import VerifiedSource
+from .verifier import KernelSig, VerifiedSource
 
-SIZES = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "cap": 16}
-DT_CODES = {"f16": "RT_DT_F16", "f32": "RT_DT_F32", "f64": "RT_DT_F64", "i32": "RT_DT_I32",
-            "i64": "RT_DT_I64", "cap": "RT_DT_CAP"}
+SIZES = abi.ELEM_SIZE
+DT_CODES = {d.suffix: f"RT_DT_{d.suffix.upper()}" for d in abi.DTYPES}
 ARG_FIELD = {"cap": "cap", "int64": "i64", "double": "f64", "float": "f32"}
 
 MODES = ("checked", "raw", "raw_poll")
-
-
-@dataclass
-class KernelSig:
-    """An entry point's parameters: (name, kind) with kind cap/int64/double/float."""
-
-    name: str
-    params: list[tuple[str, str]]
-
-    @property
-    def n_caps(self) -> int:
-        return sum(1 for _, k in self.params if k == "cap")
-
-    @property
-    def n_scalars(self) -> int:
-        return len(self.params) - self.n_caps
-
-    @property
-    def cap_names(self) -> list[str]:
-        return [n for n, k in self.params if k == "cap"]
-
-    @property
-    def scalar_params(self) -> list[tuple[str, str]]:
-        return [(n, k) for n, k in self.params if k != "cap"]
 
 
 def _id(name: str) -> c_ast.ID:
@@ -97,6 +81,10 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         self.mode = mode
         self.arrays: dict[str, tuple[int, ...]] = {}  # local arrays (from the verifier)
         self.cap_slots: dict[str, int] = {}
+        self.typing: CapTyping | None = None  # set when frames are on
+        self.spill_top = 0   # hidden slots in use by the spills being rewritten
+        self.spill_max = 0
+        self.spill_count = 0  # temporaries named so far
 
     # -- expression rewriting --------------------------------------------
     def rewrite(self, node: c_ast.Node | None) -> c_ast.Node | None:
@@ -109,16 +97,11 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return self._rewrite_arrayref(node)
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self._rewrite_children(node)
-            body = node.stmt
-            if (isinstance(body, c_ast.Compound) and body.block_items
-                    and isinstance(body.block_items[0], c_ast.FuncCall)
-                    and isinstance(body.block_items[0].name, c_ast.ID)
-                    and body.block_items[0].name.name == "RT_NOPOLL"):
-                body.block_items = body.block_items[1:]  # hoist.py: short fast copy
-                node.stmt = self._with_pollcheck(body, poll=False)
-            else:
-                node.stmt = self._with_pollcheck(node.stmt)
+            # a quiet loop (hoist.py) polls once after itself instead
+            node.stmt = self._with_pollcheck(node.stmt, poll=not isinstance(node, QUIET_LOOPS))
             return node
+        if isinstance(node, PollPoint):
+            return _pollcheck()
         if isinstance(node, c_ast.Decl):
             return self._rewrite_decl(node)
         if isinstance(node, c_ast.BinaryOp) and node.op in ("/", "%"):
@@ -128,13 +111,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         if isinstance(node, c_ast.Assignment) and node.op in ("/=", "%="):
             # x /= y  ->  x = RT_DIV(x, y): the lvalue is evaluated twice, so it
             # must be side-effect free (a variable or a pure subscript).
-            from .hoist import _pure
-
-            if not _pure_lvalue(node.lvalue, _pure):
-                raise VerifyError(node.coord.line if node.coord else None,
-                                  f"compound '{node.op}' on a complex lvalue",
-                                  "write it as 'x = x / y' (the checked division needs the "
-                                  "target twice)")
+            assert pure_lvalue(node.lvalue), "the verifier admits only pure /= targets"
             op = node.op[0]
             node.rvalue = c_ast.BinaryOp(op, copy.deepcopy(node.lvalue), node.rvalue,
                                          node.coord)
@@ -182,18 +159,12 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         return node
 
     def _rewrite_arrayref(self, node: c_ast.ArrayRef) -> c_ast.Node:
-        from .hoist import array_chain
-
         base, subs = array_chain(node)
         dims = self.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
         for depth, ref in enumerate(subs):
-            sub = ref.subscript
-            if (isinstance(sub, c_ast.FuncCall) and isinstance(sub.name, c_ast.ID)
-                    and sub.name.name == "cap_uidx"):
-                # covered by a hoisted rt_lrange_ok guard (hoist.py)
-                ref.subscript = self.rewrite(sub.args.exprs[0])
-                continue
             ref.subscript = self.rewrite(ref.subscript)
+            if isinstance(ref, UncheckedRef):
+                continue  # covered by a loop guard (hoist.py)
             if dims is not None and depth < len(dims) and self.mode == "checked":
                 ref.subscript = _call(
                     "rt_local_idx", _id("__rt"), ref.subscript, _const(dims[depth]),
@@ -201,7 +172,33 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         return node
 
     def _rewrite_call(self, node: c_ast.FuncCall) -> c_ast.Node:
-        args = [self.rewrite(a) for a in (node.args.exprs if node.args else [])]
+        held = self.typing.spill_args(node) if self.typing is not None else None
+        if held is None:
+            args = [self.rewrite(a) for a in (node.args.exprs if node.args else [])]
+            return self._lower_call(node, args)
+        # A cap computed by one argument would sit in a compiler temporary
+        # while another argument polls or allocates: evaluate the arguments in
+        # source order into temporaries, caps into hidden shadow slots.
+        base = self.spill_top
+        decls: list[tuple[str, str, c_ast.Node]] = []
+        temps: list[c_ast.Node] = []
+        for a, is_held in zip(node.args.exprs, held, strict=True):
+            val = self.rewrite(a)
+            tmp = f"__sp{self.spill_count}"
+            self.spill_count += 1
+            if is_held:
+                slot = len(self.cap_slots) + self.spill_top
+                self.spill_top += 1
+                self.spill_max = max(self.spill_max, self.spill_top)
+                val = _call("rt_root", c_ast.UnaryOp("&", _id("__fr")), _const(slot), val)
+                decls.append(("cap_t", tmp, val))
+            else:
+                decls.append(("__auto_type", tmp, val))
+            temps.append(_id(tmp))
+        self.spill_top = base
+        return StmtExpr(decls, self._lower_call(node, temps), node.coord)
+
+    def _lower_call(self, node: c_ast.FuncCall, args: list[c_ast.Node]) -> c_ast.Node:
         name = node.name.name if isinstance(node.name, c_ast.ID) else None
         line = _line(node)
         rt = _id("__rt")
@@ -211,6 +208,8 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return c_ast.FuncCall(_id(name), c_ast.ExprList([rt] + args), node.coord)
         if name.startswith(("cap_load_", "cap_store_", "cap_len_", "cap_offset_", "cap_alloc_")):
             op, t = name[4:].rsplit("_", 1)
+            if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
+                return _call(f"rt_u{op}_{t}", *args)
             if op == "load":
                 return _call(f"rt_load_{t}", rt, args[0], args[1], line)
             if op == "store":
@@ -221,12 +220,6 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
                 return _call("rt_offset", args[0], args[1], _const(SIZES[t]))
             if op == "alloc":
                 return _call("rt_alloc", rt, args[0], _id(DT_CODES[t]), line)
-        if name.startswith(("cap_uload_", "cap_ustore_")):
-            return _call("rt_u" + name[5:], *args)
-        if name.startswith("cap_range_ok_"):
-            t = name.rsplit("_", 1)[1]
-            return _call("rt_range_ok", args[0], args[1], args[2], args[3], _const(SIZES[t]),
-                         args[4])
         if name == "cap_to_int":
             return _call("rt_cap_to_int", *args)
         if name == "cap_from_int":
@@ -237,14 +230,6 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return c_ast.StructRef(rt, "->", _id("grid_dim"))
         node.args = c_ast.ExprList(args) if node.args else None
         return node
-
-
-def _pure_lvalue(lv: c_ast.Node, pure) -> bool:
-    if isinstance(lv, c_ast.ID):
-        return True
-    if isinstance(lv, c_ast.ArrayRef):
-        return _pure_lvalue(lv.name, pure) and pure(lv.subscript)
-    return False
 
 
 def _creates_objects(ast: c_ast.FileAST) -> bool:
@@ -265,7 +250,6 @@ def _creates_objects(ast: c_ast.FileAST) -> bool:
 PREAMBLE = """\
 #include "cap.h"
 #include <math.h>
-#define RT_POLL() rt_pollcheck(__rt)
 #define RT_FRAME(K) rt_frame __fr __attribute__((cleanup(rt_frame_cleanup))); \\
     rt_frame_push(__rt, &__fr, K)
 """
@@ -276,7 +260,6 @@ class Instrumented:
     """Generated C for one kernel module."""
 
     c_source: str
-    entry_symbol: str
     signature: KernelSig
     mode: str
 
@@ -291,11 +274,13 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if kernel not in verified.kernels:
         raise KeyError(kernel)
-    sig = KernelSig(kernel, list(verified.kernels[kernel].params))
+    sig = verified.kernels[kernel]
     ast = copy.deepcopy(verified.parsed.ast)
     user = [e for e in ast.ext if is_user_node(e)]
     funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)}
     frames = _creates_objects(ast)
+    cap_funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)
+                 and verified.returns_cap.get(e.decl.name, False)}
     out_ext: list[c_ast.Node] = []
     for ext in user:
         if isinstance(ext, c_ast.Decl) and isinstance(ext.type, c_ast.FuncDecl):
@@ -310,24 +295,24 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
         fi.arrays = dict(verified.local_arrays.get(name, {}))
         caps = list(verified.cap_locals.get(name, [])) if frames else []
         fi.cap_slots = {n: k for k, n in enumerate(caps)}
+        if frames:
+            fi.typing = CapTyping(frozenset(verified.cap_locals.get(name, [])),
+                                  frozenset(cap_funcs), frozenset(funcs))
         if hoist and mode in ("checked", "raw_poll"):  # raw_poll: same poll placement
-            from .hoist import hoist_function
-
             hoist_function(ext, fi.arrays)
         ext.body = fi.rewrite(ext.body)
         _add_rt_param(ext.decl.type)
         if "static" not in ext.decl.storage:
             ext.decl.storage = ["static"] + list(ext.decl.storage)
-        if caps:
-            pre: list[c_ast.Node] = [_call("RT_FRAME", _const(len(caps)))]
+        if caps or fi.spill_max:
+            pre: list[c_ast.Node] = [_call("RT_FRAME", _const(len(caps) + fi.spill_max))]
             args = ext.decl.type.args
             for p in (args.params if args else []):
                 if isinstance(p, c_ast.Decl) and p.name in fi.cap_slots:
                     pre.append(fi._root(p.name, _id(p.name)))
             ext.body.block_items = pre + list(ext.body.block_items or [])
         out_ext.append(ext)
-    gen = c_generator.CGenerator()
-    body = gen.visit(c_ast.FileAST(out_ext))
+    body = Generator().visit(c_ast.FileAST(out_ext))
     call_args = ", ".join(f"a[{i}].{ARG_FIELD[k]}" for i, (_, k) in enumerate(sig.params))
     sep = ", " if call_args else ""
     entry = (
@@ -339,7 +324,7 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
     )
     defines = {"checked": "", "raw": "#define RT_RAW 1\n", "raw_poll": "#define RT_RAW_POLL 1\n"}
     src = defines[mode] + PREAMBLE + "\n" + body + "\n" + entry
-    return Instrumented(src, "capqr_entry", sig, mode)
+    return Instrumented(src, sig, mode)
 
 
 def _add_rt_param(fdecl: c_ast.FuncDecl) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 
 from . import core
 from .build import CAP_INCLUDE, build_module, compiler_id, content_hash
-from .errors import VerifyError
-from .instrument import Instrumented, KernelSig, instrument
+from .instrument import MODES, Instrumented, instrument
 from .parse import parse
+from .verifier import KernelSig
 
 #: Flags for checked and raw builds alike, so the overhead comparison is fair.
 #: -fwrapv: index arithmetic wraps instead of being undefined, so the
@@ -73,15 +73,22 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
 
     ``checked=False`` builds the same source with raw pointers (benchmark
     baseline only).  ``mode`` ("checked", "raw", "raw_poll") overrides
-    ``checked``.  Results are cached in memory and on disk by content hash.
+    ``checked``; ``hoist=False`` turns loop versioning off.  Both lanes honour
+    both options ("raw_poll" is CPU only and refused for ``target="cuda"``).
+    Results are cached in memory and on disk by content hash ($CAPQR_CACHE).
     """
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
+    mode = mode or ("checked" if checked else "raw")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if target == "cuda":
         from . import cuda
 
-        return cuda.compile(source, name, checked=checked)
-    if target != "cpu":
-        raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
-    mode = mode or ("checked" if checked else "raw")
+        if mode == "raw_poll":
+            raise ValueError("mode 'raw_poll' exists only for target 'cpu' (the GPU lane's "
+                             "pollcheck is amortised and cannot be measured apart)")
+        return cuda.compile(source, name, checked=mode == "checked", hoist=hoist)
     flags = cflags()
     key = content_hash(source, str(name), mode, str(hoist), " ".join(flags), compiler_id(),
                        _toolchain_version())
@@ -89,18 +96,10 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
         if key in _compiled:
             return _compiled[key]
     parsed = parse(source)
-    from .verifier import verify
+    from .verifier import select_kernel, verify
 
-    verified = verify(parsed)
-    if name is None:
-        if len(parsed.kernels) != 1:
-            raise VerifyError(None, "kernel name", f"source defines kernels {parsed.kernels}; "
-                              "pass name= to pick one")
-        name = parsed.kernels[0]
-    if name not in parsed.kernels:
-        raise VerifyError(None, f"kernel {name!r}",
-                          f"no KERNEL function of that name (found {parsed.kernels})")
-    _check_stack_budget(verified, name)
+    verified = verify(parsed, target="cpu")
+    name = select_kernel(verified, name)
     inst: Instrumented = instrument(verified, name, mode, hoist=hoist)
     mod = build_module(
         f"_capqr_k_{key[:20]}",
@@ -117,46 +116,15 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
     return k
 
 
-#: Local arrays along any call chain must fit well inside a worker's 16 MiB
-#: stack: a stack overflow would kill the host process, not fault.
-STACK_BUDGET = 8 << 20
-
-
-def _check_stack_budget(verified: Any, kernel: str) -> None:
-    """Reject a kernel whose local arrays could overflow a worker stack."""
-    own = {f: sum(8 * _prod(d) for d in arrays.values())
-           for f, arrays in verified.local_arrays.items()}
-    memo: dict[str, int] = {}
-
-    def deepest(f: str) -> int:  # the call graph is acyclic (no recursion)
-        if f not in memo:
-            memo[f] = own.get(f, 0) + max(
-                (deepest(g) for g in verified.call_graph.get(f, ())), default=0)
-        return memo[f]
-
-    for f in [kernel]:
-        if deepest(f) > STACK_BUDGET:
-            raise VerifyError(verified.parsed.funcs[f].decl.coord.line, "local arrays",
-                              f"kernel {f!r} and its callees need about {deepest(f) >> 10} "
-                              f"KiB of local arrays; the limit is {STACK_BUDGET >> 10} KiB "
-                              "(use a buffer from capabilities.alloc or cap_alloc_*)")
-
-
-def _prod(dims: Any) -> int:
-    out = 1
-    for d in dims:
-        out *= int(d)
-    return out
-
-
 @lru_cache(maxsize=1)
 def _toolchain_version() -> str:
     """Hash of cap.h and the instrumenter's own code, so changing either invalidates
     caches.  Read once per process: compile() is called on every kernels.qr call."""
     here = Path(__file__).resolve().parent
     return content_hash((CAP_INCLUDE / "cap.h").read_text(),
+                        (CAP_INCLUDE / "cap_abi.h").read_text(),
                         *[(here / f).read_text() for f in
-                          ("instrument.py", "hoist.py", "verifier.py", "parse.py")])
+                          ("instrument.py", "hoist.py", "verifier.py", "parse.py", "astutil.py")])
 
 
 _ = core  # the core must be loaded before kernels run

@@ -2,41 +2,24 @@
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from capabilities import abi
+
 from . import core
-from .errors import CapabilityFault, KernelTimeout
+from .argcheck import check_counts, check_grid, scalar_arg
+from .errors import CapabilityFault, KernelTimeout, fault_detail
 
 ffi, lib = core.ffi, core.lib
 
-FAULT_REASONS = {1: "out-of-bounds", 2: "read-only", 3: "freed", 4: "no-bounds",
-                 5: "local-array", 8: "alloc", 10: "division-by-zero", 11: "type"}
-RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED = 6, 7
-ACCESS = {0: None, 1: "load", 2: "store"}
+FAULT_REASONS = abi.FAULT_REASON
+RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED = abi.FAULT_CODE["TIMEOUT"], abi.FAULT_CODE["CANCELLED"]
+ACCESS = abi.ACCESS
 #: How often the waiting host thread wakes to deliver signals (Ctrl-C) and
 #: enforce the deadline.
 WAIT_SLICE = 0.05
-
-
-def _scalar(kind: str, value: Any, pname: str, kernel: str) -> tuple[str, Any]:
-    if kind == "int64":
-        try:
-            if isinstance(value, bool):
-                raise TypeError
-            v = operator.index(value)  # ints and numpy integers; never truncates floats
-        except TypeError:
-            raise TypeError(f"kernel {kernel!r}: argument {pname!r} is int64_t, "
-                            f"got {type(value).__name__}") from None
-        if not -(2**63) <= v < 2**63:
-            raise OverflowError(f"kernel {kernel!r}: argument {pname!r}={v} does not fit int64_t")
-        return "i64", v
-    if not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-        raise TypeError(f"kernel {kernel!r}: argument {pname!r} is {kind}, "
-                        f"got {type(value).__name__}")
-    return ("f64" if kind == "double" else "f32"), float(value)
 
 
 def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), grid: int = 1,
@@ -60,17 +43,8 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
     sig = kernel.signature
     caps = list(caps) if not isinstance(caps, (Capability, NoBoundsCap)) else [caps]
     args = list(args)
-    if len(caps) != sig.n_caps:
-        raise TypeError(f"kernel {kernel.name!r} takes {sig.n_caps} capabilities "
-                        f"({', '.join(sig.cap_names) or 'none'}), got {len(caps)}")
-    if len(args) != sig.n_scalars:
-        names = ", ".join(f"{k} {n}" for n, k in sig.scalar_params) or "none"
-        raise TypeError(f"kernel {kernel.name!r} takes {sig.n_scalars} scalar args "
-                        f"({names}), got {len(args)}")
-    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 0:
-        raise TypeError(f"grid must be a non-negative int, got {grid!r}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    check_counts(sig, len(caps), len(args), kernel.name)
+    check_grid(grid, timeout)
 
     argv = ffi.new("rt_arg[]", max(1, len(sig.params)))
     held: list[Any] = []
@@ -95,7 +69,7 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
                                     f"capability (capabilities.alloc/wrap), got "
                                     f"{type(c).__name__}")
             else:
-                field, v = _scalar(kind, args[si], pname, kernel.name)
+                field, v = scalar_arg(kind, args[si], pname, kernel.name)
                 si += 1
                 setattr(argv[i], field, v)
         _run(kernel, argv, grid, timeout)
@@ -141,16 +115,9 @@ def fault_from_record(kernel_name: str, rec: Any) -> CapabilityFault:
     reason = FAULT_REASONS.get(int(rec.kind), f"fault-{int(rec.kind)}")
     buf = ffi.string(rec.buffer).decode(errors="replace")
     access = ACCESS.get(int(rec.access))
-    detail = ""
-    if reason == "local-array":
-        detail = "local array index outside its declared size"
-    elif reason == "type":
-        detail = "cap tables hold capabilities: use cap_load_cap/cap_store_cap, aligned slots"
-    elif reason == "division-by-zero":
-        detail = "integer division or remainder by zero"
+    detail = fault_detail(reason, int(rec.index))
+    if reason == "division-by-zero":
         buf = None
-    elif reason == "alloc":
-        detail = f"cap_alloc of {int(rec.index)} elements refused"
     return CapabilityFault(
         reason, kernel=kernel_name, block=int(rec.block), buffer=buf, index=int(rec.index),
         access=access, line=int(rec.line) or None,

@@ -26,6 +26,7 @@ from typing import NoReturn
 
 from pycparser import c_ast
 
+from .astutil import CapTyping, int_literal, pure_lvalue
 from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
@@ -125,8 +126,23 @@ class KernelSig:
 
     name: str
     params: list[tuple[str, str]]
-    n_caps: int = 0
-    n_scalars: int = 0
+    line: int = 0
+
+    @property
+    def n_caps(self) -> int:
+        return sum(1 for _, k in self.params if k == "cap")
+
+    @property
+    def n_scalars(self) -> int:
+        return len(self.params) - self.n_caps
+
+    @property
+    def cap_names(self) -> list[str]:
+        return [n for n, k in self.params if k == "cap"]
+
+    @property
+    def scalar_params(self) -> list[tuple[str, str]]:
+        return [(n, k) for n, k in self.params if k != "cap"]
 
 
 @dataclass
@@ -134,10 +150,13 @@ class VerifiedSource:
     """What the verifier learnt about an accepted source (consumed by the instrumenter)."""
 
     parsed: ParsedSource
+    target: str = "cpu"
     kernels: dict[str, KernelSig] = field(default_factory=dict)
+    stack_bytes: dict[str, int] = field(default_factory=dict)  # local arrays per call chain
     helpers: list[str] = field(default_factory=list)
     local_arrays: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     cap_locals: dict[str, list[str]] = field(default_factory=dict)
+    returns_cap: dict[str, bool] = field(default_factory=dict)
     call_graph: dict[str, set[str]] = field(default_factory=dict)
 
 
@@ -168,17 +187,61 @@ def verify(parsed: ParsedSource, *, target: str = "cpu") -> VerifiedSource:
         raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
     v = _Verifier(parsed, target)
     v.visit(parsed.ast)
+    v.result.target = target
+    v.result.stack_bytes = _stack_bytes(v.result)
     return v.result
 
 
-def _int_literal(node: c_ast.Node) -> int | None:
-    """Value of a plain integer literal the way the instrumenter reads it, else None."""
-    if not isinstance(node, c_ast.Constant) or "int" not in node.type or "'" in node.value:
-        return None
-    try:
-        return int(node.value.rstrip("uUlL"), 0)
-    except ValueError:
-        return None
+#: Local arrays along any call chain must fit well inside a worker's 16 MiB
+#: stack: a stack overflow would kill the host process, not fault.
+STACK_BUDGET = 8 << 20
+
+
+def select_kernel(verified: VerifiedSource, name: str | None) -> str:
+    """The entry point to build: ``name``, or the only KERNEL when ``name`` is None."""
+    kernels = verified.parsed.kernels
+    if name is None:
+        if len(kernels) != 1:
+            raise VerifyError(None, "kernel name", f"source defines kernels {kernels}; "
+                              "pass name= to pick one")
+        name = kernels[0]
+    if name not in kernels:
+        raise VerifyError(None, f"kernel {name!r}",
+                          f"no KERNEL function of that name (found {kernels})")
+    _check_stack_budget(verified, name)
+    return name
+
+
+def _stack_bytes(result: VerifiedSource) -> dict[str, int]:
+    """Bytes of local arrays along the deepest call chain from each kernel."""
+    own = {f: sum(8 * _prod(d) for d in arrays.values())
+           for f, arrays in result.local_arrays.items()}
+    memo: dict[str, int] = {}
+
+    def deepest(f: str) -> int:  # the call graph is acyclic (no recursion)
+        if f not in memo:
+            memo[f] = own.get(f, 0) + max(
+                (deepest(g) for g in result.call_graph.get(f, ())), default=0)
+        return memo[f]
+
+    return {k: deepest(k) for k in result.kernels}
+
+
+def _check_stack_budget(result: VerifiedSource, kernel: str) -> None:
+    """Reject a CPU kernel whose local arrays could overflow a worker stack."""
+    need = result.stack_bytes.get(kernel, 0)
+    if result.target == "cpu" and need > STACK_BUDGET:
+        raise VerifyError(result.parsed.funcs[kernel].decl.coord.line, "local arrays",
+                          f"kernel {kernel!r} and its callees need about {need >> 10} "
+                          f"KiB of local arrays; the limit is {STACK_BUDGET >> 10} KiB "
+                          "(use a buffer from capabilities.alloc or cap_alloc_*)")
+
+
+def _prod(dims: tuple[int, ...]) -> int:
+    out = 1
+    for d in dims:
+        out *= int(d)
+    return out
 
 
 def _callees(body: c_ast.Node, names: set[str]) -> set[str]:
@@ -384,7 +447,7 @@ class _Verifier(c_ast.NodeVisitor):
             if d is None:
                 self._fail(node, "array without a size",
                            "local arrays need an explicit integer-literal size")
-            val = _int_literal(d)
+            val = int_literal(d)
             if val is None:
                 self._fail(d, "non-constant array size",
                            "array sizes must be decimal or hex integer literals: a runtime "
@@ -526,9 +589,6 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(decl, "extern declaration",
                        "external symbols are code and data the verifier never saw")
         if not isinstance(decl.type, c_ast.FuncDecl):
-            if "extern" in decl.storage:
-                self._fail(decl, "extern declaration",
-                           "external symbols are code and data the verifier never saw")
             if decl.name:
                 self._check_name(decl, decl.name, declaring="variable")
             self._base_type(decl.type, "file-scope declaration")
@@ -654,12 +714,21 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(decl, "too many cap_t locals",
                        f"'{name}' has {len(fn.caps)} cap_t params/locals; each needs a shadow "
                        f"slot and a frame holds {MAX_CAP_LOCALS}")
+        typing = CapTyping(frozenset(fn.caps),
+                           frozenset(f for f, sig in self._sigs.items() if sig[1] == "cap"),
+                           frozenset(self._sigs))
+        spills = typing.spill_slots(node.body)
+        if len(fn.caps) + spills > MAX_CAP_LOCALS:
+            self._fail(decl, "too many live cap_t temporaries",
+                       f"'{name}' needs {len(fn.caps)} cap_t slots plus {spills} for caps held "
+                       f"across calls in argument lists; a frame holds {MAX_CAP_LOCALS} "
+                       "(move nested calls into cap_t locals)")
         self.result.cap_locals[name] = fn.caps
+        self.result.returns_cap[name] = ret == "cap"
         self.result.local_arrays[name] = fn.arrays
         if is_kernel:
             self.result.kernels[name] = KernelSig(
-                name, params, sum(k == "cap" for _, k in params),
-                sum(k != "cap" for _, k in params))
+                name, list(params), decl.coord.line if decl.coord else 0)
         else:
             self.result.helpers.append(name)
 
@@ -856,6 +925,11 @@ class _Verifier(c_ast.NodeVisitor):
         if name in _CUDA_SIGS and self.target != "cuda":
             self._fail(node, f"call to '{name}'",
                        f"'{name}' exists only on the GPU (target is {self.target!r})")
+        if self.target == "cuda" and (name.startswith("cap_alloc_")
+                                      or name in ("cap_load_cap", "cap_store_cap")):
+            self._fail(node, f"call to '{name}'",
+                       "not available on the GPU lane: device-side allocation and cap tables "
+                       "need the host collector")
         sig = self._sig(name)
         if sig is None:
             if name.startswith("__"):
@@ -921,6 +995,9 @@ class _Verifier(c_ast.NodeVisitor):
             self.visit(lv)  # e.g. member access: report the construct itself
             self._fail(lv, "assignment target", "only variables and array elements are "
                        "assignable")
+        elif node.op in ("/=", "%=") and not pure_lvalue(lv):
+            self._fail(node, f"compound '{node.op}' on a complex lvalue",
+                       "write it as 'x = x / y' (the checked division needs the target twice)")
         self.generic_visit(node)
 
     def visit_ArrayRef(self, node: c_ast.ArrayRef) -> None:

@@ -37,7 +37,35 @@ KERNEL void cond_store(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
 }
 """
 
-NAMES = ["fill_lt", "fill_le3", "cond_store"]
+DIV_SRC = """
+KERNEL void div_zero(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
+{
+    for (int64_t i = lo; i < hi; i++)
+        cap_store_f32(x, a * i + b / 0x0, (float)i);
+}
+
+KERNEL void div_lit(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
+{
+    for (int64_t i = lo; i < hi; i++)
+        cap_store_f32(x, a * i + b / 010 - b % 3, (float)i);
+}
+
+KERNEL void div_var(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
+{
+    for (int64_t i = lo; i < hi; i++)
+        cap_store_f32(x, i + b / a, (float)i);
+}
+"""
+SRC += DIV_SRC + """
+KERNEL void fill_stride(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
+{
+    int64_t s = (a & 3) + 1;
+    for (int64_t i = lo; i < hi; i += s)
+        cap_store_f32(x, i + b, (float)i);
+}
+"""
+
+NAMES = ["fill_lt", "fill_le3", "cond_store", "div_zero", "div_lit", "div_var", "fill_stride"]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +92,22 @@ def test_hoisting_applies_to_canonical_loops(builds) -> None:
     hoisted, plain = builds["fill_lt"]
     assert "rt_ustore_f32" in hoisted.c_source and "rt_range_ok" in hoisted.c_source
     assert "rt_ustore_f32" not in plain.c_source
+
+
+def test_zero_trip_loop_never_evaluates_a_division_by_zero(builds) -> None:
+    """The guard must never fault: `b / 0x0` is not a safe literal division."""
+    for k in builds["div_zero"]:
+        assert _run(k, 8, (0, 0, 1, 5))[0] is None
+    for k in builds["div_zero"]:
+        assert _run(k, 8, (0, 1, 1, 5))[0][0] == "division-by-zero"
+
+
+def test_literal_divisions_are_hoisted(builds) -> None:
+    assert "rt_ustore_f32" in builds["div_lit"][0].c_source
+
+
+def test_invariant_variable_steps_are_hoisted(builds) -> None:
+    assert "rt_ustore_f32" in builds["fill_stride"][0].c_source
 
 
 def test_loop_that_writes_its_counter_is_not_hoisted() -> None:
@@ -166,7 +210,18 @@ def test_short_nests_poll_once_after_the_nest(nest_builds) -> None:
     hoisted, _ = nest_builds
     # outer loop versioned (its own load hoisted) with a quiet copy for short nests
     assert "rt_uload_f32" in hoisted.c_source and "rt_ustore_f32" in hoisted.c_source
-    assert hoisted.c_source.count("RT_POLL()") >= 1
+    # the side table of the pass says which loops poll once after themselves
+    import copy
+
+    from runtime.hoist import hoist_function
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    v = verify(parse(NEST_SRC))
+    fn = copy.deepcopy(v.parsed.funcs["nest"])
+    table = hoist_function(fn, v.local_arrays["nest"])
+    assert any(plan.polls_after for plan in table.loops)
+    assert all(plan.guards and plan.covered for plan in table.loops if not plan.polls_after)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

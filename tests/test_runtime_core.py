@@ -665,3 +665,177 @@ def test_pool_usable_after_many_faults(fill):
     y = capabilities.alloc(4096, np.float64)
     runtime.launch(fill, [y], args=(4096, 8.0), grid=64)
     assert (y.numpy() == 8.0).all()
+
+
+# ---------------------------------------------------------------------------
+# caps held across calls: a cap computed by one argument while a sibling
+# argument polls (and the collector runs) must sit in a rooted slot.  Each
+# spin() hands control to the host, which runs full collections before it
+# lets the kernel continue: an unrooted temporary is reclaimed for sure.
+# Fresh objects are 64 MiB, above glibc's largest mmap threshold, so a
+# released payload is unmapped and a late access is a SIGSEGV; the kernels
+# run in a child process so that a crash fails the test instead of pytest.
+
+ROOT_HELPERS = """
+int64_t spin(cap_t flag)
+{
+    int64_t want = cap_load_i64(flag, 1) + 1;
+    cap_store_i64(flag, 1, want);
+    while (cap_load_i64(flag, 0) < want) {
+        cap_store_i64(flag, 2, cap_load_i64(flag, 2) + 1);
+    }
+    return 0;
+}
+cap_t fresh(int64_t k)
+{
+    cap_t x = cap_alloc_f64(1 << 23);
+    cap_store_f64(x, 1, 7.0 + (double)k);
+    return x;
+}
+cap_t pick(cap_t x, int64_t k) { return cap_offset_f64(x, k); }
+cap_t pick_r(int64_t k, cap_t x) { return cap_offset_f64(x, k); }
+int64_t nsum(int64_t a, int64_t b) { return a + b; }
+void put(int64_t k, cap_t x, cap_t out) { cap_store_f64(out, k, cap_load_f64(x, 1)); }
+"""
+
+ROOT_RUNNER = r"""
+import json, sys, threading
+import numpy as np
+import capabilities, runtime
+
+helpers, stmts = sys.argv[1], json.loads(sys.argv[2])
+body = "\n".join(f"    if (which == {i}) {{ {s} }}" for i, s in enumerate(stmts))
+src = helpers + ("KERNEL void probe(cap_t flag, cap_t t, cap_t out, cap_t keep, int64_t which)\n"
+                 "{\n" + body + "\n}\n"
+                 "KERNEL void setup(cap_t t) { cap_store_cap(t, 0, fresh(0)); }\n"
+                 "KERNEL void read_keep(cap_t keep, cap_t out)\n"
+                 "{ cap_store_f64(out, 1, cap_load_f64(cap_load_cap(keep, 0), 1)); }\n")
+probe, setup, read_keep = (runtime.compile(src, n) for n in ("probe", "setup", "read_keep"))
+flag = capabilities.alloc(3, np.int64, name="flag")
+t = capabilities.alloc(1, "cap", name="t")
+runtime.launch(setup, [t])
+results = []
+for i in range(len(stmts)):
+    out = capabilities.alloc(2, np.float64, name="out")
+    keep = capabilities.alloc(1, "cap", name="keep")
+    err = []
+
+    def go():
+        try:
+            runtime.launch(probe, [flag, t, out, keep], args=(i,), timeout=120)
+        except BaseException as e:
+            err.append(repr(e))
+
+    th = threading.Thread(target=go)
+    th.start()
+    f = flag.numpy()
+    while th.is_alive():
+        if f[1] > f[0]:
+            runtime.gc_collect()
+            runtime.gc_collect()
+            f[0] = f[1]
+        th.join(0.001)
+    if not err and "keep" in stmts[i]:
+        try:
+            runtime.launch(read_keep, [keep, out])
+        except BaseException as e:
+            err.append(repr(e))
+    results.append(dict(err=err, out=out.numpy().tolist()))
+print(json.dumps(dict(results=results, verify_failures=runtime.gc_stats()["verify_failures"])))
+"""
+
+
+def _run_root_probe(stmts: list[str]) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", ROOT_RUNNER, ROOT_HELPERS, json.dumps(stmts)],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# Arguments run in source order: a cap loaded or allocated by an earlier
+# argument survives the collections during a later spin().
+ROOT_SHAPES = [
+    "put(0, fresh(0), out); put(spin(flag), fresh(0), out);",
+    "put(0, pick(fresh(0), spin(flag)), out);",
+    "put(0, pick_r(spin(flag), fresh(0)), out);",
+    "cap_store_cap(keep, 0, pick(fresh(0), spin(flag)));",
+    "cap_store_f64(out, 0, cap_load_f64(fresh(0), spin(flag) + 1));",
+    "cap_store_cap(keep, spin(flag), fresh(0));",
+    "put(spin(flag), cap_load_cap(t, 0), out);",
+    "put(0, pick(cap_load_cap(t, 0), nsum(spin(flag), spin(flag))), out);",
+]
+
+
+def test_caps_held_across_calls_are_rooted():
+    r = _run_root_probe(ROOT_SHAPES)
+    assert r["verify_failures"] == 0
+    for stmt, res in zip(ROOT_SHAPES, r["results"], strict=True):
+        assert res["err"] == [], (stmt, res)
+        got = res["out"][1] if "keep" in stmt else max(res["out"])
+        assert got == 7.0, (stmt, res)
+
+
+def _cap_expr(depth: int = 0):
+    from hypothesis import strategies as st
+
+    leaf = st.sampled_from(["fresh(0)", "cap_load_cap(t, 0)"])
+    if depth >= 3:
+        return leaf
+    sub, num = _cap_expr(depth + 1), _num_expr(depth + 1)
+    return st.one_of(
+        leaf,
+        st.builds(lambda c, n: f"pick({c}, {n})", sub, num),
+        st.builds(lambda n, c: f"pick_r({n}, {c})", num, sub),
+        st.builds(lambda c: f"cap_offset_f64({c}, 0)", sub),
+    )
+
+
+def _num_expr(depth: int):
+    from hypothesis import strategies as st
+
+    leaf = st.sampled_from(["spin(flag)", "0"])
+    if depth >= 3:
+        return leaf
+    return st.one_of(
+        leaf,
+        st.builds(lambda a, b: f"nsum({a}, {b})", _num_expr(depth + 1), _num_expr(depth + 1)),
+        st.builds(lambda c: f"((int64_t)cap_load_f64({c}, 1) - 7)", _cap_expr(depth + 1)),
+    )
+
+
+def _root_stmt():
+    from hypothesis import strategies as st
+
+    c, n = _cap_expr(), _num_expr(0)
+    return st.one_of(
+        st.builds(lambda n, c: f"put({n}, {c}, out);", n, c),
+        st.builds(lambda c, n: f"cap_store_f64(out, 0, cap_load_f64({c}, 1) + (double)({n}));",
+                  c, n),
+        st.builds(lambda n, c: f"cap_store_cap(keep, {n}, {c});", n, c),
+    )
+
+
+def test_nested_call_and_load_expressions_keep_their_caps():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=3, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(_root_stmt(), min_size=12, max_size=12))
+    def check(stmts):
+        r = _run_root_probe(stmts)
+        assert r["verify_failures"] == 0
+        for stmt, res in zip(stmts, r["results"], strict=True):
+            assert res["err"] == [], (stmt, res)
+            got = res["out"][1] if "keep" in stmt else res["out"][0]
+            assert got == 7.0, (stmt, res)
+
+    check()

@@ -15,7 +15,7 @@ it loads ``libcuda`` and raises :class:`CudaUnavailable` when there is none.
 from __future__ import annotations
 
 from .driver import CudaError, CudaUnavailable, available
-from .instrument_cuda import CudaSource, KernelInfo, instrument
+from .instrument_cuda import CudaSource, instrument
 from .lane import (
     CudaKernel,
     DeviceCapability,
@@ -34,7 +34,6 @@ __all__ = [
     "CudaSource",
     "CudaUnavailable",
     "DeviceCapability",
-    "KernelInfo",
     "alloc_device",
     "available",
     "compile",

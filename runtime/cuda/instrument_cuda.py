@@ -37,46 +37,31 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from pycparser import c_ast, c_generator
+from pycparser import c_ast
 
-from ..errors import CompileError, VerifyError
-from ..parse import ParsedSource, is_user_node
+from capabilities import abi
 
-ELEM = {"f16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}
+from ..astutil import Generator
+from ..hoist import QUIET_LOOPS, PollPoint, UncheckedCall, UncheckedRef, hoist_function
+from ..parse import is_user_node
+from ..verifier import KernelSig, VerifiedSource
 
-#: scalar parameter kinds by C type name (after typedef names)
-SCALAR_KIND = {
-    "int64_t": "i64", "long": "i64", "long long": "i64", "long int": "i64",
-    "uint64_t": "u64", "unsigned long": "u64", "unsigned long long": "u64",
-    "int": "i32", "int32_t": "i32", "uint32_t": "u32", "unsigned": "u32",
-    "unsigned int": "u32", "double": "f64", "float": "f32",
-}
+ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
 
-FAULT_KINDS = {1: "out-of-bounds", 2: "read-only", 3: "freed", 4: "no-bounds",
-               5: "local-array", 6: "timeout"}
+FAULT_KINDS = abi.FAULT_REASON
 
 DEVICE_PRELUDE = r"""
 /* ---- capqr device runtime (generated; see runtime/cuda/instrument_cuda.py) ---- */
 #pragma nv_diag_suppress 177   /* unused helpers of the runtime are expected */
 #pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
 
-/* cap_t as the launcher passes it (40 bytes, by value).  tag: bits 0-31 the
- * argument slot + 1 (0: made by cap_from_int), bit 32: the object was freed. */
-struct rt_cap { char *p; char *lo; unsigned long long rlen; unsigned long long wlen;
-                unsigned long long tag; };
-typedef struct rt_cap cap_t;
-
+/* cap_t, fault/dtype codes and RT_INB come from capabilities/abi.py (shared with cap.h). */
 struct rt_gpu_fault { int flag; int kind; int access; int line; long long block;
                       long long index; long long elsize; long long offset;
                       int thread; int slot; };
 __device__ struct rt_gpu_fault __rt_fault;   /* first fault of the launch (host reads it) */
 __device__ int __rt_cancel;                  /* set by the host when the deadline passed */
 __shared__ volatile int __rt_bfault;         /* this block: a thread faulted / cancelled */
-
-#define RT_IDX_LIMIT (1ull << 58)
-#define RT_INB(c, i, S, LEN)                                                  \
-    ((((unsigned long long)(i) + RT_IDX_LIMIT) < 2ull * RT_IDX_LIMIT) &&       \
-     ((unsigned long long)((c).p - (c).lo) + (unsigned long long)(i) * (S) + (S) <= (LEN)))
 
 static __device__ __forceinline__ float rt_h2f(unsigned short h)
 { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -98,7 +83,7 @@ static __device__ __forceinline__ cap_t rt_offset(cap_t c, long long k, long lon
 {
     c.p = (char *)((unsigned long long)c.p + (unsigned long long)k * (unsigned long long)S);
 #ifndef RT_RAW
-    if (((unsigned long long)k + RT_IDX_LIMIT) >= 2ull * RT_IDX_LIMIT) { c.rlen = 0; c.wlen = 0; }
+    if (!RT_OFFSET_SANE(k)) { c.rlen = 0; c.wlen = 0; }
 #endif
     return c;
 }
@@ -130,16 +115,17 @@ static __device__ __noinline__ void rt_fault_cap(cap_t c, long long i, int S, in
     unsigned long long tag = c.tag;
     int slot = (int)(tag & 0xffffffffull);
     int kind;
-    if (slot == 0) kind = 4;                                    /* no-bounds */
-    else if ((tag >> 32) & 1ull) kind = 3;                      /* freed */
-    else if (acc == 2 && RT_INB(c, i, (unsigned long long)S, c.rlen)) kind = 2;  /* read-only */
-    else kind = 1;                                              /* out-of-bounds */
+    if (slot == 0) kind = RT_FAULT_NOBOUNDS;
+    else if ((tag >> 32) & 1ull) kind = RT_FAULT_FREED;
+    else if (acc == RT_ACC_STORE && RT_INB(c, i, (unsigned long long)S, c.rlen))
+        kind = RT_FAULT_READONLY;
+    else kind = RT_FAULT_OOB;
     rt_record(kind, acc, line, i, S, (long long)(c.p - c.lo), slot - 1);
     rt_exit_block(1);
 }
 static __device__ __noinline__ void rt_fault_local(long long i, int id, int line)
 {
-    rt_record(5, 0, line, i, 0, 0, -(id + 1));
+    rt_record(RT_FAULT_LOCAL, 0, line, i, 0, 0, -(id + 1));
     rt_exit_block(1);
 }
 static __device__ __noinline__ void rt_poll_slow(void)
@@ -147,6 +133,7 @@ static __device__ __noinline__ void rt_poll_slow(void)
     if (*(volatile int *)&__rt_cancel) rt_exit_block(2);
 }
 #define RT_POLL(pc) ((((pc) += 1u) & 1023u) == 0u ? rt_poll_slow() : (void)0)
+#define RT_POLL_NOW() rt_poll_slow()      /* after a quiet (versioned, short) loop */
 #define RT_PROLOGUE() do { if (threadIdx.x == 0) __rt_bfault = 0; __syncthreads(); } while (0)
 
 static __device__ __forceinline__ void rt_sync_threads(void)
@@ -165,18 +152,25 @@ static __device__ __forceinline__ long long rt_lidx(long long i, long long n, in
 #define RT_DEFINE_ACCESS(T, CT, S, LD, ST)                                            \
     static __device__ __forceinline__ float_or_##T rt_load_##T(cap_t c, long long i, int line) \
     {                                                                                \
-        if (!RT_INB(c, i, S, c.rlen)) { rt_fault_cap(c, i, S, 1, line); __builtin_unreachable(); } \
+        if (!RT_INB(c, i, S, c.rlen)) {                                              \
+            rt_fault_cap(c, i, S, RT_ACC_LOAD, line);                               \
+            __builtin_unreachable();                                                 \
+        }                                                                            \
         return LD(((const CT *)c.p)[i]);                                             \
     }                                                                                \
     static __device__ __forceinline__ void rt_store_##T(cap_t c, long long i, float_or_##T v, \
                                                         int line)                    \
     {                                                                                \
-        if (!RT_INB(c, i, S, c.wlen)) { rt_fault_cap(c, i, S, 2, line); __builtin_unreachable(); } \
+        if (!RT_INB(c, i, S, c.wlen)) {                                              \
+            rt_fault_cap(c, i, S, RT_ACC_STORE, line);                               \
+            __builtin_unreachable();                                                 \
+        }                                                                            \
         ((CT *)c.p)[i] = ST(v);                                                      \
     }
 #else
 /* ============================ raw mode (baseline) ============================ */
 #define RT_POLL(pc) ((void)0)
+#define RT_POLL_NOW() ((void)0)
 #define RT_PROLOGUE() do { } while (0)
 static __device__ __forceinline__ void rt_sync_threads(void) { __syncthreads(); }
 static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
@@ -188,6 +182,39 @@ static __device__ __forceinline__ long long rt_lidx(long long i, long long n, in
                                                         int line)                    \
     { ((CT *)c.p)[i] = ST(v); }
 #endif
+/* Integer division and remainder: a zero divisor faults "division-by-zero" with
+ * its line (as on the CPU); floating-point division is left alone. */
+template <class T> struct rt_is_int { enum { value = 0 }; };
+template <> struct rt_is_int<int> { enum { value = 1 }; };
+template <> struct rt_is_int<unsigned int> { enum { value = 1 }; };
+template <> struct rt_is_int<long> { enum { value = 1 }; };
+template <> struct rt_is_int<unsigned long> { enum { value = 1 }; };
+template <> struct rt_is_int<long long> { enum { value = 1 }; };
+template <> struct rt_is_int<unsigned long long> { enum { value = 1 }; };
+#ifndef RT_RAW
+static __device__ __noinline__ void rt_fault_div(int line)
+{
+    rt_record(RT_FAULT_DIVZERO, 0, line, 0, 0, 0, -1);
+    rt_exit_block(1);
+}
+#define RT_DIV_CHECK(T, y, line)                                                      \
+    if (rt_is_int<T>::value && (y) == 0) { rt_fault_div(line); __builtin_unreachable(); }
+#else
+#define RT_DIV_CHECK(T, y, line)
+#endif
+template <class A, class B>
+static __device__ __forceinline__ auto rt_div(A x, B y, int line) -> decltype(x / y)
+{
+    RT_DIV_CHECK(decltype(x / y), y, line)
+    return x / y;
+}
+template <class A, class B>
+static __device__ __forceinline__ auto rt_mod(A x, B y, int line) -> decltype(x % y)
+{
+    RT_DIV_CHECK(decltype(x % y), y, line)
+    return x % y;
+}
+
 typedef float float_or_f16;
 typedef float float_or_f32;
 typedef double float_or_f64;
@@ -200,21 +227,15 @@ RT_DEFINE_ACCESS(i32, int, 4, RT_ID, RT_ID)
 RT_DEFINE_ACCESS(i64, long long, 8, RT_ID, RT_ID)
 RT_DEFINE_ACCESS(f16, unsigned short, 2, rt_h2f, rt_f2h)
 
-/* Loop versioning: the range of an affine index over a counted loop is
- * checked once (both ends) and the loop runs with these unchecked accessors;
- * if the check fails the original, fully checked loop runs instead, so a
- * fault is still reported at the exact element, thread and line. */
-static __device__ __forceinline__ bool rt_range_ok(cap_t c, long long lo, long long hi,
-                                                   unsigned long long S, int store)
-{
-    unsigned long long len = store ? c.wlen : c.rlen;
-    return RT_INB(c, lo, S, len) && RT_INB(c, hi, S, len);
-}
-static __device__ __forceinline__ bool rt_lrange_ok(long long lo, long long hi, long long n)
-{
-    return (unsigned long long)lo < (unsigned long long)n &&
-           (unsigned long long)hi < (unsigned long long)n;
-}
+/* Loop versioning (runtime/hoist.py): rt_range_ok, rt_lrange_ok and rt_loop_span
+ * come from the shared ABI fragment; covered accesses use these unchecked forms. */
+template <class T> struct rt_is_sint { enum { value = 0 }; };
+template <> struct rt_is_sint<signed char> { enum { value = 1 }; };
+template <> struct rt_is_sint<short> { enum { value = 1 }; };
+template <> struct rt_is_sint<int> { enum { value = 1 }; };
+template <> struct rt_is_sint<long> { enum { value = 1 }; };
+template <> struct rt_is_sint<long long> { enum { value = 1 }; };
+#define RT_IS_INT(e) ((int)rt_is_sint<decltype(e)>::value)
 #define rt_uload_f32(c, i) (((const float *)(c).p)[i])
 #define rt_uload_f64(c, i) (((const double *)(c).p)[i])
 #define rt_uload_i32(c, i) (((const int *)(c).p)[i])
@@ -229,23 +250,9 @@ static __device__ __forceinline__ bool rt_lrange_ok(long long lo, long long hi, 
 """
 
 
-@dataclass
-class KernelInfo:
-    """What the launcher needs to know about one entry point."""
-
-    name: str
-    params: list[tuple[str, str]]  # (name, kind): kind "cap" or a SCALAR_KIND value
-    line: int
-
-    @property
-    def n_caps(self) -> int:
-        """Number of cap_t parameters."""
-        return sum(1 for _, k in self.params if k == "cap")
-
-    @property
-    def n_scalars(self) -> int:
-        """Number of scalar parameters."""
-        return sum(1 for _, k in self.params if k != "cap")
+def device_prelude() -> str:
+    """The device runtime: the shared ABI fragment, then the device helpers."""
+    return "#define RT_DEVICE_LANE 1\n" + abi.c_header() + DEVICE_PRELUDE
 
 
 @dataclass
@@ -253,27 +260,9 @@ class CudaSource:
     """Result of instrumentation: CUDA C text plus launch metadata."""
 
     text: str
-    kernels: dict[str, KernelInfo]
+    kernels: dict[str, KernelSig]
     local_arrays: list[str] = field(default_factory=list)  # fault slot -(id+1) -> name
     checked: bool = True
-
-
-def _type_name(t: c_ast.Node) -> str:
-    if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
-        return " ".join(t.type.names)
-    raise CompileError(f"unsupported parameter type {type(t).__name__}")
-
-
-def _const_int(node: c_ast.Node) -> int:
-    """Evaluate an integer-constant array dimension (the verifier only admits constants)."""
-    if isinstance(node, c_ast.Constant) and node.type in ("int", "long", "unsigned int",
-                                                           "long int", "unsigned long"):
-        return int(node.value.rstrip("uUlL"), 0)
-    if isinstance(node, c_ast.BinaryOp) and node.op in "+-*":
-        a, b = _const_int(node.left), _const_int(node.right)
-        return {"+": a + b, "-": a - b, "*": a * b}[node.op]
-    line = node.coord.line if node.coord else None
-    raise VerifyError(line, "array size", "local array sizes must be integer constants")
 
 
 def _children_set(node: c_ast.Node, name: str, new: c_ast.Node) -> None:
@@ -306,118 +295,6 @@ def _int(v: int) -> c_ast.Constant:
     return c_ast.Constant("int", str(v))
 
 
-_PURE_CALLS = {"rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim"}
-
-
-def _loop_init(init: c_ast.Node | None) -> tuple[str | None, c_ast.Node | None]:
-    if isinstance(init, c_ast.DeclList) and len(init.decls) == 1 and init.decls[0].init:
-        return init.decls[0].name, init.decls[0].init
-    if isinstance(init, c_ast.Assignment) and init.op == "=" and isinstance(init.lvalue, c_ast.ID):
-        return init.lvalue.name, init.rvalue
-    return None, None
-
-
-def _loop_step(nxt: c_ast.Node, var: str) -> c_ast.Node | None:
-    if isinstance(nxt, c_ast.UnaryOp) and nxt.op in ("p++", "++") \
-            and isinstance(nxt.expr, c_ast.ID) and nxt.expr.name == var:
-        return _int(1)
-    if isinstance(nxt, c_ast.Assignment) and nxt.op == "+=" \
-            and isinstance(nxt.lvalue, c_ast.ID) and nxt.lvalue.name == var:
-        return nxt.rvalue
-    return None
-
-
-def _has_loop(n: c_ast.Node) -> bool:
-    if isinstance(n, (c_ast.For, c_ast.While, c_ast.DoWhile)):
-        return True
-    return any(_has_loop(c) for _, c in n.children())
-
-
-def _assigned(n: c_ast.Node) -> set[str]:
-    """Names a statement may change (assignments, ++/--, declarations)."""
-    out: set[str] = set()
-
-    def walk(x: c_ast.Node) -> None:
-        if isinstance(x, c_ast.Assignment) and isinstance(x.lvalue, c_ast.ID):
-            out.add(x.lvalue.name)
-        elif isinstance(x, c_ast.UnaryOp) and x.op in ("++", "--", "p++", "p--") \
-                and isinstance(x.expr, c_ast.ID):
-            out.add(x.expr.name)
-        elif isinstance(x, c_ast.Decl) and x.name:
-            out.add(x.name)
-        for _, c in x.children():
-            walk(c)
-
-    walk(n)
-    return out
-
-
-def _invariant(e: c_ast.Node, assigned: set[str]) -> bool:
-    """Side-effect free and independent of the loop (only reads invariant names)."""
-    if isinstance(e, c_ast.Constant):
-        return e.type in ("int", "long", "long int", "unsigned int", "unsigned long")
-    if isinstance(e, c_ast.ID):
-        return e.name not in assigned
-    if isinstance(e, c_ast.BinaryOp) and e.op in ("+", "-", "*", "/"):
-        return _invariant(e.left, assigned) and _invariant(e.right, assigned)
-    if isinstance(e, c_ast.UnaryOp) and e.op in ("-", "+"):
-        return _invariant(e.expr, assigned)
-    if isinstance(e, c_ast.Cast):
-        return _invariant(e.expr, assigned)
-    if isinstance(e, c_ast.FuncCall) and isinstance(e.name, c_ast.ID):
-        return e.name.name in _PURE_CALLS and e.args is None
-    return False
-
-
-def _degree(e: c_ast.Node, var: str, assigned: set[str]) -> int | None:
-    """Degree of an integer expression in ``var`` (0 or 1), None if not affine/invariant."""
-    if isinstance(e, c_ast.ID) and e.name == var:
-        return 1
-    if isinstance(e, c_ast.BinaryOp) and e.op in ("+", "-", "*"):
-        a, b = _degree(e.left, var, assigned), _degree(e.right, var, assigned)
-        if a is None or b is None:
-            return None
-        d = a + b if e.op == "*" else max(a, b)
-        return d if d <= 1 else None
-    if isinstance(e, c_ast.UnaryOp) and e.op in ("-", "+"):
-        return _degree(e.expr, var, assigned)
-    return 0 if _invariant(e, assigned) and not isinstance(e, c_ast.Cast) else None
-
-
-def _subst(e: c_ast.Node, var: str, val: c_ast.Node) -> c_ast.Node:
-    """Copy of ``e`` with ``var`` replaced by ``(val)``."""
-    if isinstance(e, c_ast.ID) and e.name == var:
-        return copy.deepcopy(val)
-    e = copy.deepcopy(e)
-    for name, c in list(e.children()):
-        _children_set(e, name, _subst(c, var, val))
-    return e
-
-
-def _accesses(n: c_ast.Node) -> list[c_ast.Node]:
-    """cap_load_T/cap_store_T calls and outermost ArrayRefs in a statement."""
-    out: list[c_ast.Node] = []
-
-    def walk(x: c_ast.Node) -> None:
-        if isinstance(x, c_ast.FuncCall) and isinstance(x.name, c_ast.ID):
-            nm = x.name.name
-            if (nm.startswith("cap_load_") or nm.startswith("cap_store_")) \
-                    and nm.rsplit("_", 1)[1] in ELEM and x.args and len(x.args.exprs) >= 2:
-                out.append(x)
-        if isinstance(x, c_ast.ArrayRef):
-            if not isinstance(x.name, c_ast.ArrayRef):
-                out.append(x)
-            walk(x.subscript)
-            if isinstance(x.name, c_ast.ArrayRef):
-                walk(x.name)
-            return
-        for _, c in x.children():
-            walk(c)
-
-    walk(n)
-    return out
-
-
 class _Rewriter:
     """Rewrites one function's body in place (API calls, array subscripts, pollchecks)."""
 
@@ -425,115 +302,34 @@ class _Rewriter:
         self.o = owner
         self.arrays = arrays
         self.has_loop = False
-        self.unchecked: set[int] = set()  # ids of accesses covered by a hoisted check
-        self.no_version: set[int] = set()
-        self.no_poll: set[int] = set()
 
     def visit(self, node: c_ast.Node) -> c_ast.Node:
-        if (self.o.checked and isinstance(node, c_ast.For)
-                and id(node) not in self.no_version):
-            versioned = self.version(node)
-            if versioned is not None:
-                return versioned
+        if isinstance(node, PollPoint):
+            return _call("RT_POLL_NOW", [], node.coord)
         if isinstance(node, c_ast.ArrayRef):
             return self.subscript(node)
+        if isinstance(node, c_ast.Assignment) and node.op in ("/=", "%="):
+            # x /= y -> x = x / y (the verifier admits only side-effect-free targets)
+            node.rvalue = c_ast.BinaryOp(node.op[0], copy.deepcopy(node.lvalue), node.rvalue,
+                                         node.coord)
+            node.op = "="
         for name, child in list(node.children()):
             _children_set(node, name, self.visit(child))
         if isinstance(node, c_ast.FuncCall):
             return self.call(node)
+        if isinstance(node, c_ast.BinaryOp) and node.op in ("/", "%"):
+            line = node.coord.line if node.coord else 0
+            return _call("rt_div" if node.op == "/" else "rt_mod",
+                         [node.left, node.right, _int(line)], node.coord)
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self.has_loop = True
-            if id(node) in self.no_poll:
-                return node
+            if isinstance(node, QUIET_LOOPS):
+                return node  # polls once after itself (hoist.py)
             poll = _call("RT_POLL", [c_ast.ID("__rt_pc")], node.coord)
             cond = node.cond if node.cond is not None else _int(1)
             node.cond = c_ast.ExprList([poll, cond], node.coord)
             return node
         return node
-
-    # -- loop versioning ------------------------------------------------------
-    def version(self, loop: c_ast.For) -> c_ast.Node | None:
-        """Hoist the checks of affine accesses out of an innermost counted loop.
-
-        Pattern: ``for (i = A; i < B (or <=); i++ / i += s)`` whose body has no
-        loop and never assigns i, A, B, s or the variables of the hoisted
-        indices.  Emits ``if (guard) fast_loop else checked_loop`` and one
-        pollcheck after it (the fast loop is finite: its bounds are invariant).
-        """
-        var, lo = _loop_init(loop.init)
-        if var is None or loop.cond is None or loop.next is None:
-            return None
-        c = loop.cond
-        if not (isinstance(c, c_ast.BinaryOp) and c.op in ("<", "<=")
-                and isinstance(c.left, c_ast.ID) and c.left.name == var):
-            return None
-        hi, inclusive = c.right, c.op == "<="
-        step = _loop_step(loop.next, var)
-        if step is None or _has_loop(loop.stmt):
-            return None
-        assigned = _assigned(loop.stmt) | {var}
-        for e in (lo, hi, step):
-            if not _invariant(e, assigned):
-                return None
-        fast = copy.deepcopy(loop)
-        checks: list[c_ast.Node] = []
-        unit = isinstance(step, c_ast.Constant) and step.value == "1"
-        one = _int(1)
-        # last value of the loop variable (the loop runs only if lo < hi_excl)
-        hi_excl = c_ast.BinaryOp("+", copy.deepcopy(hi), one) if inclusive else hi
-        if unit:
-            last = c_ast.BinaryOp("-", copy.deepcopy(hi_excl), _int(1))
-        else:
-            span = c_ast.BinaryOp("-", c_ast.BinaryOp("-", copy.deepcopy(hi_excl), _int(1)),
-                                  copy.deepcopy(lo))
-            last = c_ast.BinaryOp("+", copy.deepcopy(lo), c_ast.BinaryOp(
-                "*", c_ast.BinaryOp("/", span, copy.deepcopy(step)), copy.deepcopy(step)))
-        for acc in _accesses(fast.stmt):
-            if isinstance(acc, c_ast.FuncCall):
-                cap, idx = acc.args.exprs[0], acc.args.exprs[1]
-                if not (isinstance(cap, c_ast.ID) and cap.name not in assigned):
-                    continue
-                if _degree(idx, var, assigned) is None:
-                    continue
-                T = acc.name.name.rsplit("_", 1)[1]
-                store = acc.name.name.startswith("cap_store")
-                checks.append(_call("rt_range_ok", [
-                    c_ast.ID(cap.name), _subst(idx, var, lo), _subst(idx, var, last),
-                    _int(ELEM[T]), _int(int(store))], acc.coord))
-                self.unchecked.add(id(acc))
-            else:
-                base = acc.name
-                dims = self.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
-                if dims is None or len(dims) != 1:
-                    continue
-                if _degree(acc.subscript, var, assigned) is None:
-                    continue
-                checks.append(_call("rt_lrange_ok", [
-                    _subst(acc.subscript, var, lo), _subst(acc.subscript, var, last),
-                    _int(dims[0])], acc.coord))
-                self.unchecked.add(id(acc))
-        if not checks:
-            return None
-        guard: c_ast.Node = checks[0]
-        for ch in checks[1:]:
-            guard = c_ast.BinaryOp("&&", guard, ch)
-        if not unit:
-            guard = c_ast.BinaryOp("&&", c_ast.BinaryOp(">", copy.deepcopy(step), _int(0)),
-                                   guard)
-        # Bound the trip count of the poll-free fast loop (a huge invariant bound
-        # with an index of slope 0 would otherwise make it uncancellable).
-        trip = c_ast.BinaryOp("-", copy.deepcopy(hi_excl), copy.deepcopy(lo))
-        guard = c_ast.BinaryOp("&&", c_ast.BinaryOp("<=", trip, c_ast.Constant(
-            "long long", "67108864LL")), guard)
-        guard = c_ast.BinaryOp("||", c_ast.BinaryOp(">=", copy.deepcopy(lo),
-                                                    copy.deepcopy(hi_excl)), guard)
-        self.no_version.update((id(fast), id(loop)))
-        self.no_poll.add(id(fast))
-        fast = self.visit(fast)
-        slow = self.visit(loop)
-        poll = _call("RT_POLL", [c_ast.ID("__rt_pc")], loop.coord)
-        return c_ast.Compound([c_ast.If(guard, c_ast.Compound([fast]), c_ast.Compound([slow])),
-                               poll], loop.coord)
 
     def subscript(self, node: c_ast.ArrayRef) -> c_ast.Node:
         # Pre-order: handle the whole chain a[i][j] at its outermost ArrayRef.
@@ -544,27 +340,23 @@ class _Rewriter:
             base = base.name
         for ref in chain:
             ref.subscript = self.visit(ref.subscript)
-        if not (isinstance(base, c_ast.ID) and base.name in self.arrays) \
-                or id(node) in self.unchecked:
+        if not (isinstance(base, c_ast.ID) and base.name in self.arrays):
             chain[-1].name = self.visit(base)
             return node
         dims = self.arrays[base.name]
         chain.reverse()  # outermost dimension first
-        if len(chain) != len(dims):
-            line = node.coord.line if node.coord else None
-            raise VerifyError(line, "partial array subscript",
-                              f"'{base.name}' has {len(dims)} dimensions")
+        assert len(chain) == len(dims), "the verifier refuses partial subscripts"
         aid = self.o.array_id(base.name)
         for ref, n in zip(chain, dims, strict=True):
+            if isinstance(ref, UncheckedRef):
+                continue  # covered by a loop guard (hoist.py)
             line = ref.coord.line if ref.coord else 0
             ref.subscript = _call("rt_lidx", [ref.subscript, _int(n), _int(aid), _int(line)],
                                   ref.coord)
         return node
 
     def call(self, node: c_ast.FuncCall) -> c_ast.Node:
-        if not isinstance(node.name, c_ast.ID):
-            raise VerifyError(node.coord.line if node.coord else None, "indirect call",
-                              "only named functions may be called")
+        assert isinstance(node.name, c_ast.ID), "the verifier refuses indirect calls"
         name = node.name.name
         args = list(node.args.exprs) if node.args is not None else []
         line = node.coord.line if node.coord else 0
@@ -575,7 +367,7 @@ class _Rewriter:
                 T = name[len(pre):]
                 S = ELEM[T]
                 if op in ("load", "store"):
-                    if id(node) in self.unchecked:
+                    if isinstance(node, UncheckedCall):  # covered by a loop guard
                         return _call(f"rt_u{op}_{T}", args, coord)
                     return _call(f"rt_{op}_{T}", args + [_int(line)], coord)
                 return _call(f"rt_{op}", args + [_int(S)], coord)
@@ -586,54 +378,46 @@ class _Rewriter:
         if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
                     "rt_sync_threads"):
             return node
-        if name.startswith("cap_alloc_") or name in ("cap_load_cap", "cap_store_cap"):
-            raise VerifyError(line, name, "not available on the GPU lane: device-side "
-                              "allocation and cap tables need the host collector")
+        assert not name.startswith("cap_alloc_") and name not in (
+            "cap_load_cap", "cap_store_cap"), "the verifier refuses these for target cuda"
         if name in self.o.kernel_names:
             node.name = c_ast.ID(f"__rtk_{name}", coord)
         return node
 
 
 class _Instrumenter:
-    def __init__(self, parsed: ParsedSource, checked: bool):
-        self.parsed = parsed
+    def __init__(self, verified: VerifiedSource, checked: bool, hoist: bool):
+        assert verified.target == "cuda", "verify(parsed, target='cuda') first"
+        self.verified = verified
+        self.ast = copy.deepcopy(verified.parsed.ast)  # lowering edits its own copy
         self.checked = checked
-        self.kernel_names = set(parsed.kernels)
+        self.hoist = hoist and checked
+        self.kernel_names = set(verified.parsed.kernels)
         self.arrays: list[str] = []
-        self.gen = c_generator.CGenerator()
+        self.gen = Generator()
 
     def array_id(self, name: str) -> int:
         self.arrays.append(name)
         return len(self.arrays) - 1
 
     def local_arrays(self, fn: c_ast.FuncDef) -> dict[str, list[int]]:
-        found: dict[str, list[int]] = {}
+        """The verifier's local arrays of ``fn``; smem_ arrays get __shared__ storage."""
+        dims = self.verified.local_arrays.get(fn.decl.name, {})
 
         def walk(n: c_ast.Node) -> None:
-            if isinstance(n, c_ast.Decl) and isinstance(n.type, c_ast.ArrayDecl):
-                dims = []
-                t = n.type
-                while isinstance(t, c_ast.ArrayDecl):
-                    if t.dim is None:
-                        raise VerifyError(n.coord.line if n.coord else None, "array size",
-                                          "local arrays need a constant size")
-                    dims.append(_const_int(t.dim))
-                    t = t.type
-                found[n.name] = dims
-                if n.name.startswith("smem_"):
-                    if n.init is not None:
-                        raise VerifyError(n.coord.line if n.coord else None, "initializer",
-                                          "shared-memory arrays cannot be initialised")
-                    n.storage = list(n.storage) + ["__shared__"]
+            if isinstance(n, c_ast.Decl) and n.name in dims and n.name.startswith("smem_"):
+                n.storage = list(n.storage) + ["__shared__"]
             for _, c in n.children():
                 walk(c)
 
         walk(fn.body)
-        return found
+        return {k: list(v) for k, v in dims.items()}
 
-    def function(self, fn: c_ast.FuncDef) -> tuple[str, KernelInfo | None]:
+    def function(self, fn: c_ast.FuncDef) -> tuple[str, KernelSig | None]:
         name = fn.decl.name
         arrays = self.local_arrays(fn)
+        if self.hoist:
+            hoist_function(fn, {k: tuple(v) for k, v in arrays.items()})
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
         _map_types(fn)
@@ -645,35 +429,20 @@ class _Instrumenter:
         if name not in self.kernel_names:
             return f"static __device__ __forceinline__ {self.gen.visit(fn.decl)}\n{body}\n", None
         # Kernel: device body + __global__ wrapper that sets up the block's fault flag.
-        fdecl = fn.decl.type
-        params: list[tuple[str, str]] = []
-        plist = fdecl.args.params if fdecl.args is not None else []
-        for p in plist:
-            if isinstance(p, c_ast.Typename):  # (void)
-                continue
-            tn = _type_name(p.type)
-            tn = {"long long": "int64_t", "unsigned long long": "uint64_t"}.get(tn, tn)
-            if tn == "cap_t":
-                params.append((p.name, "cap"))
-            elif tn in SCALAR_KIND:
-                params.append((p.name, SCALAR_KIND[tn]))
-            else:
-                raise VerifyError(p.coord.line if p.coord else None, f"parameter type {tn}",
-                                  "kernel parameters are cap_t, int64_t, double or float")
+        sig = self.verified.kernels[name]
         decl_txt = self.gen.visit(fn.decl)
         inner = decl_txt.replace(name + "(", f"__rtk_{name}(", 1)
         out = f"static __device__ __forceinline__ {inner}\n{body}\n"
-        argnames = ", ".join(n for n, _ in params)
+        argnames = ", ".join(n for n, _ in sig.params)
         out += (f'extern "C" __global__ {decl_txt}\n{{\n  RT_PROLOGUE();\n'
                 f"  __rtk_{name}({argnames});\n}}\n")
-        line = fn.decl.coord.line if fn.decl.coord else 0
-        return out, KernelInfo(name, params, line)
+        return out, sig
 
     def run(self) -> CudaSource:
-        parts = [("" if self.checked else "#define RT_RAW 1\n") + DEVICE_PRELUDE]
-        kernels: dict[str, KernelInfo] = {}
+        parts = [("" if self.checked else "#define RT_RAW 1\n") + device_prelude()]
+        kernels: dict[str, KernelSig] = {}
         # Forward declarations first so helpers may appear in any order.
-        for ext in self.parsed.ast.ext:
+        for ext in self.ast.ext:
             if not is_user_node(ext):
                 continue
             if isinstance(ext, c_ast.FuncDef):
@@ -688,16 +457,15 @@ class _Instrumenter:
                 _map_types(ext)
                 parts.append(f"static __device__ __forceinline__ {self.gen.visit(ext)};\n")
             else:
-                line = ext.coord.line if ext.coord else None
-                raise VerifyError(line, type(ext).__name__, "only functions may appear at "
-                                  "file scope")
+                raise AssertionError("the verifier admits only functions at file scope")
         return CudaSource("\n".join(parts), kernels, self.arrays, self.checked)
 
 
-def instrument(parsed: ParsedSource, *, checked: bool = True) -> CudaSource:
-    """Turn a parsed (and verified) kernel source into CUDA C.
+def instrument(verified: VerifiedSource, *, checked: bool = True,
+               hoist: bool = True) -> CudaSource:
+    """Lower a source verified for target "cuda" to CUDA C.
 
-    ``checked=False`` emits the same code with raw pointer accesses (baseline).
-    The AST is modified in place, so pass a fresh parse for each variant.
+    ``checked=False`` emits the same code with raw pointer accesses (baseline);
+    ``hoist=False`` keeps every access checked inside loops (no versioning).
     """
-    return _Instrumenter(parsed, checked).run()
+    return _Instrumenter(verified, checked, hoist).run()

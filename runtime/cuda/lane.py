@@ -23,18 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CapabilityFault, CompileError, KernelTimeout
+from capabilities import abi
+
+from ..argcheck import check_counts, check_grid, check_perms, scalar_arg
+from ..errors import CapabilityFault, KernelTimeout, fault_detail
+from ..parse import parse
+from ..verifier import KernelSig, select_kernel, verify
 from . import driver as drv
 from . import nvrtc
-from .instrument_cuda import FAULT_KINDS, CudaSource, KernelInfo, instrument
+from .instrument_cuda import FAULT_KINDS, CudaSource, instrument
 
-CAP_CDEF = """
-typedef struct { char *p; char *lo; unsigned long long rlen; unsigned long long wlen;
-                 unsigned long long tag; } rt_cap;
+CAP_CDEF = abi.cffi_cap_cdef() + """
 typedef struct { int flag; int kind; int access; int line; long long block; long long index;
                  long long elsize; long long offset; int thread; int slot; } rt_gpu_fault;
 """
-TAG_FREED = 1 << 32
+TAG_FREED = abi.GPU_TAG_FREED
 _DTYPES = {"float16", "float32", "float64", "int32", "int64", "uint8"}
 
 _ffi_lock = threading.Lock()
@@ -50,15 +53,6 @@ def _ffi():
             f.cdef(CAP_CDEF)
             _cffi["ffi"] = f
         return _cffi["ffi"]
-
-
-def _perm_bits(perms: str | int) -> tuple[bool, bool]:
-    if isinstance(perms, int):
-        return bool(perms & 1), bool(perms & 2)
-    p = perms.lower()
-    if not p or set(p) - set("rw"):
-        raise ValueError(f"perms must be made of 'r' and 'w', not {perms!r}")
-    return "r" in p, "w" in p
 
 
 def _release(ptr: int) -> None:
@@ -79,15 +73,14 @@ class DeviceCapability:
 
     _serial = 0
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: Any, perms: str | int = "rw",
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: Any, perms: str = "rw",
                  name: str | None = None, *, owned: bool = True, keepalive: Any = None):
         self.dtype = np.dtype(dtype)
         if self.dtype.name not in _DTYPES:
             raise TypeError(f"unsupported device dtype {self.dtype}")
         self.shape = tuple(int(s) for s in shape)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-        r, w = _perm_bits(perms)
-        self.perms = ("r" if r else "") + ("w" if w else "")
+        self.perms = check_perms(perms)
         DeviceCapability._serial += 1
         self.id = DeviceCapability._serial
         self.name = (name or f"dev{self.id}")[:47]
@@ -120,8 +113,7 @@ class DeviceCapability:
         with self._lock:
             if self._freed:
                 return 0, 0, 0, 0, (slot + 1) | TAG_FREED
-            r, w = _perm_bits(self.perms)
-            return (self._ptr, self._ptr, self.nbytes if r else 0, self.nbytes if w else 0,
+            return (self._ptr, self._ptr, self.nbytes, self.nbytes if "w" in self.perms else 0,
                     slot + 1)
 
     def _hold(self) -> None:
@@ -145,11 +137,13 @@ class DeviceCapability:
     def free(self) -> None:
         """Revoke the capability now; release the payload when no launch holds it.
 
-        Later launches see zero bounds and fault with reason "freed".
+        Later launches see zero bounds and fault with reason "freed"; a second
+        free() raises CapabilityFault("freed"), as on the CPU.
         """
         with self._lock:
             if self._freed:
-                return
+                raise CapabilityFault("freed", buffer=self.name, access="free",
+                                      detail="double free()")
             self._freed = True
             idle = self._holds == 0
         if idle:
@@ -182,9 +176,10 @@ class DeviceCapability:
                                                 a.nbytes), "cuMemcpyHtoD")
 
 
-def alloc_device(shape: int | Sequence[int], dtype: Any = np.float32, perms: str | int = "rw",
+def alloc_device(shape: int | Sequence[int], dtype: Any = np.float32, perms: str = "rw",
                  name: str | None = None) -> DeviceCapability:
     """Allocate a zeroed device buffer and return its capability."""
+    check_perms(perms)  # before the device allocation, which would leak on a refusal
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -197,17 +192,17 @@ def alloc_device(shape: int | Sequence[int], dtype: Any = np.float32, perms: str
     return DeviceCapability(p[0], shape, dt, perms, name)
 
 
-def to_device(array: Any, perms: str | int = "rw", name: str | None = None) -> DeviceCapability:
+def to_device(array: Any, perms: str = "rw", name: str | None = None) -> DeviceCapability:
     """Allocate a device buffer holding a copy of a host array."""
+    check_perms(perms)
     a = np.ascontiguousarray(array)
     cap = alloc_device(a.shape, a.dtype, "rw", name)
     cap.copy_from(a)
-    r, w = _perm_bits(perms)
-    cap.perms = ("r" if r else "") + ("w" if w else "")
+    cap.perms = perms
     return cap
 
 
-def wrap_device(tensor: Any, perms: str | int = "rw", name: str | None = None
+def wrap_device(tensor: Any, perms: str = "rw", name: str | None = None
                 ) -> DeviceCapability:
     """A capability over a contiguous CUDA torch tensor (memory stays owned by torch).
 
@@ -235,7 +230,7 @@ class CudaKernel:
     source: str
     checked: bool
     cuda: CudaSource
-    info: KernelInfo
+    info: KernelSig
     module: Any
     function: Any
     fault_ptr: int
@@ -252,30 +247,21 @@ class CudaKernel:
         return v[0]
 
 
-def translate(source: str, *, checked: bool = True) -> CudaSource:
-    """Parse, verify (when the verifier is available) and instrument; no GPU needed."""
-    from ..parse import parse
-
-    parsed = parse(source)
-    try:
-        from ..verifier import verify
-    except ImportError:  # the verifier is optional at this layer (written separately)
-        verify = None
-    if verify is not None:
-        verify(parsed, target="cuda")
-        parsed = parse(source)  # instrument() edits the AST: never share it with the verifier
-    return instrument(parsed, checked=checked)
+def translate(source: str, *, checked: bool = True, hoist: bool = True) -> CudaSource:
+    """Parse, verify for target "cuda" and lower to CUDA C; no GPU needed."""
+    return instrument(verify(parse(source), target="cuda"), checked=checked, hoist=hoist)
 
 
-def compile(source: str, name: str, *, checked: bool = True,
+def compile(source: str, name: str | None = None, *, checked: bool = True, hoist: bool = True,
             options: Sequence[str] = ()) -> CudaKernel:
     """Verify, instrument and compile dialect source; return entry point ``name``.
 
-    ``checked=False`` builds the same source with raw pointers (overhead baseline).
+    ``checked=False`` builds the same source with raw pointers (overhead baseline);
+    ``hoist=False`` disables loop versioning.
     """
-    cs = translate(source, checked=checked)
-    if name not in cs.kernels:
-        raise CompileError(f"no KERNEL named {name!r} (found {sorted(cs.kernels)})")
+    verified = verify(parse(source), target="cuda")
+    name = select_kernel(verified, name)
+    cs = instrument(verified, checked=checked, hoist=hoist)
     dev = drv.device()
     cubin = nvrtc.compile_cubin(cs.text, arch=dev.arch, options=tuple(options) + ("-lineinfo",))
     L, f = drv.lib(), drv.ffi()
@@ -297,22 +283,19 @@ class _Prepared:
     def __init__(self, kernel: CudaKernel, caps: Sequence[DeviceCapability],
                  args: Sequence[Any]):
         info = kernel.info
-        if len(caps) != info.n_caps:
-            raise TypeError(f"kernel {kernel.name!r} takes {info.n_caps} caps, "
-                            f"got {len(caps)}")
-        if len(args) != info.n_scalars:
-            raise TypeError(f"kernel {kernel.name!r} takes {info.n_scalars} scalar args, "
-                            f"got {len(args)}")
+        check_counts(info, len(caps), len(args), kernel.name)
         for c in caps:
             if not isinstance(c, DeviceCapability):
                 raise TypeError(f"GPU kernels take device capabilities, not {type(c).__name__}"
                                 " (allocate with device='cuda')")
+            if c.freed:  # as on the CPU: refused before anything runs
+                raise CapabilityFault("freed", buffer=c.name, access="launch",
+                                      detail="capability used after free()")
         f = _ffi()
-        ctype = {"i64": "long long *", "u64": "unsigned long long *", "i32": "int *",
-                 "u32": "unsigned int *", "f64": "double *", "f32": "float *"}
+        ctype = {"i64": "long long *", "f64": "double *", "f32": "float *"}
         self.keep = []
         ci = ai = 0
-        for _pname, kind in info.params:
+        for pname, kind in info.params:
             if kind == "cap":
                 v = f.new("rt_cap *")
                 v.p, v.lo, v.rlen, v.wlen, v.tag = (f.cast("char *", x) if k < 2 else x
@@ -320,8 +303,8 @@ class _Prepared:
                                                     enumerate(caps[ci].cap_value(ci)))
                 ci += 1
             else:
-                a = args[ai]
-                v = f.new(ctype[kind], float(a) if kind[0] == "f" else int(a))
+                field, value = scalar_arg(kind, args[ai], pname, kernel.name)
+                v = f.new(ctype[field], value)
                 ai += 1
             self.keep.append(v)
         self.params = drv.ffi().new("void *[]", [drv.ffi().cast("void *", int(f.cast(
@@ -351,17 +334,19 @@ def _read_fault(kernel: CudaKernel, caps: Sequence[DeviceCapability]) -> Capabil
     if not rec.flag:
         return None
     slot = rec.slot
-    if slot >= 0:
+    reason = FAULT_KINDS.get(rec.kind, f"fault-{rec.kind}")
+    if reason == "division-by-zero":
+        buf = None
+    elif slot >= 0:
         buf = caps[slot].name if slot < len(caps) else f"cap#{slot}"
-    elif slot == -1 and rec.kind == 4:
-        buf = None  # cap_from_int: no object
+    elif slot == -1 and reason == "no-bounds":
+        buf = "<int-derived>"  # cap_from_int: no object (the CPU lane's name)
     else:
         arrays = kernel.cuda.local_arrays
         buf = arrays[-slot - 1] if 0 <= -slot - 1 < len(arrays) else None
-    access = {1: "load", 2: "store"}.get(rec.access)
-    return CapabilityFault(FAULT_KINDS.get(rec.kind, f"kind{rec.kind}"), kernel=kernel.name,
-                           block=rec.block, thread=rec.thread, buffer=buf, index=rec.index,
-                           access=access, line=rec.line or None)
+    return CapabilityFault(reason, kernel=kernel.name, block=rec.block, thread=rec.thread,
+                           buffer=buf, index=rec.index, access=abi.ACCESS.get(rec.access),
+                           line=rec.line or None, detail=fault_detail(reason, rec.index))
 
 
 def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability], *, args: Sequence[Any] = (),
@@ -373,12 +358,13 @@ def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability], *, args: Sequen
     line) or KernelTimeout (deadline passed; blocks were cancelled at their
     next pollcheck).
     """
+    check_grid(grid, timeout)
     dev = drv.device()
     if not 1 <= block <= dev.max_threads:
         raise ValueError(f"block must be in 1..{dev.max_threads}")
-    if grid < 1:
-        raise ValueError("grid must be >= 1")
     prep = _Prepared(kernel, caps, args)
+    if grid == 0:
+        return  # arguments checked; no block to run (as on the CPU)
     held = list(caps)
     for c in held:
         c._hold()

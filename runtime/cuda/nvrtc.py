@@ -104,8 +104,9 @@ def version() -> str:
 
 
 def cache_dir() -> Path:
-    """Directory of cached cubins (``$CAPQR_CACHE_DIR`` or ``~/.cache/capqr``)/cuda."""
-    base = os.environ.get("CAPQR_CACHE_DIR") or os.path.join(
+    """Directory of cached cubins: ``$CAPQR_CACHE`` (as for CPU modules, default
+    ``~/.cache/capqr``) / cuda."""
+    base = os.environ.get("CAPQR_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "capqr")
     p = Path(base) / "cuda"
     p.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,242 @@
+"""The capqr ABI facts, written once.
+
+Both lanes include the C text this module generates: capabilities/cap_abi.h
+(included by cap.h, for cffi-built kernels and the runtime core) and the
+CUDA device prelude (runtime/cuda/instrument_cuda.py embeds the same text).
+Python code takes its constants from here.  A fix to the bounds predicate,
+a new fault code or dtype therefore lands in both lanes by construction.
+
+``python -m capabilities.abi`` rewrites cap_abi.h; a test checks that the
+committed file matches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type of a buffer: dialect suffix, RT_DT code, byte size, numpy name."""
+
+    suffix: str
+    code: int
+    size: int
+    numpy: str | None
+
+
+DTYPES: tuple[DType, ...] = (
+    DType("f16", 1, 2, "float16"),
+    DType("f32", 2, 4, "float32"),
+    DType("f64", 3, 8, "float64"),
+    DType("i32", 4, 4, "int32"),
+    DType("i64", 5, 8, "int64"),
+    DType("u8", 6, 1, "uint8"),
+    DType("cap", 7, 16, None),  # cap tables: rt_capslot {p, obj} pairs
+)
+DT_BY_SUFFIX: dict[str, DType] = {d.suffix: d for d in DTYPES}
+#: element size by dialect suffix (cap_load_f32 -> 4)
+ELEM_SIZE: dict[str, int] = {d.suffix: d.size for d in DTYPES}
+#: suffixes with checked scalar accessors (cap_load_T / cap_store_T)
+SCALAR_SUFFIXES: tuple[str, ...] = ("f16", "f32", "f64", "i32", "i64")
+CAP_DT_CODE = DT_BY_SUFFIX["cap"].code
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault kind: C enum name, code, and the reason CapabilityFault reports."""
+
+    name: str
+    code: int
+    reason: str
+
+
+FAULTS: tuple[Fault, ...] = (
+    Fault("OOB", 1, "out-of-bounds"),
+    Fault("READONLY", 2, "read-only"),
+    Fault("FREED", 3, "freed"),
+    Fault("NOBOUNDS", 4, "no-bounds"),
+    Fault("LOCAL", 5, "local-array"),
+    Fault("TIMEOUT", 6, "timeout"),
+    Fault("CANCELLED", 7, "cancelled"),
+    Fault("ALLOC", 8, "alloc"),
+    Fault("ARG", 9, "argument"),
+    Fault("DIVZERO", 10, "division-by-zero"),
+    Fault("TYPE", 11, "type"),
+)
+FAULT_CODE: dict[str, int] = {f.name: f.code for f in FAULTS}
+FAULT_REASON: dict[int, str] = {f.code: f.reason for f in FAULTS}
+
+ACCESS: dict[int, str | None] = {0: None, 1: "load", 2: "store"}
+PERM_R, PERM_W = 1, 2
+
+#: |index| must stay below 2**IDX_LIMIT_LOG2 so that index * elsize cannot wrap.
+IDX_LIMIT_LOG2 = 58
+
+#: cap_t words in order; the last one is the owner: the object header on the
+#: CPU, a tag on the GPU (bits 0-31: argument slot + 1, 0 for cap_from_int;
+#: bit 32: the buffer was freed).
+CAP_WORDS: tuple[str, ...] = ("p", "lo", "rlen", "wlen", "owner")
+CAP_BYTES = 8 * len(CAP_WORDS)
+GPU_TAG_FREED = 1 << 32
+
+_GUARDS_C = r"""/* ---- loop-versioning guards (runtime/hoist.py), the same on both lanes ---- */
+/* Overflow-checked int64 arithmetic: gcc's builtins on the host; on the device
+ * the same results from wrapping arithmetic and the high product word. */
+#ifdef RT_DEVICE_LANE
+RT_ABI_FN int rt_add_ovf(rt_i64 a, rt_i64 b, rt_i64 *r)
+{
+    *r = (rt_i64)((rt_u64)a + (rt_u64)b);
+    return ((a ^ *r) & (b ^ *r)) < 0;
+}
+RT_ABI_FN int rt_sub_ovf(rt_i64 a, rt_i64 b, rt_i64 *r)
+{
+    *r = (rt_i64)((rt_u64)a - (rt_u64)b);
+    return ((a ^ b) & (a ^ *r)) < 0;
+}
+RT_ABI_FN int rt_mul_ovf(rt_i64 a, rt_i64 b, rt_i64 *r)
+{
+    rt_i64 hi = __mul64hi(a, b);
+    *r = (rt_i64)((rt_u64)a * (rt_u64)b);
+    return hi != (*r < 0 ? -1 : 0);
+}
+#else
+#define rt_add_ovf(a, b, r) __builtin_add_overflow(a, b, r)
+#define rt_sub_ovf(a, b, r) __builtin_sub_overflow(a, b, r)
+#define rt_mul_ovf(a, b, r) __builtin_mul_overflow(a, b, r)
+#endif
+
+/* The last value e0 + d*span of an affine index, or 0 if computing it
+ * overflows (then the index sequence may wrap and no range guard holds). */
+RT_ABI_FN int rt_affine_end(rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 *end)
+{
+    rt_i64 tot;
+    return !rt_mul_ovf(d, span, &tot) && !rt_add_ovf(e0, tot, end);
+}
+
+/* An affine index e0 + d*t for t in [0, span] stays inside the object, without
+ * wrapping, at both ends. */
+RT_ABI_FN int rt_range_ok(cap_t c, rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 S, int store)
+{
+    rt_i64 eL;
+    rt_u64 len = store ? c.wlen : c.rlen;
+    if (!rt_affine_end(e0, d, span, &eL)) return 0;
+    return RT_INB(c, e0, (rt_u64)S, len) && RT_INB(c, eL, (rt_u64)S, len);
+}
+
+/* Iteration span (last - a) of `for (i = a; i < b (or <= b); i += step)` when
+ * a < b (a <= b), or 0 if it cannot be computed without overflow, including
+ * the final `i += step` past the end. */
+RT_ABI_FN int rt_loop_span(rt_i64 a, rt_i64 b, rt_i64 step, int incl, rt_i64 *span)
+{
+    rt_i64 d, last, after;
+    if (rt_sub_ovf(b, a, &d)) return 0;
+    if (!incl) d -= 1;
+    last = a + (d / step) * step;
+    if (rt_add_ovf(last, step, &after)) return 0;
+    *span = last - a;
+    return 1;
+}
+/* Same for a 32-bit (int) loop counter: the start must fit an int and the
+ * final `i += step` must not pass INT32_MAX. */
+RT_ABI_FN int rt_loop_span32(rt_i64 a, rt_i64 b, rt_i64 step, int incl, rt_i64 *span)
+{
+    if (a < -2147483647 - 1 || a > 2147483647 || !rt_loop_span(a, b, step, incl, span))
+        return 0;
+    return a + *span + step <= 2147483647;
+}
+/* Local-array subscript e0 + d*t for t in [0, span] stays in [0, dim). */
+RT_ABI_FN int rt_lrange_ok(rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 dim)
+{
+    rt_i64 eL;
+    if (!rt_affine_end(e0, d, span, &eL)) return 0;
+    return e0 >= 0 && e0 < dim && eL >= 0 && eL < dim;
+}
+"""
+
+_HEADER_NAME = "cap_abi.h"
+HEADER_PATH = Path(__file__).resolve().parent / _HEADER_NAME
+
+
+def _enum(prefix: str, items: list[tuple[str, int]]) -> str:
+    body = ", ".join(f"{prefix}{n} = {v}" for n, v in items)
+    return f"enum {{ {body} }};\n"
+
+
+def c_header() -> str:
+    """The shared C fragment (valid C11 and CUDA C++; RT_DEVICE_LANE selects the GPU form)."""
+    dts = _enum("RT_DT_", [(d.suffix.upper(), d.code) for d in DTYPES])
+    faults = _enum("RT_FAULT_", [("NONE", 0)] + [(f.name, f.code) for f in FAULTS])
+    acc = _enum("RT_ACC_", [(v.upper(), k) for k, v in ACCESS.items() if v])
+    return f"""/* Generated by capabilities/abi.py (python -m capabilities.abi): do not edit.
+ * The ABI facts shared by the CPU lane (cap.h) and the GPU lane (device prelude). */
+#ifndef CAPQR_CAP_ABI_H
+#define CAPQR_CAP_ABI_H
+
+#ifdef RT_DEVICE_LANE
+typedef unsigned long long rt_u64;
+typedef long long rt_i64;
+#define RT_CAP_OWNER unsigned long long tag;  /* slot + 1 | freed << 32 */
+#define RT_ABI_FN static __device__ __forceinline__
+#else
+typedef uint64_t rt_u64;
+typedef int64_t rt_i64;
+struct rt_obj;
+#define RT_CAP_OWNER struct rt_obj *obj;      /* NULL for a cap made from an integer */
+#define RT_ABI_FN static inline __attribute__((always_inline))
+#endif
+
+{dts}enum {{ RT_PERM_R = {PERM_R}, RT_PERM_W = {PERM_W} }};
+{faults}enum {{ RT_OK = 0 }};
+{acc}
+/* A capability as a kernel holds it: {CAP_BYTES} bytes, by value.  p is the current
+ * origin (what cap_to_int returns), lo the object start, rlen/wlen the
+ * readable/writable bytes from lo (a snapshot). */
+typedef struct cap_t {{
+    char *p;
+    char *lo;
+    rt_u64 rlen;
+    rt_u64 wlen;
+    RT_CAP_OWNER
+}} cap_t;
+
+#ifndef RT_LIKELY
+#define RT_LIKELY(x) __builtin_expect(!!(x), 1)
+#define RT_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#endif
+/* Indices beyond +-2^{IDX_LIMIT_LOG2} could wrap i*sizeof(T); they are out of every buffer. */
+#define RT_IDX_LIMIT ((rt_u64)1 << {IDX_LIMIT_LOG2})
+
+/* In bounds iff the byte offset off = (p - lo) + i*S (mod 2^64: exactly the
+ * address the access would touch) satisfies off < len and off + S <= len.
+ * off < len first, so a "negative" off (huge unsigned) can never wrap the
+ * second sum back into range.  |i| < RT_IDX_LIMIT is required on top, so an
+ * index whose i*S wraps into the buffer is still refused.  All operands are
+ * in registers (the bounds are a by-value snapshot). */
+#define RT_OFF(c, i, S) ((rt_u64)((c).p - (c).lo) + (rt_u64)(i) * (rt_u64)(S))
+#define RT_INB(c, i, S, LEN)                                                     \\
+    (RT_LIKELY(((rt_u64)(i) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT) &&               \\
+     RT_LIKELY(RT_OFF(c, i, S) < (LEN)) && RT_LIKELY(RT_OFF(c, i, S) + (S) <= (LEN)))
+/* An origin moved by an absurd k keeps zero bounds (every access refused). */
+#define RT_OFFSET_SANE(k) ((((rt_u64)(k)) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT)
+
+{_GUARDS_C}
+#endif /* CAPQR_CAP_ABI_H */
+"""
+
+
+def cffi_cap_cdef(owner: str = "unsigned long long tag;") -> str:
+    """cap_t as a cffi declaration (the GPU launcher fills it field by field)."""
+    return ("typedef struct { char *p; char *lo; unsigned long long rlen; "
+            f"unsigned long long wlen; {owner} }} rt_cap;")
+
+
+def write_header() -> None:
+    """Rewrite cap_abi.h from this module."""
+    HEADER_PATH.write_text(c_header())
+
+
+if __name__ == "__main__":
+    write_header()
+    print(f"wrote {HEADER_PATH}")

@@ -1,0 +1,59 @@
+"""Launch argument rules shared by both lanes (one behaviour for CPU and GPU)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+#: dialect scalar kind -> rt_arg field (and the GPU parameter's C type)
+SCALAR_FIELD = {"int64": "i64", "double": "f64", "float": "f32"}
+
+
+def scalar_arg(kind: str, value: Any, pname: str, kernel: str) -> tuple[str, int | float]:
+    """(rt_arg field, value) for one scalar argument, or TypeError/OverflowError.
+
+    int64_t takes ints and numpy integers (operator.index: floats are never
+    truncated, bools are refused); double/float take real numbers.
+    """
+    if kind == "int64":
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            v = operator.index(value)
+        except TypeError:
+            raise TypeError(f"kernel {kernel!r}: argument {pname!r} is int64_t, "
+                            f"got {type(value).__name__}") from None
+        if not -(2**63) <= v < 2**63:
+            raise OverflowError(f"kernel {kernel!r}: argument {pname!r}={v} does not fit int64_t")
+        return "i64", v
+    if isinstance(value, bool) or not (isinstance(value, (int, float))
+                                       or hasattr(value, "__float__")):
+        raise TypeError(f"kernel {kernel!r}: argument {pname!r} is {kind}, "
+                        f"got {type(value).__name__}")
+    return SCALAR_FIELD[kind], float(value)
+
+
+def check_counts(sig: Any, n_caps: int, n_args: int, kernel: str) -> None:
+    """TypeError unless the caps and scalar args match the signature."""
+    if n_caps != sig.n_caps:
+        raise TypeError(f"kernel {kernel!r} takes {sig.n_caps} capabilities "
+                        f"({', '.join(sig.cap_names) or 'none'}), got {n_caps}")
+    if n_args != sig.n_scalars:
+        names = ", ".join(f"{k} {n}" for n, k in sig.scalar_params) or "none"
+        raise TypeError(f"kernel {kernel!r} takes {sig.n_scalars} scalar args "
+                        f"({names}), got {n_args}")
+
+
+def check_grid(grid: Any, timeout: Any) -> None:
+    """grid: a non-negative int (0 runs nothing); timeout: None or positive seconds."""
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 0:
+        raise TypeError(f"grid must be a non-negative int, got {grid!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+
+
+def check_perms(perms: Any) -> str:
+    """The only permission strings: "r" and "rw"."""
+    if perms not in ("r", "rw"):
+        raise ValueError(f"perms must be 'r' or 'rw', not {perms!r}")
+    return perms

@@ -1,0 +1,188 @@
+"""AST facts shared by the verifier, the analyses and both lowerings.
+
+* :func:`int_literal` is the one reader of C integer literals (decimal, hex,
+  octal, with u/l suffixes), so the verifier, loop versioning and the CUDA
+  lowering agree on what ``0x0`` or ``010`` is.
+* :func:`spill_plan` says which call arguments must be evaluated into rooted
+  temporaries: a capability held by the compiler while a sibling argument
+  runs a safepoint (a call that can poll or allocate) would otherwise be
+  invisible to the collector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pycparser import c_ast, c_generator
+
+
+def int_literal(node: c_ast.Node | None) -> int | None:
+    """Value of a plain C integer literal, else None (character literals included)."""
+    if not isinstance(node, c_ast.Constant) or "int" not in node.type or "'" in node.value:
+        return None
+    text = node.value.rstrip("uUlL")
+    try:
+        if len(text) > 1 and text[0] == "0" and text[1] not in "xXbB":
+            return int(text, 8)  # C octal: 010 == 8
+        return int(text, 0)
+    except ValueError:
+        return None
+
+
+def pure_expr(node: c_ast.Node) -> bool:
+    """No side effects and cannot fault: safe to evaluate early or twice."""
+    if isinstance(node, (c_ast.ID, c_ast.Constant)):
+        return not (isinstance(node, c_ast.Constant) and node.type in ("string", "char"))
+    if isinstance(node, c_ast.BinaryOp):
+        if node.op in ("/", "%"):
+            # only a non-zero integer literal divisor: the guard must never fault
+            divisor = int_literal(node.right)
+            return pure_expr(node.left) and divisor is not None and divisor != 0
+        return pure_expr(node.left) and pure_expr(node.right)
+    if isinstance(node, c_ast.UnaryOp):
+        return node.op in ("-", "+", "~", "!") and pure_expr(node.expr)
+    if isinstance(node, c_ast.Cast):
+        return pure_expr(node.expr)
+    if isinstance(node, c_ast.TernaryOp):
+        return pure_expr(node.cond) and pure_expr(node.iftrue) and pure_expr(node.iffalse)
+    if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID):
+        if node.name.name.startswith("cap_len_") or node.name.name in (
+                "rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim"):
+            return all(pure_expr(a) for a in (node.args.exprs if node.args else []))
+    return False
+
+
+def pure_lvalue(lv: c_ast.Node) -> bool:
+    """A variable or an array element with pure subscripts (safe to evaluate twice)."""
+    if isinstance(lv, c_ast.ID):
+        return True
+    if isinstance(lv, c_ast.ArrayRef):
+        return pure_lvalue(lv.name) and pure_expr(lv.subscript)
+    return False
+
+
+def node_fields(n: c_ast.Node) -> Iterator[tuple[str, Any]]:
+    """(attribute, value) for every child slot of a pycparser node."""
+    for cls in type(n).__mro__:  # marked subclasses (hoist.py) add no slots of their own
+        for attr in cls.__dict__.get("__slots__", ()):
+            if attr not in ("coord", "__weakref__"):
+                yield attr, getattr(n, attr, None)
+
+
+#: runtime calls whose result is a cap_t
+CAP_RESULT_PREFIXES = ("cap_load_cap", "cap_alloc_", "cap_offset_", "cap_from_int")
+
+
+def _call_name(node: c_ast.Node) -> str | None:
+    if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID):
+        return node.name.name
+    return None
+
+
+@dataclass(frozen=True)
+class CapTyping:
+    """What a function body needs to know to classify expressions."""
+
+    cap_vars: frozenset[str]    # cap_t params and locals
+    cap_funcs: frozenset[str]   # functions of this source returning cap_t
+    user_funcs: frozenset[str]  # functions of this source (calls may poll)
+
+    def is_cap(self, e: c_ast.Node | None) -> bool:
+        """Whether an (accepted) expression has type cap_t."""
+        if isinstance(e, c_ast.ID):
+            return e.name in self.cap_vars
+        name = _call_name(e) if e is not None else None
+        if name is not None:
+            return name in self.cap_funcs or name.startswith(CAP_RESULT_PREFIXES)
+        if isinstance(e, c_ast.TernaryOp):
+            return self.is_cap(e.iftrue) or self.is_cap(e.iffalse)
+        if isinstance(e, c_ast.ExprList):
+            return bool(e.exprs) and self.is_cap(e.exprs[-1])
+        return False
+
+    def may_safepoint(self, e: c_ast.Node | None) -> bool:
+        """Whether evaluating ``e`` can reach a pollcheck or the allocator."""
+        if e is None:
+            return False
+        name = _call_name(e)
+        if name is not None and (name in self.user_funcs or name.startswith("cap_alloc_")):
+            return True
+        return any(self.may_safepoint(c) for _, c in e.children())
+
+    def spill_args(self, call: c_ast.FuncCall) -> list[bool] | None:
+        """For a call that must spill: per argument, whether it is a cap held in a root.
+
+        A call spills when one argument may reach a safepoint and another one
+        computes a cap (a loaded, allocated or returned cap lives only in a
+        compiler temporary; cap variables already sit in their shadow slots).
+        All arguments are then evaluated in source order into temporaries.
+        """
+        args = call.args.exprs if call.args is not None else []
+        if len(args) < 2:
+            return None
+        held = [self.is_cap(a) and not isinstance(a, c_ast.ID) for a in args]
+        safe = [self.may_safepoint(a) for a in args]
+        if not any(h and any(s for j, s in enumerate(safe) if j != i)
+                   for i, h in enumerate(held)):
+            return None
+        return held
+
+    def spill_slots(self, node: c_ast.Node | None) -> int:
+        """Hidden shadow slots the spills under ``node`` need at most at one time."""
+        if node is None:
+            return 0
+        inner = max((self.spill_slots(c) for _, c in node.children()), default=0)
+        if isinstance(node, c_ast.FuncCall):
+            held = self.spill_args(node)
+            if held is not None:
+                own = sum(held)
+                args = node.args.exprs
+                # argument k is evaluated while the roots of arguments < k are live
+                live = max(sum(held[:k]) + self.spill_slots(a) for k, a in enumerate(args))
+                return max(own, live)
+        return inner
+
+
+class StmtExpr(c_ast.Node):
+    """GNU statement expression ``({ decl; ...; expr; })`` (CPU lowering only)."""
+
+    __slots__ = ("decls", "expr", "coord", "__weakref__")
+    attr_names = ()
+
+    def __init__(self, decls: list[tuple[str, str, c_ast.Node]], expr: c_ast.Node,
+                 coord: Any = None):
+        self.decls = decls  # (C type, name, initialiser)
+        self.expr = expr
+        self.coord = coord
+
+    def children(self) -> tuple:
+        out = [(f"decls[{i}]", d[2]) for i, d in enumerate(self.decls)]
+        return tuple(out + [("expr", self.expr)])
+
+
+class Generator(c_generator.CGenerator):
+    """CGenerator that also prints :class:`StmtExpr` and loop versioning's marked nodes
+    (subclasses of For/While/DoWhile/ArrayRef/FuncCall: printed as their base)."""
+
+    def visit(self, node: c_ast.Node) -> str:
+        method = getattr(self, "visit_" + node.__class__.__name__, None)
+        if method is None:
+            for base in type(node).__mro__[1:]:
+                method = getattr(self, "visit_" + base.__name__, None)
+                if method is not None:
+                    break
+        return method(node) if method is not None else self.generic_visit(node)
+
+    def visit_StmtExpr(self, n: StmtExpr) -> str:
+        parts = [f"{ty} {name} = {self.visit(init)};" for ty, name, init in n.decls]
+        return "({ " + " ".join(parts) + f" {self.visit(n.expr)}; }})"
+
+    def _generate_stmt(self, n: c_ast.Node, add_indent: bool = False) -> str:
+        if isinstance(n, StmtExpr):
+            self.indent_level += 2 if add_indent else 0
+            indent = self._make_indent()
+            self.indent_level -= 2 if add_indent else 0
+            return indent + self.visit(n) + ";\n"
+        return super()._generate_stmt(n, add_indent)
