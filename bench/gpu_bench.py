@@ -1,8 +1,9 @@
 """GPU lane benchmark: checked vs raw batched QR, and vs torch.geqrf, on the contest shapes.
 
 ``python -m bench.gpu_bench`` writes ``bench/results/gpu-<date>.json``.  Each
-time is the median of >= 7 launches timed with CUDA events around the kernel
-alone (the input is restored by a device-to-device copy before every launch,
+time is the median of >= 7 runs timed with CUDA events around the whole
+launch sequence of the blocked QR (kernels/gpu, host gaps between launches
+included; the input is restored by a device-to-device copy before every run,
 outside the timed region).  torch.geqrf is timed the same way with
 torch.cuda.Event around the call (its clone of the input is outside).
 """
@@ -41,22 +42,42 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
     def restore() -> None:
         drv.check(drv.lib().cuMemcpyDtoD_v2(A.ptr, A0.ptr, A.nbytes), "cuMemcpyDtoD")
 
-    row: dict = {"batch": batch, "n": n, "block": g.qr_block_size(n)}
+    work = cuda.alloc_device(g.work_size(batch), np.float32, name="work")
+    plan = g.launch_plan(batch, n)
+    row: dict = {"batch": batch, "n": n, "launches": len(plan)}
     outs = {}
+    start, end = drv.Event(), drv.Event()
     for name, checked in (("checked", True), ("raw", False)):
-        k = g.qr_kernel(checked)
-        ts = cuda.time_launch(k, [A, tau], args=(n,), grid=batch, block=g.qr_block_size(n),
-                              repeat=repeat, warmup=1, before=restore)
+        ks = g.blocked_kernels(checked)
+        ts = []
+        for it in range(repeat + 1):  # the first run compiles/warms up: not timed
+            restore()
+            drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
+            start.record()
+            g.qr_launch(A, tau, work, n, checked=checked)
+            end.record()
+            end.synchronize()
+            if it:
+                ts.append(start.elapsed_ms(end))
         row[f"{name}_ms"] = statistics.median(ts)
         row[f"{name}_samples_ms"] = ts
-        row[f"{name}_registers"] = k.registers()
+        row[f"{name}_registers"] = {k: v.registers() for k, v in ks.items()}
         outs[name] = (A.numpy(), tau.numpy())
+    flops = batch * (4.0 / 3.0) * n ** 3
+    row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
     row["overhead"] = row["checked_ms"] / row["raw_ms"]
+    restore()
+    row["profile_checked"] = _profile(g, A, tau, work, n, plan)
     row["checked_equals_raw"] = bool(
         np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
         and np.array_equal(outs["checked"][1].view(np.uint32), outs["raw"][1].view(np.uint32)))
-    for c in (A0, A, tau):
+    for c in (A0, A, tau, work):
         c.free()
+    import kernels
+
+    rep = kernels.check(a, outs["checked"][0], outs["checked"][1])
+    row["check_ok"] = rep.ok
+    row["check_worst"] = rep.worst()
     try:
         import torch
 
@@ -83,6 +104,34 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
     return row
 
 
+def _profile(g, A, tau, work, n: int, plan: list) -> dict:
+    """One checked run, launch by launch: GPU ms per kernel (CUDA events around each
+    launch) and the host wall time; their difference is the per-launch host cost
+    (argument packing, fault-flag reset, stream sync, fault read-back)."""
+    import time
+
+    from runtime import cuda
+    from runtime.cuda import driver as drv
+
+    ks = g.blocked_kernels(True)
+    evs = [(drv.Event(), drv.Event()) for _ in plan]
+    drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
+    t0 = time.perf_counter()
+    for (s, e), step in zip(evs, plan, strict=True):
+        caps = [A, tau, work] if step.kernel == "panel" else [A, work]
+        s.record()
+        cuda.launch(ks[step.kernel], caps, args=step.args, grid=step.grid, block=step.block)
+        e.record()
+    evs[-1][1].synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    gpu = {"panel": 0.0, "update": 0.0}
+    for (s, e), step in zip(evs, plan, strict=True):
+        gpu[step.kernel] += s.elapsed_ms(e)
+    return {"wall_ms": wall, "panel_gpu_ms": gpu["panel"], "update_gpu_ms": gpu["update"],
+            "launches": len(plan),
+            "host_ms_per_launch": (wall - gpu["panel"] - gpu["update"]) / len(plan)}
+
+
 def main(argv: list[str] | None = None) -> Path:
     """Run the benchmark and write the JSON; returns its path."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -107,6 +156,11 @@ def main(argv: list[str] | None = None) -> Path:
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive
         tt = r.get("torch_geqrf_ms") or float("nan")
+        pr = r["profile_checked"]
+        print(f"    profile: panel {pr['panel_gpu_ms']:.3f} ms, "
+              f"update {pr['update_gpu_ms']:.3f} ms, "
+              f"{pr['launches']} launches, host {pr['host_ms_per_launch'] * 1e3:.1f} us/launch, "
+              f"{r['checked_tflops']:.2f} TFLOP/s", flush=True)
         print(f"({b:4d},{n:5d}) checked {r['checked_ms']:10.3f} ms  raw {r['raw_ms']:10.3f} ms  "
               f"overhead {r['overhead']:.3f}x  torch {tt:10.3f}"
               f" ms  speedup {r.get('speedup_vs_torch', float('nan')):.2f}x", flush=True)
@@ -126,9 +180,11 @@ def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
         "device": dev.name, "compute_capability": list(dev.cc), "sm_count": dev.sm_count,
         "driver_version": dev.driver_version, "compiler": nvrtc.version(),
         "python": platform.python_version(), "repeat": repeat,
-        "method": "median of CUDA-event times of the kernel alone; input restored by a "
-                  "device-to-device copy outside the timed region; float32",
-        "kernel": "kernels/gpu/qr.c (unblocked Householder, one block per matrix)",
+        "method": "median of CUDA-event times around the whole launch sequence (host gaps "
+                  "between launches included); input restored by a device-to-device copy "
+                  "outside the timed region; float32",
+        "kernel": "kernels/gpu/panel.c + update.c (blocked Householder, compact WY, "
+                  "host-driven launch sequence, one host sync per launch)",
         "shapes": rows,
         "geomean_overhead": _geomean([r["overhead"] for r in rows]),
     }

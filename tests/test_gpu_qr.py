@@ -1,0 +1,255 @@
+"""Blocked GPU QR (kernels/gpu): host plan and algebra on the CPU, kernels on the device.
+
+CPU half: :func:`kernels.gpu.launch_plan` covers every column exactly once in
+order, and a numpy model of the two kernels (same formulas, same order of the
+steps, run through the same plan) yields a QR that passes kernels.check, so
+the plan and the compact-WY algebra (T formation, masking of V) are right
+before any device time is spent.  The kernels' dialect sources must pass the
+CUDA verifier and instrumenter here too.
+
+GPU half (``-m gpu``; skipped where runtime.cuda.available() says no):
+contest shapes and stress inputs through kernels.check, checked == raw bit
+for bit, the kernels.qr dispatch for device inputs, and a planted
+out-of-bounds panel launch that faults with the launch's kernel name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+import kernels.gpu as g
+
+try:
+    from runtime import cuda
+
+    _OK, _WHY = cuda.available()
+except Exception as e:  # noqa: BLE001 - no cffi/libcuda/device: all mean "skip here"
+    _OK, _WHY = False, f"GPU lane unavailable: {e}"
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")
+
+CONTEST_SHAPES = [(20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048), (2, 4096)]
+
+
+# ---------------------------------------------------------------------------
+# numpy model of the kernels (one matrix; float32 storage, as on the device)
+# ---------------------------------------------------------------------------
+def model_panel(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int) -> np.ndarray:
+    """gpu_qr_panel on one matrix (in place); returns the 32 x 32 T."""
+    y = np.zeros((32, 32), np.float32)
+    taus = np.zeros(32, np.float32)
+    for j in range(nb):
+        kj = k0 + j
+        cols = slice(k0, k0 + nb)
+        x = M[kj + 1:, kj].astype(np.float64)
+        tot = x @ M[kj + 1:, cols].astype(np.float64)          # per lane c
+        alpha = float(M[kj, kj])
+        xn2 = tot[j]
+        tk, beta, scale = 0.0, alpha, 0.0
+        if xn2 > 0:
+            beta = -np.copysign(np.sqrt(alpha * alpha + xn2), alpha)
+            tk = (beta - alpha) / beta
+            scale = 1.0 / (alpha - beta)
+        d = M[kj, cols].astype(np.float64) + tot * scale
+        w = (tk * d).astype(np.float32)
+        y[:j, j] = d[:j].astype(np.float32)
+        v = M[kj + 1:, kj] * np.float32(scale)
+        for c in range(j + 1, nb):
+            M[kj + 1:, k0 + c] = (M[kj + 1:, k0 + c] - v * w[c]).astype(np.float32)
+            M[kj, k0 + c] = M[kj, k0 + c] - w[c]
+        M[kj + 1:, kj] = v
+        M[kj, kj] = np.float32(beta)
+        tau[kj] = np.float32(tk)
+        taus[j] = np.float32(tk)
+    T = np.zeros((32, 32), np.float32)
+    for j in range(nb):
+        T[j, j] = taus[j]
+        for i in range(j):
+            T[i, j] = -taus[j] * np.float32(T[i, i:j] @ y[i:j, j])
+    return T
+
+
+def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int) -> None:
+    """gpu_qr_update on one matrix, all strips at once (in place)."""
+    V = np.zeros((n - k0, 32), np.float32)
+    for q in range(nb):
+        V[q, q] = 1.0
+        V[q + 1:, q] = M[k0 + q + 1:, k0 + q]
+    C = M[k0:, k0 + nb:]
+    Z = V.T @ C
+    W = (T.T @ Z).astype(np.float32)
+    M[k0:, k0 + nb:] = (C - V @ W).astype(np.float32)
+
+
+def model_qr(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Run the launch plan through the numpy model."""
+    batch, n, _ = a.shape
+    H = a.astype(np.float32).copy()
+    tau = np.zeros((batch, n), np.float32)
+    T = np.zeros((batch, 32, 32), np.float32)
+    for step in g.launch_plan(batch, n):
+        for b in range(batch):
+            if step.kernel == "panel":
+                T[b] = model_panel(H[b], tau[b], *step.args)
+            else:
+                model_update(H[b], T[b], *step.args[:3])
+    return H, tau
+
+
+# ---------------------------------------------------------------------------
+# CPU tests
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100)])
+def test_plan_covers_each_column_once(batch: int, n: int) -> None:
+    plan = g.launch_plan(batch, n)
+    panels = [s for s in plan if s.kernel == "panel"]
+    cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
+    assert cols == list(range(n))
+    for s in plan:
+        assert s.block % 32 == 0 and 32 <= s.block <= 1024
+        if s.kernel == "update":
+            _, k0, nb, strips = s.args
+            assert s.grid == batch * strips
+            assert strips * g.STRIP >= n - k0 - nb > (strips - 1) * g.STRIP
+        else:
+            assert s.grid == batch and 1 <= s.args[2] <= g.NB
+
+
+def test_plan_rejects_empty() -> None:
+    with pytest.raises(ValueError):
+        g.launch_plan(0, 4)
+
+
+@pytest.mark.parametrize("batch,n", [(2, 32), (2, 40), (1, 96), (1, 130)])
+def test_model_of_the_kernels_passes_the_checker(batch: int, n: int) -> None:
+    a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
+    H, tau = model_qr(a)
+    rep = kernels.check(a, H, tau)
+    assert rep.ok, str(rep)
+
+
+def test_model_matches_lapack_compact_form() -> None:
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    a = np.random.default_rng(5).standard_normal((1, 70, 70)).astype(np.float32)
+    H, tau = model_qr(a)
+    (h_ref, tau_ref), _ = scipy_linalg.qr(a[0].astype(np.float64), mode="raw")
+    np.testing.assert_allclose(H[0], h_ref, atol=3e-4, rtol=3e-3)
+    np.testing.assert_allclose(tau[0], tau_ref, atol=3e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,src", [("gpu_qr_panel", g.PANEL_SOURCE),
+                                      ("gpu_qr_update", g.UPDATE_SOURCE)])
+def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
+    from runtime.cuda import translate
+
+    for checked in (True, False):
+        cs = translate(src, checked=checked)
+        assert name in cs.kernels
+    # every global access of the update's inner loops is covered by a hoisted range check
+    assert "rt_uload_f32" in translate(src, checked=True).text
+
+
+def test_on_device_routes_only_device_inputs() -> None:
+    assert not g.on_device(np.zeros((2, 2), np.float32))
+    torch = pytest.importorskip("torch")
+    assert not g.on_device(torch.zeros(2, 2))
+
+
+# ---------------------------------------------------------------------------
+# GPU tests
+# ---------------------------------------------------------------------------
+def _stress(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    a = rng.standard_normal((n, n))
+    if kind == "graded_rows":
+        a *= np.logspace(0, -12, n)[:, None]
+    elif kind == "graded_cols":
+        a *= np.logspace(0, -12, n)[None, :]
+    elif kind == "near_rank_deficient":
+        u, _, vt = np.linalg.svd(a)
+        s = np.logspace(0, -9, n)
+        s[n // 2:] = 1e-30
+        a = (u * s) @ vt
+    elif kind == "zero_column":
+        a[:, 3] = 0.0
+        a[:, n - 1] = 0.0
+    elif kind == "zero_matrix":
+        a[:] = 0.0
+    elif kind == "duplicate_columns":
+        a[:, 1] = a[:, 0]
+        a[:, 2] = a[:, 0] * (1 + 1e-7)
+    elif kind == "huge":
+        a *= 1e25
+    elif kind == "tiny":
+        a *= 1e-25
+    return a.astype(np.float32)
+
+
+STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "zero_matrix",
+          "duplicate_columns", "huge", "tiny"]
+
+
+def _check_both(a: np.ndarray) -> None:
+    H, tau = g.qr(a, checked=True)
+    Hr, taur = g.qr(a, checked=False)
+    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
+    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
+    rep = kernels.check(a, H, tau)
+    print(f"\n{a.shape}: worst {rep.worst()}")
+    assert rep.ok, str(rep)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("batch,n", CONTEST_SHAPES)
+def test_contest_shape(batch: int, n: int) -> None:
+    if n >= 2048:
+        batch = 1  # the checker's float64 LAPACK calls on the host dominate otherwise
+    _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("n", [1, 5, 33, 100, 161])
+def test_odd_sizes(n: int) -> None:
+    _check_both(np.random.default_rng(n).standard_normal((3, n, n)).astype(np.float32))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("kind", STRESS)
+def test_stress(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(4)]))
+
+
+@gpu
+@needs_gpu
+def test_kernels_qr_dispatches_device_inputs() -> None:
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng(1).standard_normal((3, 64, 64)).astype(np.float32)
+    H, tau = kernels.qr(torch.from_numpy(a).cuda())
+    assert H.is_cuda and tau.is_cuda and tuple(tau.shape) == (3, 64)
+    assert kernels.check(a, H.cpu().numpy(), tau.cpu().numpy()).ok
+    A = cuda.to_device(a, name="a")
+    Hc, tc = kernels.qr(A)
+    np.testing.assert_array_equal(Hc.numpy(), H.cpu().numpy())
+    np.testing.assert_array_equal(A.numpy(), a)  # the input is not modified
+
+
+@gpu
+@needs_gpu
+def test_panel_launch_past_the_matrix_faults() -> None:
+    """A panel launch told n larger than the buffer is refused with its kernel's name."""
+    from runtime.errors import CapabilityFault
+
+    a = np.random.default_rng(2).standard_normal((1, 32, 32)).astype(np.float32)
+    A = cuda.to_device(a, name="A")
+    tau = cuda.alloc_device(32, np.float32, name="tau")
+    work = cuda.alloc_device(g.work_size(1), np.float32, name="work")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(g.blocked_kernels(True)["panel"], [A, tau, work], args=(40, 0, 32),
+                    grid=1, block=64)
+    assert ei.value.kernel == "gpu_qr_panel" and ei.value.buffer == "A"
