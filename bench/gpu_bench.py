@@ -76,8 +76,8 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
     import kernels
 
     rep = kernels.check(a, outs["checked"][0], outs["checked"][1])
-    row["check_ok"] = rep.ok
-    row["check_worst"] = rep.worst()
+    row["check_ok"] = bool(rep.ok)
+    row["check_worst"] = {k: float(v) for k, v in rep.worst().items()}
     try:
         import torch
 
