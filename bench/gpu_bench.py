@@ -43,6 +43,7 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
         drv.check(drv.lib().cuMemcpyDtoD_v2(A.ptr, A0.ptr, A.nbytes), "cuMemcpyDtoD")
 
     work = cuda.alloc_device(g.work_size(batch), np.float32, name="work")
+    scratch = cuda.alloc_device(g.scratch_size(batch, n), np.float32, name="scratch")
     plan = g.launch_plan(batch, n)
     row: dict = {"batch": batch, "n": n, "launches": len(plan)}
     outs = {}
@@ -54,7 +55,7 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
             restore()
             drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
             start.record()
-            g.qr_launch(A, tau, work, n, checked=checked)
+            g.qr_launch(A, tau, work, scratch, n, checked=checked)
             end.record()
             end.synchronize()
             if it:
@@ -67,11 +68,11 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
     row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
     row["overhead"] = row["checked_ms"] / row["raw_ms"]
     restore()
-    row["profile_checked"] = _profile(g, A, tau, work, n, plan)
+    row["profile_checked"] = _profile(g, A, tau, work, scratch, n, plan)
     row["checked_equals_raw"] = bool(
         np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
         and np.array_equal(outs["checked"][1].view(np.uint32), outs["raw"][1].view(np.uint32)))
-    for c in (A0, A, tau, work):
+    for c in (A0, A, tau, work, scratch):
         c.free()
     import kernels
 
@@ -104,7 +105,7 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
     return row
 
 
-def _profile(g, A, tau, work, n: int, plan: list) -> dict:
+def _profile(g, A, tau, work, scratch, n: int, plan: list) -> dict:
     """One checked run, launch by launch: GPU ms per kernel (CUDA events around each
     launch) and the host wall time; their difference is the per-launch host cost
     (argument packing, fault-flag reset, stream sync, fault read-back)."""
@@ -118,18 +119,19 @@ def _profile(g, A, tau, work, n: int, plan: list) -> dict:
     drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
     t0 = time.perf_counter()
     for (s, e), step in zip(evs, plan, strict=True):
-        caps = [A, tau, work] if step.kernel == "panel" else [A, work]
+        caps = g.caps_for(step, A, tau, work, scratch)
         s.record()
         cuda.launch(ks[step.kernel], caps, args=step.args, grid=step.grid, block=step.block)
         e.record()
     evs[-1][1].synchronize()
     wall = (time.perf_counter() - t0) * 1e3
-    gpu = {"panel": 0.0, "update": 0.0}
+    gpu = {"panel": 0.0, "panel_tall": 0.0, "update": 0.0}
     for (s, e), step in zip(evs, plan, strict=True):
         gpu[step.kernel] += s.elapsed_ms(e)
-    return {"wall_ms": wall, "panel_gpu_ms": gpu["panel"], "update_gpu_ms": gpu["update"],
+    return {"wall_ms": wall, "panel_gpu_ms": gpu["panel"] + gpu["panel_tall"],
+            "panel_tall_gpu_ms": gpu["panel_tall"], "update_gpu_ms": gpu["update"],
             "launches": len(plan),
-            "host_ms_per_launch": (wall - gpu["panel"] - gpu["update"]) / len(plan)}
+            "host_ms_per_launch": (wall - sum(gpu.values())) / len(plan)}
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -64,36 +64,62 @@ def model_panel(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int) -> np.
         M[kj, kj] = np.float32(beta)
         tau[kj] = np.float32(tk)
         taus[j] = np.float32(tk)
-    T = np.zeros((32, 32), np.float32)
+    return _t_from(taus, y, nb)
+
+
+def _v(M: np.ndarray, k0: int, nb: int) -> np.ndarray:
+    """V (unit lower trapezoidal, rows k0..) of the panel at k0 as the kernels read it."""
+    V = np.zeros((M.shape[0] - k0, 32), np.float32)
+    for q in range(nb):
+        V[q, q] = 1.0
+        V[q + 1:, q] = M[k0 + q + 1:, k0 + q]
+    return V
+
+
+def _t_from(taus: np.ndarray, G: np.ndarray, nb: int, size: int = 32) -> np.ndarray:
+    T = np.zeros((size, size), np.float32)
     for j in range(nb):
         T[j, j] = taus[j]
         for i in range(j):
-            T[i, j] = -taus[j] * np.float32(T[i, i:j] @ y[i:j, j])
+            T[i, j] = -taus[j] * np.float32(T[i, i:j] @ G[i:j, j])
     return T
+
+
+def model_panel_tall(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int) -> np.ndarray:
+    """gpu_qr_panel_tall: 8-column sub-panels, block updates inside the panel, T from V^T V."""
+    for s0 in range(0, nb, 8):
+        ks, nbs = k0 + s0, min(8, nb - s0)
+        Ts = model_panel(M, tau, n, ks, nbs)[:8, :8]
+        if s0 + 8 < nb:
+            Vs = _v(M, ks, nbs)[:, :8]
+            C = M[ks:, ks + 8:k0 + nb]
+            W = (Ts.T @ (Vs.T @ C)).astype(np.float32)
+            M[ks:, ks + 8:k0 + nb] = (C - Vs @ W).astype(np.float32)
+    V = _v(M, k0, nb)
+    return _t_from(tau[k0:k0 + nb], (V.T @ V).astype(np.float32), nb)
 
 
 def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int) -> None:
     """gpu_qr_update on one matrix, all strips at once (in place)."""
-    V = np.zeros((n - k0, 32), np.float32)
-    for q in range(nb):
-        V[q, q] = 1.0
-        V[q + 1:, q] = M[k0 + q + 1:, k0 + q]
+    V = _v(M, k0, nb)
     C = M[k0:, k0 + nb:]
     Z = V.T @ C
     W = (T.T @ Z).astype(np.float32)
     M[k0:, k0 + nb:] = (C - V @ W).astype(np.float32)
 
 
-def model_qr(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def model_qr(a: np.ndarray, tall_rows: int = g.TALL_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """Run the launch plan through the numpy model."""
     batch, n, _ = a.shape
     H = a.astype(np.float32).copy()
     tau = np.zeros((batch, n), np.float32)
     T = np.zeros((batch, 32, 32), np.float32)
-    for step in g.launch_plan(batch, n):
+    for step in g.launch_plan(batch, n, tall_rows=tall_rows):
         for b in range(batch):
             if step.kernel == "panel":
                 T[b] = model_panel(H[b], tau[b], *step.args)
+            elif step.kernel == "panel_tall":
+                T[b] = model_panel_tall(H[b], tau[b], *step.args)
             else:
                 model_update(H[b], T[b], *step.args[:3])
     return H, tau
@@ -105,7 +131,7 @@ def model_qr(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100)])
 def test_plan_covers_each_column_once(batch: int, n: int) -> None:
     plan = g.launch_plan(batch, n)
-    panels = [s for s in plan if s.kernel == "panel"]
+    panels = [s for s in plan if s.kernel.startswith("panel")]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))
     for s in plan:
@@ -123,10 +149,11 @@ def test_plan_rejects_empty() -> None:
         g.launch_plan(0, 4)
 
 
+@pytest.mark.parametrize("tall_rows", [g.TALL_ROWS, 40])
 @pytest.mark.parametrize("batch,n", [(2, 32), (2, 40), (1, 96), (1, 130)])
-def test_model_of_the_kernels_passes_the_checker(batch: int, n: int) -> None:
+def test_model_of_the_kernels_passes_the_checker(batch: int, n: int, tall_rows: int) -> None:
     a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
-    H, tau = model_qr(a)
+    H, tau = model_qr(a, tall_rows)
     rep = kernels.check(a, H, tau)
     assert rep.ok, str(rep)
 
@@ -141,6 +168,7 @@ def test_model_matches_lapack_compact_form() -> None:
 
 
 @pytest.mark.parametrize("name,src", [("gpu_qr_panel", g.PANEL_SOURCE),
+                                      ("gpu_qr_panel_tall", g.PANEL_TALL_SOURCE),
                                       ("gpu_qr_update", g.UPDATE_SOURCE)])
 def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
     from runtime.cuda import translate
@@ -249,6 +277,11 @@ def test_panel_launch_past_the_matrix_faults() -> None:
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device(32, np.float32, name="tau")
     work = cuda.alloc_device(g.work_size(1), np.float32, name="work")
+    scratch = cuda.alloc_device(g.scratch_size(1, 32), np.float32, name="scratch")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(g.blocked_kernels(True)["panel_tall"], [A, tau, work, scratch],
+                    args=(40, 0, 32), grid=1, block=g.TALL_BLOCK)
+    assert ei.value.kernel == "gpu_qr_panel_tall"
     with pytest.raises(CapabilityFault) as ei:
         cuda.launch(g.blocked_kernels(True)["panel"], [A, tau, work], args=(40, 0, 32),
                     grid=1, block=64)

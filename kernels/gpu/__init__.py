@@ -4,7 +4,9 @@ Blocked Householder QR with compact WY, driven from the host as a sequence of
 checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
 
 1. ``gpu_qr_panel`` (kernels/gpu/panel.c, one block per matrix) factors the
-   panel and forms its T factor;
+   panel and forms its T factor; panels of more than ``TALL_ROWS`` rows use
+   ``gpu_qr_panel_tall`` (kernels/gpu/panel_tall.c: 8-column sub-panels in a
+   contiguous, L1-sized scratch area) instead;
 2. ``gpu_qr_update`` (kernels/gpu/update.c, one block per (matrix, 32-column
    strip)) applies ``I - V T^T V^T`` to the trailing columns.
 
@@ -25,24 +27,29 @@ import numpy as np
 
 _HERE = Path(__file__).parent
 PANEL_SOURCE = (_HERE / "panel.c").read_text()
+PANEL_TALL_SOURCE = (_HERE / "panel_tall.c").read_text()
 UPDATE_SOURCE = (_HERE / "update.c").read_text()
 QR_SOURCE = (_HERE / "qr.c").read_text()  # unblocked one-block-per-matrix kernel (baseline)
 
 NB = 32            #: panel width (one warp lane per panel column)
 STRIP = 32         #: trailing columns per update block
 UPDATE_BLOCK = 256
+TALL_ROWS = 768    #: panels with more rows go to gpu_qr_panel_tall
+TALL_BLOCK = 512
 T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
 MAX_N = 4096       #: smem_v of the unblocked baseline kernel
 #: The update kernel's 4x4 register tiles fit in 128 registers (2 blocks per SM); the
 #: same limit for checked and raw builds, so the overhead comparison stays like for like.
 UPDATE_OPTIONS = ("--maxrregcount=128",)
+#: gpu_qr_panel_tall runs 512 threads, so at most 128 registers each.
+TALL_OPTIONS = ("--maxrregcount=128",)
 
 
 @dataclass(frozen=True)
 class Launch:
     """One step of the launch sequence: kernel name, grid, block and scalar args."""
 
-    kernel: str          # "panel" or "update"
+    kernel: str          # "panel", "panel_tall" or "update"
     grid: int
     block: int
     args: tuple[int, ...]
@@ -54,14 +61,17 @@ def panel_block(rows: int) -> int:
     return 32 * warps
 
 
-def launch_plan(batch: int, n: int) -> list[Launch]:
+def launch_plan(batch: int, n: int, tall_rows: int = TALL_ROWS) -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU)."""
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
     plan = []
     for k0 in range(0, n, NB):
         nb = min(NB, n - k0)
-        plan.append(Launch("panel", batch, panel_block(n - k0), (n, k0, nb)))
+        if n - k0 > tall_rows:
+            plan.append(Launch("panel_tall", batch, TALL_BLOCK, (n, k0, nb)))
+        else:
+            plan.append(Launch("panel", batch, panel_block(n - k0), (n, k0, nb)))
         rest = n - k0 - nb
         if rest > 0:
             strips = -(-rest // STRIP)
@@ -75,6 +85,8 @@ def blocked_kernels(checked: bool = True) -> dict[str, Any]:
     from runtime import cuda
 
     return {"panel": cuda.compile(PANEL_SOURCE, "gpu_qr_panel", checked=checked),
+            "panel_tall": cuda.compile(PANEL_TALL_SOURCE, "gpu_qr_panel_tall", checked=checked,
+                                       options=TALL_OPTIONS),
             "update": cuda.compile(UPDATE_SOURCE, "gpu_qr_update", checked=checked,
                                    options=UPDATE_OPTIONS)}
 
@@ -84,20 +96,34 @@ def work_size(batch: int) -> int:
     return batch * T_SIZE
 
 
-def qr_launch(A: Any, tau: Any, work: Any, n: int, *, checked: bool = True,
+def scratch_size(batch: int, n: int) -> int:
+    """Floats of the tall panel's scratch buffer (n x 8 per matrix)."""
+    return batch * n * 8
+
+
+def caps_for(step: Launch, A: Any, tau: Any, work: Any, scratch: Any) -> list[Any]:
+    """The capability arguments of one launch of the plan."""
+    if step.kernel == "panel":
+        return [A, tau, work]
+    if step.kernel == "panel_tall":
+        return [A, tau, work, scratch]
+    return [A, work]
+
+
+def qr_launch(A: Any, tau: Any, work: Any, scratch: Any, n: int, *, checked: bool = True,
               timeout: float | None = None) -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
-    ``tau`` holds batch * n floats, ``work`` :func:`work_size` floats.
+    ``tau`` holds batch * n floats, ``work`` :func:`work_size` floats,
+    ``scratch`` :func:`scratch_size` floats.
     """
     from runtime import cuda
 
     batch = A.nbytes // (4 * n * n)
     ks = blocked_kernels(checked)
     for step in launch_plan(batch, n):
-        caps = [A, tau, work] if step.kernel == "panel" else [A, work]
-        cuda.launch(ks[step.kernel], caps, args=step.args, grid=step.grid, block=step.block,
-                    timeout=timeout)
+        cuda.launch(ks[step.kernel], caps_for(step, A, tau, work, scratch), args=step.args,
+                    grid=step.grid, block=step.block, timeout=timeout)
 
 
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None
@@ -114,11 +140,12 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
     work = cuda.alloc_device(work_size(batch), np.float32, name="work")
+    scratch = cuda.alloc_device(scratch_size(batch, n), np.float32, name="scratch")
     try:
-        qr_launch(A, tau, work, n, checked=checked, timeout=timeout)
+        qr_launch(A, tau, work, scratch, n, checked=checked, timeout=timeout)
         return A.numpy(), tau.numpy()
     finally:
-        for c in (A, tau, work):
+        for c in (A, tau, work, scratch):
             c.free()
 
 
@@ -164,10 +191,12 @@ def qr_device(A: Any, *, checked: bool = True, timeout: float | None = None) -> 
         drv.check(drv.lib().cuMemcpyDtoD_v2(H.ptr, A.ptr, A.nbytes), "cuMemcpyDtoD")
         T = cuda.alloc_device(shape[:-1], np.float32, name="qr.tau")
     work = cuda.alloc_device(work_size(batch), np.float32, name="qr.work")
+    scratch = cuda.alloc_device(scratch_size(batch, n), np.float32, name="qr.scratch")
     try:
-        qr_launch(H, T, work, n, checked=checked, timeout=timeout)
+        qr_launch(H, T, work, scratch, n, checked=checked, timeout=timeout)
     finally:
         work.free()
+        scratch.free()
     if is_torch:
         H.free()
         T.free()
