@@ -108,7 +108,7 @@ def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int) -> None
     M[k0:, k0 + nb:] = (C - V @ W).astype(np.float32)
 
 
-def model_qr(a: np.ndarray, tall_rows: int = g.TALL_ROWS) -> tuple[np.ndarray, np.ndarray]:
+def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Run the launch plan through the numpy model."""
     batch, n, _ = a.shape
     H = a.astype(np.float32).copy()

@@ -61,8 +61,13 @@ def panel_block(rows: int) -> int:
     return 32 * warps
 
 
-def launch_plan(batch: int, n: int, tall_rows: int = TALL_ROWS) -> list[Launch]:
-    """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU)."""
+def launch_plan(batch: int, n: int, tall_rows: int | None = None) -> list[Launch]:
+    """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
+
+    Panels of more than ``tall_rows`` rows (default :data:`TALL_ROWS`) use the
+    tall-panel kernel.
+    """
+    tall_rows = TALL_ROWS if tall_rows is None else tall_rows
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
     plan = []
