@@ -125,11 +125,12 @@ def _profile(g, A, tau, work, scratch, n: int, plan: list) -> dict:
         e.record()
     evs[-1][1].synchronize()
     wall = (time.perf_counter() - t0) * 1e3
-    gpu = {"panel": 0.0, "panel_tall": 0.0, "update": 0.0}
+    gpu: dict[str, float] = {}
     for (s, e), step in zip(evs, plan, strict=True):
-        gpu[step.kernel] += s.elapsed_ms(e)
-    return {"wall_ms": wall, "panel_gpu_ms": gpu["panel"] + gpu["panel_tall"],
-            "panel_tall_gpu_ms": gpu["panel_tall"], "update_gpu_ms": gpu["update"],
+        gpu[step.kernel] = gpu.get(step.kernel, 0.0) + s.elapsed_ms(e)
+    return {"wall_ms": wall, "gpu_ms_by_kernel": gpu,
+            "panel_gpu_ms": sum(v for k, v in gpu.items() if k.startswith("panel")),
+            "update_gpu_ms": sum(v for k, v in gpu.items() if k.startswith("update")),
             "launches": len(plan),
             "host_ms_per_launch": (wall - sum(gpu.values())) / len(plan)}
 

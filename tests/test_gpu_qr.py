@@ -118,9 +118,11 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, n
         for b in range(batch):
             if step.kernel == "panel":
                 T[b] = model_panel(H[b], tau[b], *step.args)
+            elif step.kernel == "panel_small":
+                T[b] = model_panel(H[b], tau[b], *step.args)  # same arithmetic, in smem
             elif step.kernel == "panel_tall":
                 T[b] = model_panel_tall(H[b], tau[b], *step.args)
-            else:
+            elif step.kernel == "update_apply":
                 model_update(H[b], T[b], *step.args[:3])
     return H, tau
 
@@ -134,14 +136,25 @@ def test_plan_covers_each_column_once(batch: int, n: int) -> None:
     panels = [s for s in plan if s.kernel.startswith("panel")]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))
+    kinds = [s.kernel for s in plan]
+    for i, k in enumerate(kinds):  # each Z launch is followed by its apply launch
+        assert (k == "update_z") == (i + 1 < len(kinds) and kinds[i + 1] == "update_apply")
     for s in plan:
         assert s.block % 32 == 0 and 32 <= s.block <= 1024
-        if s.kernel == "update":
-            _, k0, nb, strips = s.args
-            assert s.grid == batch * strips
+        if s.kernel.startswith("update"):
+            _, k0, nb, strips, nrb, rb = s.args
+            assert s.grid == batch * strips * nrb and rb % g.CHUNK == 0
             assert strips * g.STRIP >= n - k0 - nb > (strips - 1) * g.STRIP
+            assert nrb * rb >= n - k0 > (nrb - 1) * rb  # row blocks cover the rows, none empty
         else:
             assert s.grid == batch and 1 <= s.args[2] <= g.NB
+            rows = n - s.args[1]
+            assert (s.kernel, s.block) == (
+                ("panel_small", g.SMALL_BLOCK) if rows <= g.SMALL_ROWS else
+                ("panel_tall", g.TALL_BLOCK) if rows > g.TALL_ROWS else ("panel", g.PANEL_BLOCK))
+            src = {"panel": g.PANEL_SOURCE, "panel_small": g.PANEL_SMALL_SOURCE,
+                   "panel_tall": g.PANEL_TALL_SOURCE}[s.kernel]
+            assert f"int64_t P = {s.block};" in src  # the block the kernel is written for
 
 
 def test_plan_rejects_empty() -> None:
@@ -168,16 +181,24 @@ def test_model_matches_lapack_compact_form() -> None:
 
 
 @pytest.mark.parametrize("name,src", [("gpu_qr_panel", g.PANEL_SOURCE),
+                                      ("gpu_qr_panel_small", g.PANEL_SMALL_SOURCE),
                                       ("gpu_qr_panel_tall", g.PANEL_TALL_SOURCE),
-                                      ("gpu_qr_update", g.UPDATE_SOURCE)])
+                                      ("gpu_qr_update_z", g.UPDATE_SOURCE),
+                                      ("gpu_qr_update_apply", g.UPDATE_SOURCE)])
 def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
     from runtime.cuda import translate
 
     for checked in (True, False):
         cs = translate(src, checked=checked)
         assert name in cs.kernels
-    # every global access of the update's inner loops is covered by a hoisted range check
-    assert "rt_uload_f32" in translate(src, checked=True).text
+    # the loops over rows are versioned: one range check per loop, unchecked accesses inside
+    assert "rt_range_ok" in translate(src, checked=True).text
+
+
+def test_update_source_is_generated() -> None:
+    from kernels.gpu import gen_update
+
+    assert gen_update.source() == g.UPDATE_SOURCE, "run python -m kernels.gpu.gen_update"
 
 
 def test_on_device_routes_only_device_inputs() -> None:
@@ -233,8 +254,9 @@ def _check_both(a: np.ndarray) -> None:
 @needs_gpu
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES)
 def test_contest_shape(batch: int, n: int) -> None:
-    if n >= 2048:
-        batch = 1  # the checker's float64 LAPACK calls on the host dominate otherwise
+    # the checker's float64 LAPACK calls on the host dominate otherwise (the bench checks
+    # every matrix of every contest shape)
+    batch = 1 if n >= 2048 else min(batch, 16)
     _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32))
 
 
@@ -284,5 +306,5 @@ def test_panel_launch_past_the_matrix_faults() -> None:
     assert ei.value.kernel == "gpu_qr_panel_tall"
     with pytest.raises(CapabilityFault) as ei:
         cuda.launch(g.blocked_kernels(True)["panel"], [A, tau, work], args=(40, 0, 32),
-                    grid=1, block=64)
+                    grid=1, block=g.PANEL_BLOCK)
     assert ei.value.kernel == "gpu_qr_panel" and ei.value.buffer == "A"

@@ -3,12 +3,15 @@
 Blocked Householder QR with compact WY, driven from the host as a sequence of
 checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
 
-1. ``gpu_qr_panel`` (kernels/gpu/panel.c, one block per matrix) factors the
-   panel and forms its T factor; panels of more than ``TALL_ROWS`` rows use
-   ``gpu_qr_panel_tall`` (kernels/gpu/panel_tall.c: 8-column sub-panels in a
-   contiguous, L1-sized scratch area) instead;
-2. ``gpu_qr_update`` (kernels/gpu/update.c, one block per (matrix, 32-column
-   strip)) applies ``I - V T^T V^T`` to the trailing columns.
+1. a panel kernel (one block per matrix) factors the panel and forms its T
+   factor: ``gpu_qr_panel_small`` (kernels/gpu/panel_small.c, the panel in
+   shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel_tall``
+   (kernels/gpu/panel_tall.c, 8-column sub-panels in an L1-sized scratch area)
+   for more than ``TALL_ROWS``, ``gpu_qr_panel`` (kernels/gpu/panel.c) between;
+2. ``gpu_qr_update_z`` and ``gpu_qr_update_apply`` (kernels/gpu/update.c, one
+   block per (matrix, 32-column strip, row block)) apply ``I - V T^T V^T`` to
+   the trailing columns; the row blocks are cut so that the grid has at least
+   ``TARGET_BLOCKS`` blocks where the matrix allows.
 
 The result is LAPACK's compact form (as ``scipy.linalg.qr(mode='raw')`` in
 row-major orientation, like kernels.qr).  Every launch is a normal
@@ -28,6 +31,7 @@ import numpy as np
 _HERE = Path(__file__).parent
 PANEL_SOURCE = (_HERE / "panel.c").read_text()
 PANEL_TALL_SOURCE = (_HERE / "panel_tall.c").read_text()
+PANEL_SMALL_SOURCE = (_HERE / "panel_small.c").read_text()
 UPDATE_SOURCE = (_HERE / "update.c").read_text()
 QR_SOURCE = (_HERE / "qr.c").read_text()  # unblocked one-block-per-matrix kernel (baseline)
 
@@ -35,12 +39,18 @@ NB = 32            #: panel width (one warp lane per panel column)
 STRIP = 32         #: trailing columns per update block
 UPDATE_BLOCK = 256
 TALL_ROWS = 768    #: panels with more rows go to gpu_qr_panel_tall
-TALL_BLOCK = 512
+SMALL_ROWS = 256   #: panels with at most this many rows go to gpu_qr_panel_small
+CHUNK = 128        #: rows per shared-memory chunk of the update kernels
+TARGET_BLOCKS = 264  #: two resident update blocks on each of the H200's 132 SMs
+#: Threads of each panel kernel: written into its source as P (constant loop steps).
+PANEL_BLOCK, SMALL_BLOCK, TALL_BLOCK = 1024, 256, 512
 T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
 MAX_N = 4096       #: smem_v of the unblocked baseline kernel
-#: The update kernel's 4x4 register tiles fit in 128 registers (2 blocks per SM); the
+#: The update kernels' 4x4 register tiles fit in 128 registers (2 blocks per SM); the
 #: same limit for checked and raw builds, so the overhead comparison stays like for like.
 UPDATE_OPTIONS = ("--maxrregcount=128",)
+#: gpu_qr_panel runs 1024 threads, so at most 64 registers each (the checked build wants 70).
+PANEL_OPTIONS = ("--maxrregcount=64",)
 #: gpu_qr_panel_tall runs 512 threads, so at most 128 registers each.
 TALL_OPTIONS = ("--maxrregcount=128",)
 
@@ -49,16 +59,12 @@ TALL_OPTIONS = ("--maxrregcount=128",)
 class Launch:
     """One step of the launch sequence: kernel name, grid, block and scalar args."""
 
-    kernel: str          # "panel", "panel_tall" or "update"
+    kernel: str          # "panel", "panel_small", "panel_tall", "update_z", "update_apply"
     grid: int
     block: int
     args: tuple[int, ...]
 
 
-def panel_block(rows: int) -> int:
-    """Threads for a panel of ``rows`` rows: a warp per 16 rows, 1..32 warps."""
-    warps = min(32, max(1, -(-rows // 16)))
-    return 32 * warps
 
 
 def launch_plan(batch: int, n: int, tall_rows: int | None = None) -> list[Launch]:
@@ -72,15 +78,24 @@ def launch_plan(batch: int, n: int, tall_rows: int | None = None) -> list[Launch
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
     plan = []
     for k0 in range(0, n, NB):
-        nb = min(NB, n - k0)
-        if n - k0 > tall_rows:
+        nb, m = min(NB, n - k0), n - k0
+        if m > tall_rows:
             plan.append(Launch("panel_tall", batch, TALL_BLOCK, (n, k0, nb)))
+        elif m <= SMALL_ROWS:
+            plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb)))
         else:
-            plan.append(Launch("panel", batch, panel_block(n - k0), (n, k0, nb)))
+            plan.append(Launch("panel", batch, PANEL_BLOCK, (n, k0, nb)))
         rest = n - k0 - nb
         if rest > 0:
             strips = -(-rest // STRIP)
-            plan.append(Launch("update", batch * strips, UPDATE_BLOCK, (n, k0, nb, strips)))
+            chunks = -(-m // CHUNK)
+            want = max(1, -(-TARGET_BLOCKS // (batch * strips)))
+            rb = CHUNK * -(-chunks // min(chunks, want))
+            nrb = -(-m // rb)
+            args = (n, k0, nb, strips, nrb, rb)
+            grid = batch * strips * nrb
+            plan.append(Launch("update_z", grid, UPDATE_BLOCK, args))
+            plan.append(Launch("update_apply", grid, UPDATE_BLOCK, args))
     return plan
 
 
@@ -89,11 +104,16 @@ def blocked_kernels(checked: bool = True) -> dict[str, Any]:
     """The compiled panel and update kernels (checked or raw build), cached per process."""
     from runtime import cuda
 
-    return {"panel": cuda.compile(PANEL_SOURCE, "gpu_qr_panel", checked=checked),
+    return {"panel": cuda.compile(PANEL_SOURCE, "gpu_qr_panel", checked=checked,
+                                  options=PANEL_OPTIONS),
+            "panel_small": cuda.compile(PANEL_SMALL_SOURCE, "gpu_qr_panel_small",
+                                        checked=checked),
             "panel_tall": cuda.compile(PANEL_TALL_SOURCE, "gpu_qr_panel_tall", checked=checked,
                                        options=TALL_OPTIONS),
-            "update": cuda.compile(UPDATE_SOURCE, "gpu_qr_update", checked=checked,
-                                   options=UPDATE_OPTIONS)}
+            "update_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_z", checked=checked,
+                                     options=UPDATE_OPTIONS),
+            "update_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_apply",
+                                         checked=checked, options=UPDATE_OPTIONS)}
 
 
 def work_size(batch: int) -> int:
@@ -102,17 +122,18 @@ def work_size(batch: int) -> int:
 
 
 def scratch_size(batch: int, n: int) -> int:
-    """Floats of the tall panel's scratch buffer (n x 8 per matrix)."""
-    return batch * n * 8
+    """Floats of the scratch buffer: the tall panel's n x 8 per matrix, or the update's
+    parts of Z (32 x 32 per block), whichever is larger."""
+    z = max((s.grid for s in launch_plan(batch, n) if s.kernel == "update_z"), default=0)
+    return max(batch * n * 8, z * T_SIZE)
 
 
 def caps_for(step: Launch, A: Any, tau: Any, work: Any, scratch: Any) -> list[Any]:
-    """The capability arguments of one launch of the plan."""
-    if step.kernel == "panel":
-        return [A, tau, work]
-    if step.kernel == "panel_tall":
-        return [A, tau, work, scratch]
-    return [A, work]
+    """The capability arguments of one launch of the plan (``work``: T, ``scratch``:
+    the tall panel's sub-panels or the parts of Z)."""
+    return {"panel": [A, tau, work], "panel_small": [A, tau, work],
+            "panel_tall": [A, tau, work, scratch], "update_z": [A, scratch],
+            "update_apply": [A, work, scratch]}[step.kernel]
 
 
 def qr_launch(A: Any, tau: Any, work: Any, scratch: Any, n: int, *, checked: bool = True,

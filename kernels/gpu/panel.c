@@ -17,7 +17,8 @@
  * derives ||x||, tau, and v . a_c = A[kj][c] + scale * sum, so
  *   c > j:  w_c = tau (v . a_c), the update a_c -= v w_c;
  *   c < j:  y_cj = v_c . v_j, the column of T (slarft) formed at the end.
- * Four barriers per column; the block size is a multiple of 32, <= 1024.
+ * Four barriers per column.  Launched with 1024 threads (written into the kernel
+ * as P, so the loop steps and their hoisted range checks are constants).
  */
 KERNEL void gpu_qr_panel(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t k0, int64_t nb)
 {
@@ -29,7 +30,7 @@ KERNEL void gpu_qr_panel(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t k0, in
     float smem_tt[1024];
     int64_t b = rt_block_idx();
     int64_t t = rt_thread_idx();
-    int64_t P = rt_block_dim();
+    int64_t P = 1024;   /* launched with exactly 1024 threads: constant loop steps */
     int64_t lane = t % 32;
     int64_t warp = t / 32;
     int64_t nw = P / 32;

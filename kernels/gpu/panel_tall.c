@@ -13,7 +13,7 @@
  * Last, T of the whole panel comes from the Gram matrix G = V^T V (slarft:
  * T[i][j] = -tau_j sum_{l=i}^{j-1} T[i][l] G[l][j]), computed from 64-row chunks of
  * V in shared memory with 4 x 4 register tiles (threads 0 .. 255).
- * The block size is a multiple of 32 between 256 and 512.
+ * Launched with 512 threads.
  */
 KERNEL void gpu_qr_panel_tall(cap_t A, cap_t tau, cap_t Tw, cap_t Pw, int64_t n, int64_t k0,
                               int64_t nb)
