@@ -27,7 +27,7 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def bench_shape(batch: int, n: int, repeat: int) -> dict:
+def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -> dict:
     """Time checked, raw and torch.geqrf for one (batch, n)."""
     import kernels.gpu as g
     from runtime import cuda
@@ -44,8 +44,8 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
 
     work = cuda.alloc_device(g.work_size(batch), np.float32, name="work")
     scratch = cuda.alloc_device(g.scratch_size(batch, n), np.float32, name="scratch")
-    plan = g.launch_plan(batch, n)
-    row: dict = {"batch": batch, "n": n, "launches": len(plan)}
+    plan = g.launch_plan(batch, n, tall_rows)
+    row: dict = {"batch": batch, "n": n, "launches": len(plan), "tall_rows": tall_rows}
     outs = {}
     start, end = drv.Event(), drv.Event()
     for name, checked in (("checked", True), ("raw", False)):
@@ -55,7 +55,7 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
             restore()
             drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
             start.record()
-            g.qr_launch(A, tau, work, scratch, n, checked=checked)
+            g.qr_launch(A, tau, work, scratch, n, checked=checked, tall_rows=tall_rows)
             end.record()
             end.synchronize()
             if it:
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> Path:
                     help="repeats for n >= 4096 (each launch takes seconds there)")
     ap.add_argument("--shapes", default="", help="e.g. 20x32,40x176 (default: contest shapes)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--tall-rows", type=int, default=None,
+                    help="use the tall-panel kernel for panels of more rows (default: never)")
     ns = ap.parse_args(argv)
     from runtime.cuda import driver as drv
 
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> Path:
                                        f"gpu-{_dt.date.today().isoformat()}.json")
     for b, n in shapes:
         rep = ns.repeat_large if n >= 4096 else ns.repeat
-        r = bench_shape(b, n, rep)
+        r = bench_shape(b, n, rep, ns.tall_rows)
         r["repeat"] = rep
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive

@@ -151,7 +151,7 @@ def test_plan_covers_each_column_once(batch: int, n: int) -> None:
             rows = n - s.args[1]
             assert (s.kernel, s.block) == (
                 ("panel_small", g.SMALL_BLOCK) if rows <= g.SMALL_ROWS else
-                ("panel_tall", g.TALL_BLOCK) if rows > g.TALL_ROWS else ("panel", g.PANEL_BLOCK))
+                ("panel", g.PANEL_BLOCK))
             if s.kernel != "panel_tall":  # the others are written for one block size
                 src = {"panel": g.PANEL_SOURCE, "panel_small": g.PANEL_SMALL_SOURCE}[s.kernel]
                 assert f"int64_t P = {s.block};" in src
@@ -162,7 +162,7 @@ def test_plan_rejects_empty() -> None:
         g.launch_plan(0, 4)
 
 
-@pytest.mark.parametrize("tall_rows", [g.TALL_ROWS, 40])
+@pytest.mark.parametrize("tall_rows", [None, 40])
 @pytest.mark.parametrize("batch,n", [(2, 32), (2, 40), (1, 96), (1, 130)])
 def test_model_of_the_kernels_passes_the_checker(batch: int, n: int, tall_rows: int) -> None:
     a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
@@ -240,9 +240,9 @@ STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "z
           "duplicate_columns", "huge", "tiny"]
 
 
-def _check_both(a: np.ndarray) -> None:
-    H, tau = g.qr(a, checked=True)
-    Hr, taur = g.qr(a, checked=False)
+def _check_both(a: np.ndarray, tall_rows: int | None = None) -> None:
+    H, tau = g.qr(a, checked=True, tall_rows=tall_rows)
+    Hr, taur = g.qr(a, checked=False, tall_rows=tall_rows)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
     assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
     rep = kernels.check(a, H, tau)
@@ -262,7 +262,15 @@ def test_contest_shape(batch: int, n: int) -> None:
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("n", [1, 5, 33, 100, 161])
+@pytest.mark.parametrize("batch,n", [(2, 300), (1, 1024)])
+def test_tall_panel_path(batch: int, n: int) -> None:
+    _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32),
+                tall_rows=256)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("n", [1, 5, 33, 100, 161, 300])
 def test_odd_sizes(n: int) -> None:
     _check_both(np.random.default_rng(n).standard_normal((3, n, n)).astype(np.float32))
 

@@ -5,9 +5,10 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
 
 1. a panel kernel (one block per matrix) factors the panel and forms its T
    factor: ``gpu_qr_panel_small`` (kernels/gpu/panel_small.c, the panel in
-   shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel_tall``
-   (kernels/gpu/panel_tall.c, 8-column sub-panels in an L1-sized scratch area)
-   for more than ``TALL_ROWS``, ``gpu_qr_panel`` (kernels/gpu/panel.c) between;
+   shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel`` (kernels/
+   gpu/panel.c) above; ``gpu_qr_panel_tall`` (kernels/gpu/panel_tall.c, 8-column
+   sub-panels in a contiguous scratch area) on request (``tall_rows``) for the
+   panels of more rows than that;
 2. ``gpu_qr_update_z`` and ``gpu_qr_update_apply`` (kernels/gpu/update.c, one
    block per (matrix, 32-column strip, row block)) apply ``I - V T^T V^T`` to
    the trailing columns; the row blocks are cut so that the grid has at least
@@ -38,19 +39,18 @@ QR_SOURCE = (_HERE / "qr.c").read_text()  # unblocked one-block-per-matrix kerne
 NB = 32            #: panel width (one warp lane per panel column)
 STRIP = 32         #: trailing columns per update block
 UPDATE_BLOCK = 256
-TALL_ROWS = 768    #: panels with more rows go to gpu_qr_panel_tall
 SMALL_ROWS = 256   #: panels with at most this many rows go to gpu_qr_panel_small
 CHUNK = 128        #: rows per shared-memory chunk of the update kernels
 TARGET_BLOCKS = 264  #: two resident update blocks on each of the H200's 132 SMs
 #: Threads of each panel kernel: written into its source as P (constant loop steps).
-PANEL_BLOCK, SMALL_BLOCK, TALL_BLOCK = 1024, 256, 512
+PANEL_BLOCK, SMALL_BLOCK, TALL_BLOCK = 512, 256, 512
 T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
 MAX_N = 4096       #: smem_v of the unblocked baseline kernel
 #: The update kernels' 4x4 register tiles fit in 128 registers (2 blocks per SM); the
 #: same limit for checked and raw builds, so the overhead comparison stays like for like.
 UPDATE_OPTIONS = ("--maxrregcount=128",)
-#: gpu_qr_panel runs 1024 threads, so at most 64 registers each (the checked build wants 70).
-PANEL_OPTIONS = ("--maxrregcount=64",)
+#: gpu_qr_panel runs 512 threads, so at most 128 registers each.
+PANEL_OPTIONS = ("--maxrregcount=128",)
 #: gpu_qr_panel_tall runs 512 threads, so at most 128 registers each.
 TALL_OPTIONS = ("--maxrregcount=128",)
 
@@ -70,16 +70,14 @@ class Launch:
 def launch_plan(batch: int, n: int, tall_rows: int | None = None) -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
 
-    Panels of more than ``tall_rows`` rows (default :data:`TALL_ROWS`) use the
-    tall-panel kernel.
+    Panels of more than ``tall_rows`` rows (default: none) use the tall-panel kernel.
     """
-    tall_rows = TALL_ROWS if tall_rows is None else tall_rows
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
     plan = []
     for k0 in range(0, n, NB):
         nb, m = min(NB, n - k0), n - k0
-        if m > tall_rows:
+        if tall_rows is not None and m > tall_rows:
             plan.append(Launch("panel_tall", batch, TALL_BLOCK, (n, k0, nb)))
         elif m <= SMALL_ROWS:
             plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb)))
@@ -123,7 +121,8 @@ def work_size(batch: int) -> int:
 
 def scratch_size(batch: int, n: int) -> int:
     """Floats of the scratch buffer: the tall panel's n x 8 per matrix, or the update's
-    parts of Z (32 x 32 per block), whichever is larger."""
+    parts of Z (32 x 32 per block), whichever is larger (the row blocks do not depend
+    on tall_rows)."""
     z = max((s.grid for s in launch_plan(batch, n) if s.kernel == "update_z"), default=0)
     return max(batch * n * 8, z * T_SIZE)
 
@@ -137,7 +136,7 @@ def caps_for(step: Launch, A: Any, tau: Any, work: Any, scratch: Any) -> list[An
 
 
 def qr_launch(A: Any, tau: Any, work: Any, scratch: Any, n: int, *, checked: bool = True,
-              timeout: float | None = None) -> None:
+              timeout: float | None = None, tall_rows: int | None = None) -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
     ``tau`` holds batch * n floats, ``work`` :func:`work_size` floats,
@@ -147,13 +146,13 @@ def qr_launch(A: Any, tau: Any, work: Any, scratch: Any, n: int, *, checked: boo
 
     batch = A.nbytes // (4 * n * n)
     ks = blocked_kernels(checked)
-    for step in launch_plan(batch, n):
+    for step in launch_plan(batch, n, tall_rows):
         cuda.launch(ks[step.kernel], caps_for(step, A, tau, work, scratch), args=step.args,
                     grid=step.grid, block=step.block, timeout=timeout)
 
 
-def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None
-       ) -> tuple[np.ndarray, np.ndarray]:
+def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
+       tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
@@ -168,7 +167,8 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None
     work = cuda.alloc_device(work_size(batch), np.float32, name="work")
     scratch = cuda.alloc_device(scratch_size(batch, n), np.float32, name="scratch")
     try:
-        qr_launch(A, tau, work, scratch, n, checked=checked, timeout=timeout)
+        qr_launch(A, tau, work, scratch, n, checked=checked, timeout=timeout,
+                  tall_rows=tall_rows)
         return A.numpy(), tau.numpy()
     finally:
         for c in (A, tau, work, scratch):

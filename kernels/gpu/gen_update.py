@@ -52,26 +52,31 @@ def _decls(out: list[str], z: bool, w: bool) -> None:
         out.append("    int64_t rg = t / 8;")
 
 
-def _chunk_load(out: list[str], with_c: bool, zero_tail: bool) -> None:
+def _chunk_load(out: list[str], with_c: bool) -> None:
+    """V and C rows r0 .. r0+127 into shared memory (zeros past rhi).
+
+    Each thread loads rows lr + 32 i + 8 k: the four loads of one i are issued
+    before any of them is stored, so a thread has several loads in flight (the
+    GPU issues in order: a load-store loop would wait out the latency per row).
+    """
     out.append("        int64_t rows = rhi - r0 < 128 ? rhi - r0 : 128;")
-    out.append("        for (int64_t rr = lr; rr < rows; rr += 8) {")
-    out.append("            float v = 0.0f;")
-    out.append("            float c = 0.0f;")
-    out.append("            if (lq < nb && r0 + rr > k0 + lq)")
-    out.append("                v = cap_load_f32(M, (r0 + rr) * n + k0 + lq);")
-    out.append("            if (lq < nb && r0 + rr == k0 + lq)")
-    out.append("                v = 1.0f;")
-    if with_c:
-        out.append("            if (cs + lq < n)")
-        out.append("                c = cap_load_f32(M, (r0 + rr) * n + cs + lq);")
-    out.append("            smem_v[rr * 33 + lq] = v;")
-    out.append("            smem_c[rr * 32 + lq] = c;")
+    out.append("        for (int64_t i = 0; i < 4; i++) {")
+    for k in I4:
+        rr = f"lr + 32 * i + {8 * k}"
+        out.append(f"            float v{k} = 0.0f;")
+        out.append(f"            float c{k} = 0.0f;")
+        out.append(f"            if ({rr} < rows && lq < nb && r0 + {rr} > k0 + lq)")
+        out.append(f"                v{k} = cap_load_f32(M, (r0 + {rr}) * n + k0 + lq);")
+        out.append(f"            if ({rr} < rows && lq < nb && r0 + {rr} == k0 + lq)")
+        out.append(f"                v{k} = 1.0f;")
+        if with_c:
+            out.append(f"            if ({rr} < rows && cs + lq < n)")
+            out.append(f"                c{k} = cap_load_f32(M, (r0 + {rr}) * n + cs + lq);")
+    for k in I4:
+        rr = f"lr + 32 * i + {8 * k}"
+        out.append(f"            smem_v[({rr}) * 33 + lq] = v{k};")
+        out.append(f"            smem_c[({rr}) * 32 + lq] = c{k};")
     out.append("        }")
-    if zero_tail:
-        out.append("        for (int64_t rr = rows + lr; rr < 128; rr += 8) {")
-        out.append("            smem_v[rr * 33 + lq] = 0.0f;")
-        out.append("            smem_c[rr * 32 + lq] = 0.0f;")
-        out.append("        }")
     out.append("        rt_sync_threads();")
 
 
@@ -80,7 +85,7 @@ def _phase_z(out: list[str]) -> None:
     for i in I4:
         out.append("    " + " ".join(f"float z{i}{j} = 0.0f;" for j in I4))
     out.append("    for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {")
-    _chunk_load(out, with_c=True, zero_tail=True)
+    _chunk_load(out, with_c=True)
     out.append("        for (int64_t rr = g; rr < 128; rr += 4) {")
     for i in I4:
         out.append(f"            float p{i} = smem_v[rr * 33 + qg + {8 * i}];")
@@ -118,7 +123,7 @@ def _phase_w(out: list[str]) -> None:
 def _phase_apply(out: list[str]) -> None:
     """C -= V W on rows rlo .. rhi-1."""
     out.append("    for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {")
-    _chunk_load(out, with_c=True, zero_tail=False)
+    _chunk_load(out, with_c=True)
     for i in I4:
         for j in I4:
             out.append(f"        float a{i}{j} = smem_c[(rg + {32 * i}) * 32 + cg + {8 * j}];")

@@ -49,21 +49,47 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb
     float z30 = 0.0f; float z31 = 0.0f; float z32 = 0.0f; float z33 = 0.0f;
     for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {
         int64_t rows = rhi - r0 < 128 ? rhi - r0 : 128;
-        for (int64_t rr = lr; rr < rows; rr += 8) {
-            float v = 0.0f;
-            float c = 0.0f;
-            if (lq < nb && r0 + rr > k0 + lq)
-                v = cap_load_f32(M, (r0 + rr) * n + k0 + lq);
-            if (lq < nb && r0 + rr == k0 + lq)
-                v = 1.0f;
-            if (cs + lq < n)
-                c = cap_load_f32(M, (r0 + rr) * n + cs + lq);
-            smem_v[rr * 33 + lq] = v;
-            smem_c[rr * 32 + lq] = c;
-        }
-        for (int64_t rr = rows + lr; rr < 128; rr += 8) {
-            smem_v[rr * 33 + lq] = 0.0f;
-            smem_c[rr * 32 + lq] = 0.0f;
+        for (int64_t i = 0; i < 4; i++) {
+            float v0 = 0.0f;
+            float c0 = 0.0f;
+            if (lr + 32 * i + 0 < rows && lq < nb && r0 + lr + 32 * i + 0 > k0 + lq)
+                v0 = cap_load_f32(M, (r0 + lr + 32 * i + 0) * n + k0 + lq);
+            if (lr + 32 * i + 0 < rows && lq < nb && r0 + lr + 32 * i + 0 == k0 + lq)
+                v0 = 1.0f;
+            if (lr + 32 * i + 0 < rows && cs + lq < n)
+                c0 = cap_load_f32(M, (r0 + lr + 32 * i + 0) * n + cs + lq);
+            float v1 = 0.0f;
+            float c1 = 0.0f;
+            if (lr + 32 * i + 8 < rows && lq < nb && r0 + lr + 32 * i + 8 > k0 + lq)
+                v1 = cap_load_f32(M, (r0 + lr + 32 * i + 8) * n + k0 + lq);
+            if (lr + 32 * i + 8 < rows && lq < nb && r0 + lr + 32 * i + 8 == k0 + lq)
+                v1 = 1.0f;
+            if (lr + 32 * i + 8 < rows && cs + lq < n)
+                c1 = cap_load_f32(M, (r0 + lr + 32 * i + 8) * n + cs + lq);
+            float v2 = 0.0f;
+            float c2 = 0.0f;
+            if (lr + 32 * i + 16 < rows && lq < nb && r0 + lr + 32 * i + 16 > k0 + lq)
+                v2 = cap_load_f32(M, (r0 + lr + 32 * i + 16) * n + k0 + lq);
+            if (lr + 32 * i + 16 < rows && lq < nb && r0 + lr + 32 * i + 16 == k0 + lq)
+                v2 = 1.0f;
+            if (lr + 32 * i + 16 < rows && cs + lq < n)
+                c2 = cap_load_f32(M, (r0 + lr + 32 * i + 16) * n + cs + lq);
+            float v3 = 0.0f;
+            float c3 = 0.0f;
+            if (lr + 32 * i + 24 < rows && lq < nb && r0 + lr + 32 * i + 24 > k0 + lq)
+                v3 = cap_load_f32(M, (r0 + lr + 32 * i + 24) * n + k0 + lq);
+            if (lr + 32 * i + 24 < rows && lq < nb && r0 + lr + 32 * i + 24 == k0 + lq)
+                v3 = 1.0f;
+            if (lr + 32 * i + 24 < rows && cs + lq < n)
+                c3 = cap_load_f32(M, (r0 + lr + 32 * i + 24) * n + cs + lq);
+            smem_v[(lr + 32 * i + 0) * 33 + lq] = v0;
+            smem_c[(lr + 32 * i + 0) * 32 + lq] = c0;
+            smem_v[(lr + 32 * i + 8) * 33 + lq] = v1;
+            smem_c[(lr + 32 * i + 8) * 32 + lq] = c1;
+            smem_v[(lr + 32 * i + 16) * 33 + lq] = v2;
+            smem_c[(lr + 32 * i + 16) * 32 + lq] = c2;
+            smem_v[(lr + 32 * i + 24) * 33 + lq] = v3;
+            smem_c[(lr + 32 * i + 24) * 32 + lq] = c3;
         }
         rt_sync_threads();
         for (int64_t rr = g; rr < 128; rr += 4) {
@@ -160,17 +186,47 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
     rt_sync_threads();
     for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {
         int64_t rows = rhi - r0 < 128 ? rhi - r0 : 128;
-        for (int64_t rr = lr; rr < rows; rr += 8) {
-            float v = 0.0f;
-            float c = 0.0f;
-            if (lq < nb && r0 + rr > k0 + lq)
-                v = cap_load_f32(M, (r0 + rr) * n + k0 + lq);
-            if (lq < nb && r0 + rr == k0 + lq)
-                v = 1.0f;
-            if (cs + lq < n)
-                c = cap_load_f32(M, (r0 + rr) * n + cs + lq);
-            smem_v[rr * 33 + lq] = v;
-            smem_c[rr * 32 + lq] = c;
+        for (int64_t i = 0; i < 4; i++) {
+            float v0 = 0.0f;
+            float c0 = 0.0f;
+            if (lr + 32 * i + 0 < rows && lq < nb && r0 + lr + 32 * i + 0 > k0 + lq)
+                v0 = cap_load_f32(M, (r0 + lr + 32 * i + 0) * n + k0 + lq);
+            if (lr + 32 * i + 0 < rows && lq < nb && r0 + lr + 32 * i + 0 == k0 + lq)
+                v0 = 1.0f;
+            if (lr + 32 * i + 0 < rows && cs + lq < n)
+                c0 = cap_load_f32(M, (r0 + lr + 32 * i + 0) * n + cs + lq);
+            float v1 = 0.0f;
+            float c1 = 0.0f;
+            if (lr + 32 * i + 8 < rows && lq < nb && r0 + lr + 32 * i + 8 > k0 + lq)
+                v1 = cap_load_f32(M, (r0 + lr + 32 * i + 8) * n + k0 + lq);
+            if (lr + 32 * i + 8 < rows && lq < nb && r0 + lr + 32 * i + 8 == k0 + lq)
+                v1 = 1.0f;
+            if (lr + 32 * i + 8 < rows && cs + lq < n)
+                c1 = cap_load_f32(M, (r0 + lr + 32 * i + 8) * n + cs + lq);
+            float v2 = 0.0f;
+            float c2 = 0.0f;
+            if (lr + 32 * i + 16 < rows && lq < nb && r0 + lr + 32 * i + 16 > k0 + lq)
+                v2 = cap_load_f32(M, (r0 + lr + 32 * i + 16) * n + k0 + lq);
+            if (lr + 32 * i + 16 < rows && lq < nb && r0 + lr + 32 * i + 16 == k0 + lq)
+                v2 = 1.0f;
+            if (lr + 32 * i + 16 < rows && cs + lq < n)
+                c2 = cap_load_f32(M, (r0 + lr + 32 * i + 16) * n + cs + lq);
+            float v3 = 0.0f;
+            float c3 = 0.0f;
+            if (lr + 32 * i + 24 < rows && lq < nb && r0 + lr + 32 * i + 24 > k0 + lq)
+                v3 = cap_load_f32(M, (r0 + lr + 32 * i + 24) * n + k0 + lq);
+            if (lr + 32 * i + 24 < rows && lq < nb && r0 + lr + 32 * i + 24 == k0 + lq)
+                v3 = 1.0f;
+            if (lr + 32 * i + 24 < rows && cs + lq < n)
+                c3 = cap_load_f32(M, (r0 + lr + 32 * i + 24) * n + cs + lq);
+            smem_v[(lr + 32 * i + 0) * 33 + lq] = v0;
+            smem_c[(lr + 32 * i + 0) * 32 + lq] = c0;
+            smem_v[(lr + 32 * i + 8) * 33 + lq] = v1;
+            smem_c[(lr + 32 * i + 8) * 32 + lq] = c1;
+            smem_v[(lr + 32 * i + 16) * 33 + lq] = v2;
+            smem_c[(lr + 32 * i + 16) * 32 + lq] = c2;
+            smem_v[(lr + 32 * i + 24) * 33 + lq] = v3;
+            smem_c[(lr + 32 * i + 24) * 32 + lq] = c3;
         }
         rt_sync_threads();
         float a00 = smem_c[(rg + 0) * 32 + cg + 0];
