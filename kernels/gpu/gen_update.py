@@ -150,8 +150,10 @@ def _phase_apply(out: list[str]) -> None:
 
 def _load_t(out: list[str]) -> None:
     out.append("    cap_t TT = cap_offset_f32(Tw, b * 1024);")
-    out.append("    for (int64_t e = t; e < 1024; e += 256)")
-    out.append("        smem_t[e] = cap_load_f32(TT, e);")
+    for k in I4:  # four loads in flight, then the stores
+        out.append(f"    float tl{k} = cap_load_f32(TT, t + {256 * k});")
+    for k in I4:
+        out.append(f"    smem_t[t + {256 * k}] = tl{k};")
 
 
 def source() -> str:

@@ -28,8 +28,21 @@ KERNEL void gpu_qr_panel_small(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t 
     cap_t TT = cap_offset_f32(Tw, b * 1024);
     int64_t m = n - k0;
     if (lane < nb) {
-        for (int64_t rr = warp; rr < m; rr += nw)
-            smem_p[rr * 33 + lane] = cap_load_f32(M, (k0 + rr) * n + k0 + lane);
+        /* rows warp + nw * i; four loads in flight before their stores (in-order issue) */
+        int64_t cnt = warp < m ? (m - warp + nw - 1) / nw : 0;
+        int64_t c4 = cnt - cnt % 4;
+        for (int64_t i = 0; i < c4; i += 4) {
+            float x0 = cap_load_f32(M, (k0 + warp + i * nw) * n + k0 + lane);
+            float x1 = cap_load_f32(M, (k0 + warp + i * nw + nw) * n + k0 + lane);
+            float x2 = cap_load_f32(M, (k0 + warp + i * nw + 2 * nw) * n + k0 + lane);
+            float x3 = cap_load_f32(M, (k0 + warp + i * nw + 3 * nw) * n + k0 + lane);
+            smem_p[(warp + i * nw) * 33 + lane] = x0;
+            smem_p[(warp + i * nw + nw) * 33 + lane] = x1;
+            smem_p[(warp + i * nw + 2 * nw) * 33 + lane] = x2;
+            smem_p[(warp + i * nw + 3 * nw) * 33 + lane] = x3;
+        }
+        for (int64_t i = c4; i < cnt; i++)
+            smem_p[(warp + i * nw) * 33 + lane] = cap_load_f32(M, (k0 + warp + i * nw) * n + k0 + lane);
     }
     rt_sync_threads();
     for (int64_t j = 0; j < nb; j++) {

@@ -165,8 +165,14 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
     cap_t M = cap_offset_f32(A, b * n * n);
     cap_t TT = cap_offset_f32(Tw, b * 1024);
-    for (int64_t e = t; e < 1024; e += 256)
-        smem_t[e] = cap_load_f32(TT, e);
+    float tl0 = cap_load_f32(TT, t + 0);
+    float tl1 = cap_load_f32(TT, t + 256);
+    float tl2 = cap_load_f32(TT, t + 512);
+    float tl3 = cap_load_f32(TT, t + 768);
+    smem_t[t + 0] = tl0;
+    smem_t[t + 256] = tl1;
+    smem_t[t + 512] = tl2;
+    smem_t[t + 768] = tl3;
     int64_t zb = (bid - rbi) * 1024;
     for (int64_t e = t; e < 1024; e += 256) {
         float s = 0.0f;
