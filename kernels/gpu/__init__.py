@@ -34,7 +34,6 @@ PANEL_SOURCE = (_HERE / "panel.c").read_text()
 PANEL_TALL_SOURCE = (_HERE / "panel_tall.c").read_text()
 PANEL_SMALL_SOURCE = (_HERE / "panel_small.c").read_text()
 UPDATE_SOURCE = (_HERE / "update.c").read_text()
-QR_SOURCE = (_HERE / "qr.c").read_text()  # unblocked one-block-per-matrix kernel (baseline)
 
 NB = 32            #: panel width (one warp lane per panel column)
 STRIP = 32         #: trailing columns per update block
@@ -45,7 +44,6 @@ TARGET_BLOCKS = 264  #: two resident update blocks on each of the H200's 132 SMs
 #: Threads of each panel kernel: written into its source as P (constant loop steps).
 PANEL_BLOCK, SMALL_BLOCK, TALL_BLOCK = 512, 256, 512
 T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
-MAX_N = 4096       #: smem_v of the unblocked baseline kernel
 #: The update kernels' 4x4 register tiles fit in 128 registers (2 blocks per SM); the
 #: same limit for checked and raw builds, so the overhead comparison stays like for like.
 UPDATE_OPTIONS = ("--maxrregcount=128",)
@@ -63,8 +61,6 @@ class Launch:
     grid: int
     block: int
     args: tuple[int, ...]
-
-
 
 
 def launch_plan(batch: int, n: int, tall_rows: int | None = None) -> list[Launch]:
@@ -228,22 +224,3 @@ def qr_device(A: Any, *, checked: bool = True, timeout: float | None = None) -> 
         T.free()
         return h, t
     return H, T
-
-
-# ---------------------------------------------------------------------------
-# the unblocked baseline (one block per matrix, one thread per column)
-# ---------------------------------------------------------------------------
-@cache
-def qr_kernel(checked: bool = True) -> Any:
-    """The compiled unblocked batched QR kernel (checked or raw build), cached per process."""
-    from runtime import cuda
-
-    return cuda.compile(QR_SOURCE, "gpu_qr", checked=checked)
-
-
-def qr_block_size(n: int) -> int:
-    """Threads per block of the unblocked kernel: a power of two, one thread per column."""
-    t = 32
-    while t < n and t < 1024:
-        t *= 2
-    return t
