@@ -1,8 +1,9 @@
 """GPU lane benchmark: checked vs raw batched QR, and vs torch.geqrf, on the contest shapes.
 
 ``python -m bench.gpu_bench`` writes ``bench/results/gpu-<date>.json``.  Each
-time is the median of >= 7 launches timed with CUDA events around the kernel
-alone (the input is restored by a device-to-device copy before every launch,
+time is the median of >= 7 runs timed with CUDA events around the whole
+launch sequence of the blocked QR (kernels/gpu, host gaps between launches
+included; the input is restored by a device-to-device copy before every run,
 outside the timed region).  torch.geqrf is timed the same way with
 torch.cuda.Event around the call (its clone of the input is outside).
 """
@@ -25,7 +26,7 @@ from .timing import geomean
 CONTEST_SHAPES: tuple[tuple[int, int], ...] = BATCHED["full"]
 
 
-def bench_shape(batch: int, n: int, repeat: int) -> dict:
+def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -> dict:
     """Time checked, raw and torch.geqrf for one (batch, n)."""
     import kernels.gpu as g
     from runtime import cuda
@@ -40,22 +41,43 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
     def restore() -> None:
         drv.check(drv.lib().cuMemcpyDtoD_v2(A.ptr, A0.ptr, A.nbytes), "cuMemcpyDtoD")
 
-    row: dict = {"batch": batch, "n": n, "block": g.qr_block_size(n)}
+    work = cuda.alloc_device(g.work_size(batch), np.float32, name="work")
+    scratch = cuda.alloc_device(g.scratch_size(batch, n), np.float32, name="scratch")
+    plan = g.launch_plan(batch, n, tall_rows)
+    row: dict = {"batch": batch, "n": n, "launches": len(plan), "tall_rows": tall_rows}
     outs = {}
+    start, end = drv.Event(), drv.Event()
     for name, checked in (("checked", True), ("raw", False)):
-        k = g.qr_kernel(checked)
-        ts = cuda.time_launch(k, [A, tau], args=(n,), grid=batch, block=g.qr_block_size(n),
-                              repeat=repeat, warmup=1, before=restore)
+        ks = g.blocked_kernels(checked)
+        ts = []
+        for it in range(repeat + 1):  # the first run compiles/warms up: not timed
+            restore()
+            drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
+            start.record()
+            g.qr_launch(A, tau, work, scratch, n, checked=checked, tall_rows=tall_rows)
+            end.record()
+            end.synchronize()
+            if it:
+                ts.append(start.elapsed_ms(end))
         row[f"{name}_ms"] = statistics.median(ts)
         row[f"{name}_samples_ms"] = ts
-        row[f"{name}_registers"] = k.registers()
+        row[f"{name}_registers"] = {k: v.registers() for k, v in ks.items()}
         outs[name] = (A.numpy(), tau.numpy())
+    flops = batch * (4.0 / 3.0) * n ** 3
+    row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
     row["overhead"] = row["checked_ms"] / row["raw_ms"]
+    restore()
+    row["profile_checked"] = _profile(g, A, tau, work, scratch, n, plan)
     row["checked_equals_raw"] = bool(
         np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
         and np.array_equal(outs["checked"][1].view(np.uint32), outs["raw"][1].view(np.uint32)))
-    for c in (A0, A, tau):
+    for c in (A0, A, tau, work, scratch):
         c.free()
+    import kernels
+
+    rep = kernels.check(a, outs["checked"][0], outs["checked"][1])
+    row["check_ok"] = bool(rep.ok)
+    row["check_worst"] = {k: float(v) for k, v in rep.worst().items()}
     try:
         import torch
 
@@ -82,6 +104,36 @@ def bench_shape(batch: int, n: int, repeat: int) -> dict:
     return row
 
 
+def _profile(g, A, tau, work, scratch, n: int, plan: list) -> dict:
+    """One checked run, launch by launch: GPU ms per kernel (CUDA events around each
+    launch) and the host wall time; their difference is the per-launch host cost
+    (argument packing, fault-flag reset, stream sync, fault read-back)."""
+    import time
+
+    from runtime import cuda
+    from runtime.cuda import driver as drv
+
+    ks = g.blocked_kernels(True)
+    evs = [(drv.Event(), drv.Event()) for _ in plan]
+    drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
+    t0 = time.perf_counter()
+    for (s, e), step in zip(evs, plan, strict=True):
+        caps = g.caps_for(step, A, tau, work, scratch)
+        s.record()
+        cuda.launch(ks[step.kernel], caps, args=step.args, grid=step.grid, block=step.block)
+        e.record()
+    evs[-1][1].synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    gpu: dict[str, float] = {}
+    for (s, e), step in zip(evs, plan, strict=True):
+        gpu[step.kernel] = gpu.get(step.kernel, 0.0) + s.elapsed_ms(e)
+    return {"wall_ms": wall, "gpu_ms_by_kernel": gpu,
+            "panel_gpu_ms": sum(v for k, v in gpu.items() if k.startswith("panel")),
+            "update_gpu_ms": sum(v for k, v in gpu.items() if k.startswith("update")),
+            "launches": len(plan),
+            "host_ms_per_launch": (wall - sum(gpu.values())) / len(plan)}
+
+
 def main(argv: list[str] | None = None) -> Path:
     """Run the benchmark and write the JSON; returns its path."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -90,6 +142,8 @@ def main(argv: list[str] | None = None) -> Path:
                     help="repeats for n >= 4096 (each launch takes seconds there)")
     ap.add_argument("--shapes", default="", help="e.g. 20x32,40x176 (default: contest shapes)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--tall-rows", type=int, default=None,
+                    help="use the tall-panel kernel for panels of more rows (default: never)")
     ns = ap.parse_args(argv)
     from runtime.cuda import driver as drv
 
@@ -101,11 +155,16 @@ def main(argv: list[str] | None = None) -> Path:
                                        f"gpu-{_dt.date.today().isoformat()}.json")
     for b, n in shapes:
         rep = ns.repeat_large if n >= 4096 else ns.repeat
-        r = bench_shape(b, n, rep)
+        r = bench_shape(b, n, rep, ns.tall_rows)
         r["repeat"] = rep
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive
         tt = r.get("torch_geqrf_ms") or float("nan")
+        pr = r["profile_checked"]
+        print(f"    profile: panel {pr['panel_gpu_ms']:.3f} ms, "
+              f"update {pr['update_gpu_ms']:.3f} ms, "
+              f"{pr['launches']} launches, host {pr['host_ms_per_launch'] * 1e3:.1f} us/launch, "
+              f"{r['checked_tflops']:.2f} TFLOP/s", flush=True)
         print(f"({b:4d},{n:5d}) checked {r['checked_ms']:10.3f} ms  raw {r['raw_ms']:10.3f} ms  "
               f"overhead {r['overhead']:.3f}x  torch {tt:10.3f}"
               f" ms  speedup {r.get('speedup_vs_torch', float('nan')):.2f}x", flush=True)
@@ -125,9 +184,11 @@ def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
         "device": dev.name, "compute_capability": list(dev.cc), "sm_count": dev.sm_count,
         "driver_version": dev.driver_version, "compiler": nvrtc.version(),
         "python": platform.python_version(), "repeat": repeat,
-        "method": "median of CUDA-event times of the kernel alone; input restored by a "
-                  "device-to-device copy outside the timed region; float32",
-        "kernel": "kernels/gpu/qr.c (unblocked Householder, one block per matrix)",
+        "method": "median of CUDA-event times around the whole launch sequence (host gaps "
+                  "between launches included); input restored by a device-to-device copy "
+                  "outside the timed region; float32",
+        "kernel": "kernels/gpu/panel.c + update.c (blocked Householder, compact WY, "
+                  "host-driven launch sequence, one host sync per launch)",
         "shapes": rows,
         "geomean_overhead": geomean([r["overhead"] for r in rows]),
     }

@@ -114,6 +114,9 @@ def qr(A: Any, variant: str = "blocked", checked: bool = True, *, nb: int | None
     when the f16 variant overflows half precision (unless ``allow_nonfinite``),
     and the runtime's CapabilityFault/KernelTimeout if the kernel misbehaves.
     """
+    from . import gpu
+    if gpu.on_device(A):  # a DeviceCapability or CUDA tensor: the blocked GPU QR (kernels/gpu)
+        return gpu.qr_device(A, checked=checked, timeout=timeout)
     import capabilities
     import runtime
 

@@ -1,46 +1,154 @@
-"""GPU kernels in the capqr dialect (compiled through runtime.cuda)."""
+"""GPU QR kernels in the capqr dialect (compiled through runtime.cuda) and their host driver.
+
+Blocked Householder QR with compact WY, driven from the host as a sequence of
+checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
+
+1. a panel kernel (one block per matrix) factors the panel and forms its T
+   factor: ``gpu_qr_panel_small`` (kernels/gpu/panel_small.c, the panel in
+   shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel`` (kernels/
+   gpu/panel.c) above; ``gpu_qr_panel_tall`` (kernels/gpu/panel_tall.c, 8-column
+   sub-panels in a contiguous scratch area) on request (``tall_rows``) for the
+   panels of more rows than that;
+2. ``gpu_qr_update_z`` and ``gpu_qr_update_apply`` (kernels/gpu/update.c, one
+   block per (matrix, 32-column strip, row block)) apply ``I - V T^T V^T`` to
+   the trailing columns; the row blocks are cut so that the grid has at least
+   ``TARGET_BLOCKS`` blocks where the matrix allows.
+
+The result is LAPACK's compact form (as ``scipy.linalg.qr(mode='raw')`` in
+row-major orientation, like kernels.qr).  Every launch is a normal
+``runtime.cuda.launch``: it waits for the kernel and raises the first
+CapabilityFault, so a fault stops the sequence at the launch that made it.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-QR_SOURCE = (Path(__file__).with_name("qr.c")).read_text()
-MAX_N = 4096  # smem_v in qr.c
+_HERE = Path(__file__).parent
+PANEL_SOURCE = (_HERE / "panel.c").read_text()
+PANEL_TALL_SOURCE = (_HERE / "panel_tall.c").read_text()
+PANEL_SMALL_SOURCE = (_HERE / "panel_small.c").read_text()
+UPDATE_SOURCE = (_HERE / "update.c").read_text()
+
+NB = 32            #: panel width (one warp lane per panel column)
+STRIP = 32         #: trailing columns per update block
+UPDATE_BLOCK = 256
+SMALL_ROWS = 256   #: panels with at most this many rows go to gpu_qr_panel_small
+CHUNK = 128        #: rows per shared-memory chunk of the update kernels
+TARGET_BLOCKS = 264  #: two resident update blocks on each of the H200's 132 SMs
+#: Threads of each panel kernel: written into its source as P (constant loop steps).
+PANEL_BLOCK, SMALL_BLOCK, TALL_BLOCK = 512, 256, 512
+T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
+#: The update kernels' 4x4 register tiles fit in 128 registers (2 blocks per SM); the
+#: same limit for checked and raw builds, so the overhead comparison stays like for like.
+UPDATE_OPTIONS = ("--maxrregcount=128",)
+#: gpu_qr_panel runs 512 threads, so at most 128 registers each.
+PANEL_OPTIONS = ("--maxrregcount=128",)
+#: gpu_qr_panel_tall runs 512 threads, so at most 128 registers each.
+TALL_OPTIONS = ("--maxrregcount=128",)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One step of the launch sequence: kernel name, grid, block and scalar args."""
+
+    kernel: str          # "panel", "panel_small", "panel_tall", "update_z", "update_apply"
+    grid: int
+    block: int
+    args: tuple[int, ...]
+
+
+def launch_plan(batch: int, n: int, tall_rows: int | None = None) -> list[Launch]:
+    """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
+
+    Panels of more than ``tall_rows`` rows (default: none) use the tall-panel kernel.
+    """
+    if batch < 1 or n < 1:
+        raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
+    plan = []
+    for k0 in range(0, n, NB):
+        nb, m = min(NB, n - k0), n - k0
+        if tall_rows is not None and m > tall_rows:
+            plan.append(Launch("panel_tall", batch, TALL_BLOCK, (n, k0, nb)))
+        elif m <= SMALL_ROWS:
+            plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb)))
+        else:
+            plan.append(Launch("panel", batch, PANEL_BLOCK, (n, k0, nb)))
+        rest = n - k0 - nb
+        if rest > 0:
+            strips = -(-rest // STRIP)
+            chunks = -(-m // CHUNK)
+            want = max(1, -(-TARGET_BLOCKS // (batch * strips)))
+            rb = CHUNK * -(-chunks // min(chunks, want))
+            nrb = -(-m // rb)
+            args = (n, k0, nb, strips, nrb, rb)
+            grid = batch * strips * nrb
+            plan.append(Launch("update_z", grid, UPDATE_BLOCK, args))
+            plan.append(Launch("update_apply", grid, UPDATE_BLOCK, args))
+    return plan
 
 
 @cache
-def qr_kernel(checked: bool = True) -> Any:
-    """The compiled batched QR kernel (checked or raw build), cached per process."""
+def blocked_kernels(checked: bool = True) -> dict[str, Any]:
+    """The compiled panel and update kernels (checked or raw build), cached per process."""
     from runtime import cuda
 
-    return cuda.compile(QR_SOURCE, "gpu_qr", checked=checked)
+    return {"panel": cuda.compile(PANEL_SOURCE, "gpu_qr_panel", checked=checked,
+                                  options=PANEL_OPTIONS),
+            "panel_small": cuda.compile(PANEL_SMALL_SOURCE, "gpu_qr_panel_small",
+                                        checked=checked),
+            "panel_tall": cuda.compile(PANEL_TALL_SOURCE, "gpu_qr_panel_tall", checked=checked,
+                                       options=TALL_OPTIONS),
+            "update_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_z", checked=checked,
+                                     options=UPDATE_OPTIONS),
+            "update_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_apply",
+                                         checked=checked, options=UPDATE_OPTIONS)}
 
 
-def qr_block_size(n: int) -> int:
-    """Threads per block for order n: a power of two, one thread per trailing column."""
-    t = 32
-    while t < n and t < 1024:
-        t *= 2
-    return t
+def work_size(batch: int) -> int:
+    """Floats of the work buffer (the T factor of the current panel, per matrix)."""
+    return batch * T_SIZE
 
 
-def qr_launch(A: Any, tau: Any, n: int, *, checked: bool = True, timeout: float | None = None
-              ) -> None:
-    """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau)."""
+def scratch_size(batch: int, n: int) -> int:
+    """Floats of the scratch buffer: the tall panel's n x 8 per matrix, or the update's
+    parts of Z (32 x 32 per block), whichever is larger (the row blocks do not depend
+    on tall_rows)."""
+    z = max((s.grid for s in launch_plan(batch, n) if s.kernel == "update_z"), default=0)
+    return max(batch * n * 8, z * T_SIZE)
+
+
+def caps_for(step: Launch, A: Any, tau: Any, work: Any, scratch: Any) -> list[Any]:
+    """The capability arguments of one launch of the plan (``work``: T, ``scratch``:
+    the tall panel's sub-panels or the parts of Z)."""
+    return {"panel": [A, tau, work], "panel_small": [A, tau, work],
+            "panel_tall": [A, tau, work, scratch], "update_z": [A, scratch],
+            "update_apply": [A, work, scratch]}[step.kernel]
+
+
+def qr_launch(A: Any, tau: Any, work: Any, scratch: Any, n: int, *, checked: bool = True,
+              timeout: float | None = None, tall_rows: int | None = None) -> None:
+    """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
+
+    ``tau`` holds batch * n floats, ``work`` :func:`work_size` floats,
+    ``scratch`` :func:`scratch_size` floats.
+    """
     from runtime import cuda
 
-    if n > MAX_N:
-        raise ValueError(f"gpu_qr supports n <= {MAX_N}")
     batch = A.nbytes // (4 * n * n)
-    cuda.launch(qr_kernel(checked), [A, tau], args=(n,), grid=batch, block=qr_block_size(n),
-                timeout=timeout)
+    ks = blocked_kernels(checked)
+    for step in launch_plan(batch, n, tall_rows):
+        cuda.launch(ks[step.kernel], caps_for(step, A, tau, work, scratch), args=step.args,
+                    grid=step.grid, block=step.block, timeout=timeout)
 
 
-def qr(a: np.ndarray, *, checked: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
+       tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
@@ -52,9 +160,67 @@ def qr(a: np.ndarray, *, checked: bool = True) -> tuple[np.ndarray, np.ndarray]:
     batch, n, _ = a.shape
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
+    work = cuda.alloc_device(work_size(batch), np.float32, name="work")
+    scratch = cuda.alloc_device(scratch_size(batch, n), np.float32, name="scratch")
     try:
-        qr_launch(A, tau, n, checked=checked)
+        qr_launch(A, tau, work, scratch, n, checked=checked, timeout=timeout,
+                  tall_rows=tall_rows)
         return A.numpy(), tau.numpy()
     finally:
-        A.free()
-        tau.free()
+        for c in (A, tau, work, scratch):
+            c.free()
+
+
+def on_device(x: Any) -> bool:
+    """True for a device capability or a CUDA torch tensor (kernels.qr's GPU route)."""
+    if getattr(x, "device", None) == "cuda" and hasattr(x, "cap_value"):
+        return True
+    return type(x).__module__.startswith("torch") and bool(getattr(x, "is_cuda", False))
+
+
+def qr_device(A: Any, *, checked: bool = True, timeout: float | None = None) -> tuple[Any, Any]:
+    """QR of a device-resident (n, n) or (batch, n, n) matrix; results stay on the device.
+
+    ``A`` is a DeviceCapability (float32) or a CUDA torch tensor (any real
+    dtype, factored in float32).  Returns ``(H, tau)`` of the same kind
+    (new buffers; ``A`` is not modified).
+    """
+    from runtime import cuda
+
+    is_torch = type(A).__module__.startswith("torch")
+    shape = tuple(A.shape)
+    if len(shape) not in (2, 3) or shape[-1] != shape[-2] or shape[-1] == 0:
+        raise ValueError(f"the GPU QR takes square (n, n) or (batch, n, n) matrices, "
+                         f"got shape {shape}")
+    n = shape[-1]
+    batch = 1 if len(shape) == 2 else shape[0]
+    if is_torch:
+        import torch
+
+        h = A.detach().to(torch.float32).contiguous().clone()
+        t = torch.zeros(shape[:-1], dtype=torch.float32, device=h.device)
+        H, T = cuda.wrap_device(h, name="qr.a"), cuda.wrap_device(t, name="qr.tau")
+    else:
+        if np.dtype(A.dtype) != np.float32:
+            raise TypeError(f"device QR needs float32, got {A.dtype}")
+        if A.freed:
+            from runtime.errors import CapabilityFault
+
+            raise CapabilityFault("freed", buffer=A.name, access="load")
+        H = cuda.alloc_device(shape, np.float32, name="qr.a")
+        from runtime.cuda import driver as drv
+
+        drv.check(drv.lib().cuMemcpyDtoD_v2(H.ptr, A.ptr, A.nbytes), "cuMemcpyDtoD")
+        T = cuda.alloc_device(shape[:-1], np.float32, name="qr.tau")
+    work = cuda.alloc_device(work_size(batch), np.float32, name="qr.work")
+    scratch = cuda.alloc_device(scratch_size(batch, n), np.float32, name="qr.scratch")
+    try:
+        qr_launch(H, T, work, scratch, n, checked=checked, timeout=timeout)
+    finally:
+        work.free()
+        scratch.free()
+    if is_torch:
+        H.free()
+        T.free()
+        return h, t
+    return H, T

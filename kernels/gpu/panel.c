@@ -1,0 +1,170 @@
+/*
+ * Blocked Householder QR on the GPU, part 1: the panel (one block per matrix).
+ *
+ * A holds `batch` row-major n x n float32 matrices; columns k0 .. k0+nb-1
+ * (nb <= 32) of rows k0 .. n-1 are already updated by the earlier panels.
+ * This kernel factors them as LAPACK's sgeqr2 does (same slarfg formulas:
+ * beta = -sign(alpha) ||x||, tau = (beta - alpha) / beta, v = x / (alpha - beta)),
+ * leaving R on/above the diagonal and v below it, tau[b*n + k0 + j], and the
+ * compact-WY factor T (nb x nb upper triangular, zero-padded to 32 x 32) of
+ * H(k0) ... H(k0+nb-1) = I - V T V^T in Tw[b*1024 ...] for gpu_qr_update.
+ *
+ * Thread layout: lane = t % 32 is the panel column, warp w = t / 32 takes the
+ * rows kj+1+w, kj+1+w+nw, ... (a warp reads one 128-byte row segment per
+ * step: coalesced).  For column j one pass gives every lane c the sum over the
+ * rows below the diagonal of x[r] * A[r][c] (double: graded, huge and tiny
+ * inputs neither overflow nor underflow); from it and row kj every thread
+ * derives ||x||, tau, and v . a_c = A[kj][c] + scale * sum, so
+ *   c > j:  w_c = tau (v . a_c), the update a_c -= v w_c;
+ *   c < j:  y_cj = v_c . v_j, the column of T (slarft) formed at the end.
+ * Four barriers per column.  Launched with 512 threads (written into the kernel
+ * as P, so the loop steps and their hoisted range checks are constants).
+ */
+KERNEL void gpu_qr_panel(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t k0, int64_t nb)
+{
+    double smem_red[1024];
+    double smem_tot[32];
+    float smem_w[32];
+    float smem_y[1024];
+    float smem_tau[32];
+    float smem_tt[1024];
+    int64_t b = rt_block_idx();
+    int64_t t = rt_thread_idx();
+    int64_t P = 512;    /* launched with exactly 512 threads: constant loop steps */
+    int64_t lane = t % 32;
+    int64_t warp = t / 32;
+    int64_t nw = P / 32;
+    int64_t col = k0 + lane;
+    cap_t M = cap_offset_f32(A, b * n * n);
+    cap_t tb = cap_offset_f32(tau, b * n);
+    cap_t TT = cap_offset_f32(Tw, b * 1024);
+    for (int64_t j = 0; j < nb; j++) {
+        int64_t kj = k0 + j;
+        /* this thread's rows: r1 + i * nw, i < cnt; four per step so that eight loads
+         * are in flight before the first multiply (in-order issue) */
+        int64_t r1 = kj + 1 + warp;
+        int64_t cnt = r1 < n ? (n - r1 + nw - 1) / nw : 0;
+        int64_t c4 = cnt - cnt % 4;
+        double q = 0.0;
+        if (lane < nb) {
+            double q1 = 0.0;
+            double q2 = 0.0;
+            double q3 = 0.0;
+            for (int64_t i = 0; i < c4; i += 4) {
+                float x0 = cap_load_f32(M, (r1 + i * nw) * n + kj);
+                float x1 = cap_load_f32(M, (r1 + i * nw + nw) * n + kj);
+                float x2 = cap_load_f32(M, (r1 + i * nw + 2 * nw) * n + kj);
+                float x3 = cap_load_f32(M, (r1 + i * nw + 3 * nw) * n + kj);
+                float y0 = cap_load_f32(M, (r1 + i * nw) * n + col);
+                float y1 = cap_load_f32(M, (r1 + i * nw + nw) * n + col);
+                float y2 = cap_load_f32(M, (r1 + i * nw + 2 * nw) * n + col);
+                float y3 = cap_load_f32(M, (r1 + i * nw + 3 * nw) * n + col);
+                q += (double)x0 * (double)y0;
+                q1 += (double)x1 * (double)y1;
+                q2 += (double)x2 * (double)y2;
+                q3 += (double)x3 * (double)y3;
+            }
+            for (int64_t i = c4; i < cnt; i++)
+                q += (double)cap_load_f32(M, (r1 + i * nw) * n + kj)
+                     * (double)cap_load_f32(M, (r1 + i * nw) * n + col);
+            q = (q + q1) + (q2 + q3);
+        }
+        smem_red[warp * 32 + lane] = q;
+        rt_sync_threads();
+        if (t < 32) {
+            double s = 0.0;
+            for (int64_t w = 0; w < nw; w++)
+                s += smem_red[w * 32 + t];
+            smem_tot[t] = s;
+        }
+        rt_sync_threads();
+        double alpha = (double)cap_load_f32(M, kj * n + kj);
+        double xn2 = smem_tot[j];
+        double tk = 0.0;
+        double beta = alpha;
+        double scale = 0.0;
+        if (xn2 > 0.0) {
+            beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
+            tk = (beta - alpha) / beta;
+            scale = 1.0 / (alpha - beta);
+        }
+        float scalef = (float)scale;
+        if (t < nb) {
+            double d = (double)cap_load_f32(M, kj * n + k0 + t) + smem_tot[t] * scale;
+            if (t > j)
+                smem_w[t] = (float)(tk * d);
+            if (t < j)
+                smem_y[t * 32 + j] = (float)d;
+        }
+        rt_sync_threads();
+        if (lane > j && lane < nb) {
+            float wc = smem_w[lane];
+            for (int64_t i = 0; i < c4; i += 4) {
+                float x0 = cap_load_f32(M, (r1 + i * nw) * n + kj);
+                float x1 = cap_load_f32(M, (r1 + i * nw + nw) * n + kj);
+                float x2 = cap_load_f32(M, (r1 + i * nw + 2 * nw) * n + kj);
+                float x3 = cap_load_f32(M, (r1 + i * nw + 3 * nw) * n + kj);
+                float a0 = cap_load_f32(M, (r1 + i * nw) * n + col);
+                float a1 = cap_load_f32(M, (r1 + i * nw + nw) * n + col);
+                float a2 = cap_load_f32(M, (r1 + i * nw + 2 * nw) * n + col);
+                float a3 = cap_load_f32(M, (r1 + i * nw + 3 * nw) * n + col);
+                float v0 = x0 * scalef;
+                float v1 = x1 * scalef;
+                float v2 = x2 * scalef;
+                float v3 = x3 * scalef;
+                cap_store_f32(M, (r1 + i * nw) * n + col, fmaf(-v0, wc, a0));
+                cap_store_f32(M, (r1 + i * nw + nw) * n + col, fmaf(-v1, wc, a1));
+                cap_store_f32(M, (r1 + i * nw + 2 * nw) * n + col, fmaf(-v2, wc, a2));
+                cap_store_f32(M, (r1 + i * nw + 3 * nw) * n + col, fmaf(-v3, wc, a3));
+            }
+            for (int64_t i = c4; i < cnt; i++) {
+                float v = cap_load_f32(M, (r1 + i * nw) * n + kj) * scalef;
+                cap_store_f32(M, (r1 + i * nw) * n + col,
+                              fmaf(-v, wc, cap_load_f32(M, (r1 + i * nw) * n + col)));
+            }
+            if (warp == 0)
+                cap_store_f32(M, kj * n + col, cap_load_f32(M, kj * n + col) - wc);
+        }
+        rt_sync_threads();
+        int64_t rc = kj + 1 + t;
+        int64_t cc = rc < n ? (n - rc + P - 1) / P : 0;
+        int64_t cc4 = cc - cc % 4;
+        for (int64_t i = 0; i < cc4; i += 4) {
+            float x0 = cap_load_f32(M, (rc + i * P) * n + kj);
+            float x1 = cap_load_f32(M, (rc + i * P + P) * n + kj);
+            float x2 = cap_load_f32(M, (rc + i * P + 2 * P) * n + kj);
+            float x3 = cap_load_f32(M, (rc + i * P + 3 * P) * n + kj);
+            cap_store_f32(M, (rc + i * P) * n + kj, x0 * scalef);
+            cap_store_f32(M, (rc + i * P + P) * n + kj, x1 * scalef);
+            cap_store_f32(M, (rc + i * P + 2 * P) * n + kj, x2 * scalef);
+            cap_store_f32(M, (rc + i * P + 3 * P) * n + kj, x3 * scalef);
+        }
+        for (int64_t i = cc4; i < cc; i++)
+            cap_store_f32(M, (rc + i * P) * n + kj, cap_load_f32(M, (rc + i * P) * n + kj) * scalef);
+        if (t == 0) {
+            cap_store_f32(M, kj * n + kj, (float)beta);
+            cap_store_f32(tb, kj, (float)tk);
+            smem_tau[j] = (float)tk;
+        }
+        rt_sync_threads();
+    }
+    /* T (slarft, forward, columnwise): T[i][j] = -tau_j sum_{l=i}^{j-1} T[i][l] y[l][j].
+     * Thread i owns row i of T, so the recurrence needs no barrier. */
+    if (t < 32) {
+        for (int64_t j = 0; j < 32; j++) {
+            float v = 0.0f;
+            if (t < nb && j < nb) {
+                if (t == j)
+                    v = smem_tau[j];
+                if (t < j) {
+                    float s = 0.0f;
+                    for (int64_t l = t; l < j; l++)
+                        s = fmaf(smem_tt[t * 32 + l], smem_y[l * 32 + j], s);
+                    v = -smem_tau[j] * s;
+                }
+            }
+            smem_tt[t * 32 + j] = v;
+            cap_store_f32(TT, t * 32 + j, v);
+        }
+    }
+}

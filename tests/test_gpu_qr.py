@@ -1,0 +1,318 @@
+"""Blocked GPU QR (kernels/gpu): host plan and algebra on the CPU, kernels on the device.
+
+CPU half: :func:`kernels.gpu.launch_plan` covers every column exactly once in
+order, and a numpy model of the two kernels (same formulas, same order of the
+steps, run through the same plan) yields a QR that passes kernels.check, so
+the plan and the compact-WY algebra (T formation, masking of V) are right
+before any device time is spent.  The kernels' dialect sources must pass the
+CUDA verifier and instrumenter here too.
+
+GPU half (``-m gpu``; skipped where runtime.cuda.available() says no):
+contest shapes and stress inputs through kernels.check, checked == raw bit
+for bit, the kernels.qr dispatch for device inputs, and a planted
+out-of-bounds panel launch that faults with the launch's kernel name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+import kernels.gpu as g
+
+try:
+    from runtime import cuda
+
+    _OK, _WHY = cuda.available()
+except Exception as e:  # noqa: BLE001 - no cffi/libcuda/device: all mean "skip here"
+    _OK, _WHY = False, f"GPU lane unavailable: {e}"
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")
+
+CONTEST_SHAPES = [(20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048), (2, 4096)]
+
+
+# ---------------------------------------------------------------------------
+# numpy model of the kernels (one matrix; float32 storage, as on the device)
+# ---------------------------------------------------------------------------
+def model_panel(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int) -> np.ndarray:
+    """gpu_qr_panel on one matrix (in place); returns the 32 x 32 T."""
+    y = np.zeros((32, 32), np.float32)
+    taus = np.zeros(32, np.float32)
+    for j in range(nb):
+        kj = k0 + j
+        cols = slice(k0, k0 + nb)
+        x = M[kj + 1:, kj].astype(np.float64)
+        tot = x @ M[kj + 1:, cols].astype(np.float64)          # per lane c
+        alpha = float(M[kj, kj])
+        xn2 = tot[j]
+        tk, beta, scale = 0.0, alpha, 0.0
+        if xn2 > 0:
+            beta = -np.copysign(np.sqrt(alpha * alpha + xn2), alpha)
+            tk = (beta - alpha) / beta
+            scale = 1.0 / (alpha - beta)
+        d = M[kj, cols].astype(np.float64) + tot * scale
+        w = (tk * d).astype(np.float32)
+        y[:j, j] = d[:j].astype(np.float32)
+        v = M[kj + 1:, kj] * np.float32(scale)
+        for c in range(j + 1, nb):
+            M[kj + 1:, k0 + c] = (M[kj + 1:, k0 + c] - v * w[c]).astype(np.float32)
+            M[kj, k0 + c] = M[kj, k0 + c] - w[c]
+        M[kj + 1:, kj] = v
+        M[kj, kj] = np.float32(beta)
+        tau[kj] = np.float32(tk)
+        taus[j] = np.float32(tk)
+    return _t_from(taus, y, nb)
+
+
+def _v(M: np.ndarray, k0: int, nb: int) -> np.ndarray:
+    """V (unit lower trapezoidal, rows k0..) of the panel at k0 as the kernels read it."""
+    V = np.zeros((M.shape[0] - k0, 32), np.float32)
+    for q in range(nb):
+        V[q, q] = 1.0
+        V[q + 1:, q] = M[k0 + q + 1:, k0 + q]
+    return V
+
+
+def _t_from(taus: np.ndarray, G: np.ndarray, nb: int, size: int = 32) -> np.ndarray:
+    T = np.zeros((size, size), np.float32)
+    for j in range(nb):
+        T[j, j] = taus[j]
+        for i in range(j):
+            T[i, j] = -taus[j] * np.float32(T[i, i:j] @ G[i:j, j])
+    return T
+
+
+def model_panel_tall(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int) -> np.ndarray:
+    """gpu_qr_panel_tall: 8-column sub-panels, block updates inside the panel, T from V^T V."""
+    for s0 in range(0, nb, 8):
+        ks, nbs = k0 + s0, min(8, nb - s0)
+        Ts = model_panel(M, tau, n, ks, nbs)[:8, :8]
+        if s0 + 8 < nb:
+            Vs = _v(M, ks, nbs)[:, :8]
+            C = M[ks:, ks + 8:k0 + nb]
+            W = (Ts.T @ (Vs.T @ C)).astype(np.float32)
+            M[ks:, ks + 8:k0 + nb] = (C - Vs @ W).astype(np.float32)
+    V = _v(M, k0, nb)
+    return _t_from(tau[k0:k0 + nb], (V.T @ V).astype(np.float32), nb)
+
+
+def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int) -> None:
+    """gpu_qr_update on one matrix, all strips at once (in place)."""
+    V = _v(M, k0, nb)
+    C = M[k0:, k0 + nb:]
+    Z = V.T @ C
+    W = (T.T @ Z).astype(np.float32)
+    M[k0:, k0 + nb:] = (C - V @ W).astype(np.float32)
+
+
+def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Run the launch plan through the numpy model."""
+    batch, n, _ = a.shape
+    H = a.astype(np.float32).copy()
+    tau = np.zeros((batch, n), np.float32)
+    T = np.zeros((batch, 32, 32), np.float32)
+    for step in g.launch_plan(batch, n, tall_rows=tall_rows):
+        for b in range(batch):
+            if step.kernel == "panel":
+                T[b] = model_panel(H[b], tau[b], *step.args)
+            elif step.kernel == "panel_small":
+                T[b] = model_panel(H[b], tau[b], *step.args)  # same arithmetic, in smem
+            elif step.kernel == "panel_tall":
+                T[b] = model_panel_tall(H[b], tau[b], *step.args)
+            elif step.kernel == "update_apply":
+                model_update(H[b], T[b], *step.args[:3])
+    return H, tau
+
+
+# ---------------------------------------------------------------------------
+# CPU tests
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100)])
+def test_plan_covers_each_column_once(batch: int, n: int) -> None:
+    plan = g.launch_plan(batch, n)
+    panels = [s for s in plan if s.kernel.startswith("panel")]
+    cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
+    assert cols == list(range(n))
+    kinds = [s.kernel for s in plan]
+    for i, k in enumerate(kinds):  # each Z launch is followed by its apply launch
+        assert (k == "update_z") == (i + 1 < len(kinds) and kinds[i + 1] == "update_apply")
+    for s in plan:
+        assert s.block % 32 == 0 and 32 <= s.block <= 1024
+        if s.kernel.startswith("update"):
+            _, k0, nb, strips, nrb, rb = s.args
+            assert s.grid == batch * strips * nrb and rb % g.CHUNK == 0
+            assert strips * g.STRIP >= n - k0 - nb > (strips - 1) * g.STRIP
+            assert nrb * rb >= n - k0 > (nrb - 1) * rb  # row blocks cover the rows, none empty
+        else:
+            assert s.grid == batch and 1 <= s.args[2] <= g.NB
+            rows = n - s.args[1]
+            assert (s.kernel, s.block) == (
+                ("panel_small", g.SMALL_BLOCK) if rows <= g.SMALL_ROWS else
+                ("panel", g.PANEL_BLOCK))
+            if s.kernel != "panel_tall":  # the others are written for one block size
+                src = {"panel": g.PANEL_SOURCE, "panel_small": g.PANEL_SMALL_SOURCE}[s.kernel]
+                assert f"int64_t P = {s.block};" in src
+
+
+def test_plan_rejects_empty() -> None:
+    with pytest.raises(ValueError):
+        g.launch_plan(0, 4)
+
+
+@pytest.mark.parametrize("tall_rows", [None, 40])
+@pytest.mark.parametrize("batch,n", [(2, 32), (2, 40), (1, 96), (1, 130)])
+def test_model_of_the_kernels_passes_the_checker(batch: int, n: int, tall_rows: int) -> None:
+    a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
+    H, tau = model_qr(a, tall_rows)
+    rep = kernels.check(a, H, tau)
+    assert rep.ok, str(rep)
+
+
+def test_model_matches_lapack_compact_form() -> None:
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    a = np.random.default_rng(5).standard_normal((1, 70, 70)).astype(np.float32)
+    H, tau = model_qr(a)
+    (h_ref, tau_ref), _ = scipy_linalg.qr(a[0].astype(np.float64), mode="raw")
+    np.testing.assert_allclose(H[0], h_ref, atol=3e-4, rtol=3e-3)
+    np.testing.assert_allclose(tau[0], tau_ref, atol=3e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,src", [("gpu_qr_panel", g.PANEL_SOURCE),
+                                      ("gpu_qr_panel_small", g.PANEL_SMALL_SOURCE),
+                                      ("gpu_qr_panel_tall", g.PANEL_TALL_SOURCE),
+                                      ("gpu_qr_update_z", g.UPDATE_SOURCE),
+                                      ("gpu_qr_update_apply", g.UPDATE_SOURCE)])
+def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
+    from runtime.cuda import translate
+
+    for checked in (True, False):
+        cs = translate(src, checked=checked)
+        assert name in cs.kernels
+    # the loops over rows are versioned: one range check per loop, unchecked accesses inside
+    assert "rt_range_ok" in translate(src, checked=True).text
+
+
+def test_update_source_is_generated() -> None:
+    from kernels.gpu import gen_update
+
+    assert gen_update.source() == g.UPDATE_SOURCE, "run python -m kernels.gpu.gen_update"
+
+
+def test_on_device_routes_only_device_inputs() -> None:
+    assert not g.on_device(np.zeros((2, 2), np.float32))
+    torch = pytest.importorskip("torch")
+    assert not g.on_device(torch.zeros(2, 2))
+
+
+# ---------------------------------------------------------------------------
+# GPU tests
+# ---------------------------------------------------------------------------
+def _stress(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    a = rng.standard_normal((n, n))
+    if kind == "graded_rows":
+        a *= np.logspace(0, -12, n)[:, None]
+    elif kind == "graded_cols":
+        a *= np.logspace(0, -12, n)[None, :]
+    elif kind == "near_rank_deficient":
+        u, _, vt = np.linalg.svd(a)
+        s = np.logspace(0, -9, n)
+        s[n // 2:] = 1e-30
+        a = (u * s) @ vt
+    elif kind == "zero_column":
+        a[:, 3] = 0.0
+        a[:, n - 1] = 0.0
+    elif kind == "zero_matrix":
+        a[:] = 0.0
+    elif kind == "duplicate_columns":
+        a[:, 1] = a[:, 0]
+        a[:, 2] = a[:, 0] * (1 + 1e-7)
+    elif kind == "huge":
+        a *= 1e25
+    elif kind == "tiny":
+        a *= 1e-25
+    return a.astype(np.float32)
+
+
+STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "zero_matrix",
+          "duplicate_columns", "huge", "tiny"]
+
+
+def _check_both(a: np.ndarray, tall_rows: int | None = None) -> None:
+    H, tau = g.qr(a, checked=True, tall_rows=tall_rows)
+    Hr, taur = g.qr(a, checked=False, tall_rows=tall_rows)
+    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
+    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
+    rep = kernels.check(a, H, tau)
+    print(f"\n{a.shape}: worst {rep.worst()}")
+    assert rep.ok, str(rep)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("batch,n", CONTEST_SHAPES)
+def test_contest_shape(batch: int, n: int) -> None:
+    # the checker's float64 LAPACK calls on the host dominate otherwise (the bench checks
+    # every matrix of every contest shape)
+    batch = 1 if n >= 2048 else min(batch, 16)
+    _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("batch,n", [(2, 300), (1, 1024)])
+def test_tall_panel_path(batch: int, n: int) -> None:
+    _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32),
+                tall_rows=256)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("n", [1, 5, 33, 100, 161, 300])
+def test_odd_sizes(n: int) -> None:
+    _check_both(np.random.default_rng(n).standard_normal((3, n, n)).astype(np.float32))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("kind", STRESS)
+def test_stress(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(4)]))
+
+
+@gpu
+@needs_gpu
+def test_kernels_qr_dispatches_device_inputs() -> None:
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng(1).standard_normal((3, 64, 64)).astype(np.float32)
+    H, tau = kernels.qr(torch.from_numpy(a).cuda())
+    assert H.is_cuda and tau.is_cuda and tuple(tau.shape) == (3, 64)
+    assert kernels.check(a, H.cpu().numpy(), tau.cpu().numpy()).ok
+    A = cuda.to_device(a, name="a")
+    Hc, tc = kernels.qr(A)
+    np.testing.assert_array_equal(Hc.numpy(), H.cpu().numpy())
+    np.testing.assert_array_equal(A.numpy(), a)  # the input is not modified
+
+
+@gpu
+@needs_gpu
+def test_panel_launch_past_the_matrix_faults() -> None:
+    """A panel launch told n larger than the buffer is refused with its kernel's name."""
+    from runtime.errors import CapabilityFault
+
+    a = np.random.default_rng(2).standard_normal((1, 32, 32)).astype(np.float32)
+    A = cuda.to_device(a, name="A")
+    tau = cuda.alloc_device(32, np.float32, name="tau")
+    work = cuda.alloc_device(g.work_size(1), np.float32, name="work")
+    scratch = cuda.alloc_device(g.scratch_size(1, 32), np.float32, name="scratch")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(g.blocked_kernels(True)["panel_tall"], [A, tau, work, scratch],
+                    args=(40, 0, 32), grid=1, block=g.TALL_BLOCK)
+    assert ei.value.kernel == "gpu_qr_panel_tall"
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(g.blocked_kernels(True)["panel"], [A, tau, work], args=(40, 0, 32),
+                    grid=1, block=g.PANEL_BLOCK)
+    assert ei.value.kernel == "gpu_qr_panel" and ei.value.buffer == "A"
