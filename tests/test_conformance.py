@@ -210,7 +210,9 @@ def test_cuda_lowering_compiles_as_cpp(tmp_path: Path) -> None:
              "static inline long long __mul64hi(long long a, long long b)"
              " { return (long long)(((__int128)a * b) >> 64); }\n"
              "#include <cmath>\nusing std::sqrt; using std::copysign; using std::fabs;\n")
-    sources = [c.src for c in FAULT_CASES] + [HOIST_SRC, (REPO / "kernels/gpu/qr.c").read_text()]
+    gpu_qr = [p.read_text() for p in sorted((REPO / "kernels/gpu").glob("*.c"))]
+    assert gpu_qr, "the GPU QR kernel sources are missing"
+    sources = [c.src for c in FAULT_CASES] + [HOIST_SRC] + gpu_qr
     for k, src in enumerate(sources):
         for checked in (True, False):
             text = cuda.translate(src, checked=checked).text
