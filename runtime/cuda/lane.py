@@ -130,6 +130,12 @@ def device_payloads_released() -> int:
     return _released[0]
 
 
+def payload_pending(obj_id: int) -> bool:
+    """True until the collector has released (and this lane cuMemFree'd) the
+    device payload of object ``obj_id``."""
+    return int(obj_id) in _OWNED
+
+
 def device_payloads_owned() -> int:
     """Device payloads the collector owns now (live, or released but not yet drained)."""
     return len(_OWNED)
