@@ -225,8 +225,8 @@ def test_device_bytes_pace_the_collector(fake: FakeDriver) -> None:
     for i in range(500):
         lane.alloc_device(2 * MIB, np.float32, name=f"c{i}")  # dropped at once
         peak = max(peak, len(fake.live))
-    assert peak <= 8, f"{peak} live 8 MiB payloads during churn"
-    assert len(fake.freed) >= 500 - 8
+    assert peak <= 12, f"{peak} live 8 MiB payloads during churn"
+    assert len(fake.freed) >= 500 - 12
     keep.free()
 
 

@@ -141,16 +141,17 @@ def device_payloads_owned() -> int:
     return len(_OWNED)
 
 
-def _pace(nbytes: int) -> None:
-    """Allocation debt for device memory: past the collector's heap goal, wait
-    for the cycle running or requested now (at most one), as kernel threads do
-    at their pollchecks (gc/pace.c); then release what it swept."""
+def _pace() -> None:
+    """Allocation debt for device memory: once earlier allocations took the
+    heap past the collector's goal (which lies above its trigger, so a cycle
+    was requested), wait for one cycle to end, as kernel threads do at their
+    pollchecks (gc/pace.c); the caller then releases what it swept."""
     L = core.lib
-    if L.gc_heap_occupancy() + nbytes <= L.gc_heap_goal() or not heap.gc_stats()["enabled"]:
+    if L.gc_heap_occupancy() <= L.gc_heap_goal() or not heap.gc_stats()["enabled"]:
         return
     c0 = L.gc_cycles_completed()
     deadline = time.monotonic() + PACE_WAIT_LIMIT
-    while (L.gc_heap_occupancy() + nbytes > L.gc_heap_goal() and L.gc_cycles_completed() == c0
+    while (L.gc_heap_occupancy() > L.gc_heap_goal() and L.gc_cycles_completed() == c0
            and time.monotonic() < deadline):
         time.sleep(2e-4)
 
@@ -354,7 +355,7 @@ def alloc_device(shape: int | Sequence[int], dtype: Any = np.float32, perms: str
         raise TypeError(f"unsupported device dtype {dt}")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     drv.device()
-    _pace(nbytes)
+    _pace()
     _drain_all()
     L, f = drv.lib(), drv.ffi()
     p = f.new("CUdeviceptr *")
