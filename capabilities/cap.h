@@ -53,9 +53,11 @@ extern "C" {
 
 /* rt_obj.flags */
 enum { RT_OBJ_FREED = 1,      /* explicit free() happened */
-       RT_OBJ_EXTERNAL = 2,   /* payload owned by numpy/torch; never released here */
+       RT_OBJ_EXTERNAL = 2,   /* payload owned by numpy/torch (host or CUDA tensor): the
+                               * sweep queues its release, the host drops the reference */
        RT_OBJ_PAYLOAD_GONE = 4, /* payload released (header may live on) */
-       RT_OBJ_DEVICE = 8 };   /* payload lives in GPU memory */
+       RT_OBJ_DEVICE = 8 };   /* payload is GPU memory the collector owns: the sweep
+                               * queues its release, the host calls cuMemFree */
 
 #define RT_NAME_MAX 48
 

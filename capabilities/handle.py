@@ -8,7 +8,8 @@ does every later use of the handle from Python.  Every attribute of a handle
 is recorded when it is made, so reading one after free() never touches a
 header the collector may have released.
 
-Wrapped arrays: the collector owns the object, this module owns the array.
+Wrapped arrays (and wrapped torch CUDA tensors, runtime/cuda/lane.py): the
+collector owns the object, this module owns the array.
 The array stays referenced (``_EXTERNAL``) until the collector's sweep finds
 the object unreachable from every handle, table and running kernel and queues
 its release; ``drain_releases()`` (called on every alloc/wrap and after
@@ -23,6 +24,8 @@ import numpy as np
 
 from runtime import core, heap
 from runtime.errors import CapabilityFault
+
+from . import abi
 
 ffi, lib = core.ffi, core.lib
 
@@ -46,20 +49,19 @@ def drain_releases() -> int:
 
 heap.add_release_hook(drain_releases)
 
-#: numpy dtype -> RT_DT_* code (cap.h)
-DTYPE_CODES = {
-    np.dtype(np.float16): 1,
-    np.dtype(np.float32): 2,
-    np.dtype(np.float64): 3,
-    np.dtype(np.int32): 4,
-    np.dtype(np.int64): 5,
-    np.dtype(np.uint8): 6,
-}
+
+def keep_external(obj_id: int, owner: Any) -> None:
+    """Keep ``owner`` (the array or tensor whose memory object ``obj_id`` wraps)
+    referenced until the collector releases the object."""
+    _EXTERNAL[int(obj_id)] = owner
+
+#: numpy dtype -> RT_DT_* code (capabilities/abi.py)
+DTYPE_CODES = {np.dtype(d.numpy): d.code for d in abi.DTYPES if d.numpy}
 CAP_DTYPE = "cap"
-CAP_CODE = 7
-CAP_SLOT_BYTES = 16
-PERM_R, PERM_W = 1, 2
-RT_OBJ_FREED = 1
+CAP_CODE = abi.CAP_DT_CODE
+CAP_SLOT_BYTES = abi.ELEM_SIZE["cap"]
+PERM_R, PERM_W = abi.PERM_R, abi.PERM_W
+RT_OBJ_FREED = 1  # rt_obj.flags bit (cap.h)
 
 
 def _perm_bits(perms: str) -> int:
@@ -281,7 +283,7 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     ptr = ffi.cast("void *", array.ctypes.data)
     obj = lib.gc_wrap_pinned(ptr, array.nbytes, code, bits, name.encode()[:47])
     cap = Capability(obj, array.shape, array.dtype, perms, name)
-    _EXTERNAL[cap.id] = keep
+    keep_external(cap.id, keep)
     return cap
 
 

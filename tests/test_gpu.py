@@ -5,7 +5,9 @@ reported with that block/thread while neighbouring device buffers stay
 bit-identical; barriers after a fault do not deadlock; local/shared-array,
 read-only, freed and no-bounds faults; timeouts; checked and raw QR outputs are
 identical; the QR residuals pass the contest thresholds on every contest shape
-and on stress inputs.
+and on stress inputs; device buffers are collector objects (free() or dropping
+the last handle while a launch runs leaves the payload to that launch; churn
+of device allocations keeps device memory bounded).
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import hashlib
 import numpy as np
 import pytest
 
-try:
-    from runtime import cuda
-    from runtime.errors import CapabilityFault, KernelTimeout
+import runtime
+from runtime import cuda
+from runtime.errors import CapabilityFault, KernelTimeout
 
-    _OK, _WHY = cuda.available()
-except Exception as e:  # noqa: BLE001 - no cffi/libcuda/device: all mean "skip here"
-    _OK, _WHY = False, f"GPU lane unavailable: {e}"
+# Importing the lane never touches the driver; only "no libcuda / no device"
+# (CudaUnavailable, reported by available()) skips, a broken import fails.
+_OK, _WHY = cuda.available()
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")]
 
@@ -371,3 +373,149 @@ KERNEL void inc(cap_t x, int64_t n)
         runtime.launch(k, [x], args=(1000,), grid=8, block=128)
     assert e.value.index == 1000 and e.value.block == 7 and e.value.thread == 1000 - 7 * 128
     assert e.value.access in ("load", "store") and e.value.buffer == "x"
+    before = x.numpy()
+    runtime.launch(k, x, args=(999,), grid=8, block=128)  # a single cap, as on the CPU
+    assert np.array_equal(x.numpy(), before + 1)
+
+
+# ---------------------------------------------------------------------------
+# device buffers are collector objects
+# ---------------------------------------------------------------------------
+HOLD = """
+KERNEL void hold(cap_t flag, cap_t buf, cap_t res, cap_t out, int64_t limit)
+{
+    int64_t it = 0;
+    while (cap_load_i32(flag, 0) == 0 && it < limit) {
+        it = it + 1;
+        cap_store_i64(out, 0, it);
+    }
+    int64_t i = rt_thread_idx();
+    cap_store_f32(res, i, cap_load_f32(buf, i) + 1.0f);
+}
+"""
+HOLD_SECONDS = 3.0  # how long the kernel spins if it never sees the flag
+
+
+def _set_flag(flag) -> None:
+    """Write flag[0] = 1 through the side stream while the launch stream is busy."""
+    from runtime.cuda import driver as drv
+
+    one = drv.ffi().new("int *", 1)
+    drv.check(drv.lib().cuMemcpyHtoDAsync_v2(flag.ptr, one, 4, drv.device().side_stream),
+              "cuMemcpyHtoDAsync")
+    drv.check(drv.lib().cuStreamSynchronize(drv.device().side_stream), "cuStreamSynchronize")
+
+
+def _settle() -> None:
+    """Release every queued payload now, so no cuMemFree (which waits for running
+    kernels) happens while the test's kernel is in flight."""
+    import gc as pygc
+
+    pygc.collect()
+    for _ in range(3):
+        runtime.gc_collect()
+
+
+def _spin_limit(k, flag, buf, res, out) -> int:
+    """Loop count that keeps HOLD busy for about HOLD_SECONDS without the flag."""
+    import time
+
+    cuda.launch(k, [flag, buf, res, out], args=(1,), grid=1, block=32)  # warm up
+    n = 1 << 20
+    t0 = time.perf_counter()
+    cuda.launch(k, [flag, buf, res, out], args=(n,), grid=1, block=32)
+    per = max((time.perf_counter() - t0) / n, 1e-10)
+    return min(int(HOLD_SECONDS / per), 1 << 40)
+
+
+def _hold_scenario(drop_handle: bool) -> None:
+    import threading
+    import time
+    import weakref
+
+    from runtime.core import lib
+    from runtime.cuda import lane
+
+    k = cuda.compile(HOLD, "hold")
+    flag = cuda.alloc_device(1, np.int32, name="flag")
+    buf = cuda.to_device(np.full(32, 41.0, np.float32), name="buf")
+    res = cuda.alloc_device(32, np.float32, name="res")
+    out = cuda.alloc_device(1, np.int64, name="out")
+    limit = _spin_limit(k, flag, buf, res, out)
+    _settle()
+    caps = [flag, buf, res, out]
+    bid = buf.id
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            cuda.launch(k, caps, args=(limit,), grid=1, block=32, timeout=60)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while lib.gc_find_id(bid).holds == 0:  # the launch holds buf: its snapshot is taken
+        assert time.monotonic() < deadline and t.is_alive(), errors
+        time.sleep(1e-3)
+    if drop_handle:
+        gone = weakref.ref(buf)
+        caps[1] = None
+        del buf
+        while gone() is not None:  # the launch keeps the held object, not the handle
+            assert time.monotonic() < deadline, "a launch kept the Python handle alive"
+            time.sleep(1e-3)
+    else:
+        buf.free()
+        with pytest.raises(CapabilityFault) as e:
+            buf.free()
+        assert e.value.reason == "freed"
+    _settle()
+    pending, lid = lane.payload_pending(bid), lib.gc_is_live_id(bid)
+    in_flight = t.is_alive()
+    _set_flag(flag)
+    t.join(60)
+    assert not t.is_alive() and not errors, errors
+    assert in_flight, "the kernel ended before the free/drop: raise HOLD_SECONDS"
+    assert pending and lid, "payload released while a launch held it"
+    assert np.all(res.numpy() == 42.0)  # the in-flight kernel read the live payload
+    _settle()
+    assert not lane.payload_pending(bid)
+    if drop_handle:
+        assert not lib.gc_is_live_id(bid)
+    else:
+        with pytest.raises(CapabilityFault) as e:  # the next launch is refused
+            cuda.launch(k, [flag, buf, res, out], args=(1,), grid=1, block=32)
+        assert (e.value.reason, e.value.buffer) == ("freed", "buf")
+
+
+def test_free_while_a_launch_runs() -> None:
+    _hold_scenario(drop_handle=False)
+
+
+def test_drop_last_handle_while_a_launch_runs() -> None:
+    _hold_scenario(drop_handle=True)
+
+
+def test_device_churn_keeps_memory_bounded() -> None:
+    from runtime.cuda import driver as drv
+
+    def free_bytes() -> int:
+        f = drv.ffi()
+        fr, tot = f.new("size_t *"), f.new("size_t *")
+        drv.check(drv.lib().cuMemGetInfo_v2(fr, tot), "cuMemGetInfo")
+        return int(fr[0])
+
+    mib = 1 << 20
+    _settle()
+    before = free_bytes()
+    lowest = before
+    for i in range(2000):  # 2000 x 8 MiB = 15.6 GiB allocated, each dropped at once
+        cuda.alloc_device(2 * mib, np.float32, name=f"churn{i}")
+        if i % 50 == 0:
+            lowest = min(lowest, free_bytes())
+    _settle()
+    after = free_bytes()
+    assert before - lowest <= 512 * mib, f"device memory grew by {(before - lowest) / mib} MiB"
+    assert before - after <= 64 * mib, f"{(before - after) / mib} MiB not returned"

@@ -1,22 +1,33 @@
 """The GPU lane: device capabilities, kernel compilation and checked launches.
 
-Device capabilities.  A :class:`DeviceCapability` is the host-side header of a
-device buffer (shape, dtype, perms, name, bounds, freed flag) and owns the
-device payload (``cuMemAlloc``) unless it wraps memory owned elsewhere (a
-PyTorch tensor).  A launch passes each buffer as a by-value ``cap_t`` built
-from the header at launch time; after ``free()`` that snapshot has zero bounds
-and the "freed" tag, so any access in a later launch faults with reason
-``freed``.  The payload itself is released once no launch holds the buffer.
+Device capabilities are collector objects.  A :class:`DeviceCapability` is a
+Python handle on an ``rt_obj`` header in the collector's heap (gc/), exactly
+like a host :class:`capabilities.Capability`; only the payload lives on the
+GPU.  Its roots are the handle (a pin, dropped when the handle dies or at
+``free()``) and every launch in flight (``gc_hold``/``gc_unhold`` around the
+launch, as on the CPU lane).  The payload is released by the collector's
+sweep, never by Python reference counting: the sweep queues a record and
+:func:`drain_device_releases`, run on host threads (every device alloc and
+launch, ``runtime.gc_collect()``, interpreter exit; never the collector
+thread), calls ``cuMemFree``.  So a payload is never released while a launch
+that holds it is in flight.  Memory from ``cuMemAlloc`` is a device object
+(``gc_wrap_device_pinned``: its bytes pace the collector); a wrapped torch
+CUDA tensor is an external object (``gc_wrap_pinned``): the deferred release
+drops the reference to the tensor, and torch frees its own memory.
 
-Launches are synchronous: ``launch`` returns after the kernel finished and
-raises :class:`CapabilityFault` for the first refused access of the launch.
+A launch passes each buffer as a by-value ``cap_t`` built from the header at
+launch time, after taking the hold; after ``free()`` that snapshot has zero
+bounds and the "freed" tag, so any access in a later launch faults with
+reason ``freed``.  Launches are synchronous: ``launch`` returns after the
+kernel finished and raises :class:`CapabilityFault` for the first refused
+access of the launch.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +36,7 @@ import numpy as np
 
 from capabilities import abi
 
+from .. import core, heap
 from ..argcheck import check_counts, check_grid, check_perms, scalar_arg
 from ..errors import CapabilityFault, KernelTimeout, fault_detail
 from ..parse import parse
@@ -38,7 +50,11 @@ typedef struct { int flag; int kind; int access; int line; long long block; long
                  long long elsize; long long offset; int thread; int slot; } rt_gpu_fault;
 """
 TAG_FREED = abi.GPU_TAG_FREED
-_DTYPES = {"float16", "float32", "float64", "int32", "int64", "uint8"}
+#: numpy dtype name -> RT_DT code (capabilities/abi.py)
+_DT_CODES = {d.numpy: d.code for d in abi.DTYPES if d.numpy}
+CUDA_ERROR_OUT_OF_MEMORY = 2
+#: longest a device allocation waits for the collector's cycle (seconds)
+PACE_WAIT_LIMIT = 2.0
 
 _ffi_lock = threading.Lock()
 _cffi: dict = {}
@@ -55,48 +71,209 @@ def _ffi():
         return _cffi["ffi"]
 
 
-def _release(ptr: int) -> None:
-    """Finalizer: free a device payload (the context may be gone at exit: ignore)."""
-    try:
-        drv.lib().cuMemFree_v2(ptr)
-    except drv.CudaUnavailable:  # interpreter shutdown after the driver went away
+# ---------------------------------------------------------------------------
+# deferred device releases
+# ---------------------------------------------------------------------------
+#: ids of device objects whose payload came from cuMemAlloc (the collector
+#: owns it); a queued record with another id is not this lane's to free
+_OWNED: set[int] = set()
+_drain_lock = threading.RLock()
+_DRAIN_BATCH = 256
+_drain_buf: list = []
+_released = [0]
+
+
+def _free_payload(address: int) -> None:
+    drv.device()
+    drv.check(drv.lib().cuMemFree_v2(address), "cuMemFree")
+
+
+def drain_device_releases(*, at_exit: bool = False) -> int:
+    """cuMemFree every device payload the collector's sweep has released.
+
+    Runs on the calling host thread; returns how many payloads it freed.
+    Wrapped torch tensors go through the external queue
+    (``capabilities.handle.drain_releases``), which drops their reference.
+    """
+    if not _OWNED:
+        return 0
+    with _drain_lock:
+        if not _drain_buf:
+            _drain_buf.append(core.ffi.new("gc_release_rec[]", _DRAIN_BATCH))
+        buf = _drain_buf[0]
+        n = 0
+        error: Exception | None = None
+        while True:
+            k = int(core.lib.gc_drain_device_releases(buf, _DRAIN_BATCH))
+            for i in range(k):
+                rid, address = int(buf[i].id), int(buf[i].handle)
+                if rid not in _OWNED:
+                    continue
+                _OWNED.discard(rid)
+                n += 1
+                if not address:
+                    continue
+                try:
+                    _free_payload(address)
+                except (drv.CudaError, drv.CudaUnavailable) as e:
+                    error = error or e  # free the rest of the batch first
+            if k < _DRAIN_BATCH:
+                break
+        _released[0] += n
+    if error is not None and not at_exit:
+        raise error
+    return n
+
+
+def device_payloads_released() -> int:
+    """How many device payloads this process has cuMemFree'd through the collector."""
+    return _released[0]
+
+
+def payload_pending(obj_id: int) -> bool:
+    """True until the collector has released (and this lane cuMemFree'd) the
+    device payload of object ``obj_id``."""
+    return int(obj_id) in _OWNED
+
+
+def device_payloads_owned() -> int:
+    """Device payloads the collector owns now (live, or released but not yet drained)."""
+    return len(_OWNED)
+
+
+def _pace() -> None:
+    """Allocation debt for device memory: once earlier allocations took the
+    heap past the collector's goal (which lies above its trigger, so a cycle
+    was requested), wait for one cycle to end, as kernel threads do at their
+    pollchecks (gc/pace.c); the caller then releases what it swept."""
+    L = core.lib
+    if L.gc_heap_occupancy() <= L.gc_heap_goal() or not heap.gc_stats()["enabled"]:
         return
+    c0 = L.gc_cycles_completed()
+    deadline = time.monotonic() + PACE_WAIT_LIMIT
+    while (L.gc_heap_occupancy() > L.gc_heap_goal() and L.gc_cycles_completed() == c0
+           and time.monotonic() < deadline):
+        time.sleep(2e-4)
+
+
+def _drain_all() -> None:
+    from capabilities.handle import drain_releases
+
+    drain_device_releases()
+    drain_releases()
+
+
+heap.add_release_hook(drain_device_releases)
+atexit.register(drain_device_releases, at_exit=True)
 
 
 class DeviceCapability:
-    """A capability on a device buffer: host header, device payload.
+    """A capability on a device buffer: collector header, device payload.
 
-    Attributes: ``nbytes``, ``dtype`` (numpy dtype), ``shape``, ``name``,
-    ``perms`` ("r", "w" or "rw"), ``device`` ("cuda"), ``ptr`` (device address),
-    ``freed``.
+    Attributes (recorded when the handle is made, so all of them stay defined
+    after ``free()``): ``nbytes``, ``dtype`` (numpy dtype), ``shape``,
+    ``size``, ``name``, ``perms`` ("r" or "rw"), ``device`` ("cuda"), ``id``
+    (the collector's serial), ``freed``.  ``ptr`` (the device address) and
+    ``numpy()`` raise ``CapabilityFault("freed")`` after ``free()``, as
+    ``int(cap)`` and ``numpy()`` do on the host.
     """
-
-    _serial = 0
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: Any, perms: str = "rw",
                  name: str | None = None, *, owned: bool = True, keepalive: Any = None):
-        self.dtype = np.dtype(dtype)
-        if self.dtype.name not in _DTYPES:
-            raise TypeError(f"unsupported device dtype {self.dtype}")
-        self.shape = tuple(int(s) for s in shape)
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-        self.perms = check_perms(perms)
-        DeviceCapability._serial += 1
-        self.id = DeviceCapability._serial
-        self.name = (name or f"dev{self.id}")[:47]
-        self.device = "cuda"
+        """Hand ``ptr`` to the collector: ``owned`` payloads (cuMemAlloc) are
+        cuMemFree'd by it; otherwise ``keepalive`` (e.g. the torch tensor whose
+        memory this is) stays referenced until the collector releases the object."""
+        self._dtype = np.dtype(dtype)
+        if self._dtype.name not in _DT_CODES:
+            if owned and ptr:
+                _free_payload(int(ptr))
+            raise TypeError(f"unsupported device dtype {self._dtype}")
+        self._perms = check_perms(perms)
+        self._shape = tuple(int(s) for s in shape)
+        self._nbytes = int(np.prod(self._shape, dtype=np.int64)) * self._dtype.itemsize
         self._ptr = int(ptr)
-        self._owned = owned
-        self._keepalive = keepalive  # e.g. the torch tensor whose memory this is
         self._freed = False
-        self._holds = 0
         self._lock = threading.Lock()
-        self._fin = weakref.finalize(self, _release, self._ptr) if owned and ptr else None
+        code = _DT_CODES[self._dtype.name]
+        bits = abi.PERM_R | (abi.PERM_W if "w" in self._perms else 0)
+        label = (name or "dev").encode()[:47]
+        if owned:
+            obj = core.lib.gc_wrap_device_pinned(self._ptr, self._nbytes, code, bits, label)
+        else:
+            obj = core.lib.gc_wrap_pinned(core.ffi.cast("void *", self._ptr), self._nbytes,
+                                          code, bits, label)
+        if obj == core.ffi.NULL:
+            if owned and ptr:
+                _free_payload(self._ptr)
+            raise MemoryError(f"capqr: cannot allocate a header for device buffer {name!r}")
+        self._obj = obj
+        self._id = int(obj.id)
+        self._name = (name or f"dev{self._id}")[:47]
+        if owned:
+            _OWNED.add(self._id)
+        elif keepalive is not None:
+            from capabilities.handle import keep_external
+
+            keep_external(self._id, keepalive)
+
+        def unpin(_p: Any, o: Any = obj) -> None:
+            core.lib.gc_unpin(o)
+
+        # The handle's pin: dropped when the handle dies or at free().
+        self._pin = core.ffi.gc(core.ffi.cast("void *", obj), unpin)
 
     # -- header ------------------------------------------------------------
     @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> Any:
+        return self._dtype
+
+    @property
+    def perms(self) -> str:
+        return self._perms
+
+    @perms.setter
+    def perms(self, perms: str) -> None:
+        """Narrowing only ("rw" -> "r"): to_device uploads, then restricts."""
+        perms = check_perms(perms)
+        if perms == self._perms:
+            return
+        if perms != "r":
+            raise ValueError("device capability perms can only be narrowed to 'r'")
+        with self._lock:
+            self._check_live("store")
+            self._obj.wlen = 0
+            self._obj.perms = abi.PERM_R
+            self._perms = perms
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    @property
+    def id(self) -> int:
+        """The collector's serial number of the object."""
+        return self._id
+
+    @property
+    def device(self) -> str:
+        return "cuda"
+
+    @property
     def ptr(self) -> int:
-        """Device address of the payload (0 once released)."""
+        """Device address of the payload (raises CapabilityFault("freed") after free())."""
+        self._check_live("load")
         return self._ptr
 
     @property
@@ -106,69 +283,61 @@ class DeviceCapability:
 
     def __repr__(self) -> str:
         st = " freed" if self._freed else ""
-        return f"<DeviceCapability {self.name!r} {self.dtype} {self.shape} {self.perms}{st}>"
+        return f"<DeviceCapability {self._name!r} {self._dtype} {self._shape} {self._perms}{st}>"
+
+    def _check_live(self, access: str) -> None:
+        if self._freed:
+            raise CapabilityFault("freed", buffer=self._name, access=access,
+                                  detail="capability used after free()")
 
     def cap_value(self, slot: int) -> tuple[int, int, int, int, int]:
         """(p, lo, rlen, wlen, tag) as a launch passes it; ``slot`` is the argument index."""
         with self._lock:
             if self._freed:
                 return 0, 0, 0, 0, (slot + 1) | TAG_FREED
-            return (self._ptr, self._ptr, self.nbytes, self.nbytes if "w" in self.perms else 0,
-                    slot + 1)
+            return (self._ptr, self._ptr, self._nbytes,
+                    self._nbytes if "w" in self._perms else 0, slot + 1)
 
-    def _hold(self) -> None:
-        with self._lock:
-            self._holds += 1
-
-    def _unhold(self) -> None:
-        with self._lock:
-            self._holds -= 1
-            release = self._freed and self._holds == 0
-        if release:
-            self._drop_payload()
-
-    def _drop_payload(self) -> None:
-        if self._fin is not None:
-            self._fin()  # runs _release once
-            self._fin = None
-        self._keepalive = None
-        self._ptr = 0
+    def _hold(self) -> Any:
+        """Root the object for a launch (refused after free()); returns the header."""
+        with self._lock:  # free() takes it too: no hold on an unpinned freed object
+            self._check_live("launch")
+            core.lib.gc_hold(self._obj)
+            return self._obj
 
     def free(self) -> None:
-        """Revoke the capability now; release the payload when no launch holds it.
+        """Revoke the capability now; the collector releases the payload later.
 
         Later launches see zero bounds and fault with reason "freed"; a second
-        free() raises CapabilityFault("freed"), as on the CPU.
+        free() raises CapabilityFault("freed"), as on the CPU.  The payload goes
+        once no handle pin, no launch in flight and no shadow frame reaches it.
         """
         with self._lock:
             if self._freed:
-                raise CapabilityFault("freed", buffer=self.name, access="free",
+                raise CapabilityFault("freed", buffer=self._name, access="free",
                                       detail="double free()")
+                core.lib.gc_free(self._obj)  # cannot be a second free: _freed is set under the lock
             self._freed = True
-            idle = self._holds == 0
-        if idle:
-            self._drop_payload()
+            self._pin = None  # unpin: the header may be reclaimed from now on
 
     # -- data movement ------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """Copy the payload back to a new host array of ``shape`` and ``dtype``."""
-        if self._freed:
-            raise CapabilityFault("freed", buffer=self.name, access="load")
-        out = np.empty(self.shape, self.dtype)
-        if self.nbytes:
+        self._check_live("load")
+        out = np.empty(self._shape, self._dtype)
+        if self._nbytes:
             drv.device()
             f = drv.ffi()
             drv.check(drv.lib().cuMemcpyDtoH_v2(f.cast("void *", out.ctypes.data), self._ptr,
-                                                self.nbytes), "cuMemcpyDtoH")
+                                                self._nbytes), "cuMemcpyDtoH")
         return out
 
     def copy_from(self, array: Any) -> None:
         """Upload a host array of the same number of bytes into the payload."""
-        if self._freed:
-            raise CapabilityFault("freed", buffer=self.name, access="store")
-        a = np.ascontiguousarray(array, dtype=self.dtype)
-        if a.nbytes != self.nbytes:
-            raise ValueError(f"size mismatch: {a.nbytes} bytes into {self.nbytes}")
+        self._check_live("store")
+        a = np.ascontiguousarray(array, dtype=self._dtype)
+        if a.nbytes != self._nbytes:
+            raise ValueError(f"size mismatch: {a.nbytes} bytes into {self._nbytes}")
         if a.nbytes:
             drv.device()
             f = drv.ffi()
@@ -182,13 +351,28 @@ def alloc_device(shape: int | Sequence[int], dtype: Any = np.float32, perms: str
     check_perms(perms)  # before the device allocation, which would leak on a refusal
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     dt = np.dtype(dtype)
+    if dt.name not in _DT_CODES:
+        raise TypeError(f"unsupported device dtype {dt}")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     drv.device()
+    _pace()
+    _drain_all()
     L, f = drv.lib(), drv.ffi()
     p = f.new("CUdeviceptr *")
     if nbytes:
-        drv.check(L.cuMemAlloc_v2(p, nbytes), "cuMemAlloc")
-        drv.check(L.cuMemsetD8_v2(p[0], 0, nbytes), "cuMemsetD8")
+        rc = L.cuMemAlloc_v2(p, nbytes)
+        if rc == CUDA_ERROR_OUT_OF_MEMORY:
+            # Unreachable payloads may still hold the memory: collect, release, retry once.
+            heap.gc_collect()
+            heap.gc_collect()  # a freed object is released by the sweep after the latching one
+            _drain_all()
+            rc = L.cuMemAlloc_v2(p, nbytes)
+        drv.check(rc, "cuMemAlloc")
+        try:
+            drv.check(L.cuMemsetD8_v2(p[0], 0, nbytes), "cuMemsetD8")
+        except drv.CudaError:
+            _free_payload(p[0])
+            raise
     return DeviceCapability(p[0], shape, dt, perms, name)
 
 
@@ -206,8 +390,9 @@ def wrap_device(tensor: Any, perms: str = "rw", name: str | None = None
                 ) -> DeviceCapability:
     """A capability over a contiguous CUDA torch tensor (memory stays owned by torch).
 
-    Holds a reference to the tensor so the memory outlives the capability;
-    free() revokes the capability but never releases torch's memory.
+    The tensor stays referenced until the collector releases the object (no
+    handle, no launch in flight reaches it); free() revokes the capability at
+    once but never releases torch's memory.
     """
     if not getattr(tensor, "is_cuda", False):
         raise TypeError("wrap_device needs a CUDA tensor")
@@ -215,6 +400,7 @@ def wrap_device(tensor: Any, perms: str = "rw", name: str | None = None
         raise ValueError("wrap_device needs a contiguous tensor (call .contiguous())")
     dt = str(tensor.dtype).replace("torch.", "")
     drv.device()
+    _drain_all()
     return DeviceCapability(tensor.data_ptr(), tuple(tensor.shape), dt, perms, name,
                             owned=False, keepalive=tensor)
 
@@ -278,19 +464,19 @@ def compile(source: str, name: str | None = None, *, checked: bool = True, hoist
 
 
 class _Prepared:
-    """Kernel parameter storage for one launch (kept alive until it completes)."""
+    """Kernel parameter storage for one launch (kept alive until it completes).
+
+    Keeps the buffers' names, not the handles: once a launch holds its
+    buffers, dropping the last handle is the collector's business.
+    """
 
     def __init__(self, kernel: CudaKernel, caps: Sequence[DeviceCapability],
                  args: Sequence[Any]):
         info = kernel.info
         check_counts(info, len(caps), len(args), kernel.name)
         for c in caps:
-            if not isinstance(c, DeviceCapability):
-                raise TypeError(f"GPU kernels take device capabilities, not {type(c).__name__}"
-                                " (allocate with device='cuda')")
-            if c.freed:  # as on the CPU: refused before anything runs
-                raise CapabilityFault("freed", buffer=c.name, access="launch",
-                                      detail="capability used after free()")
+            _check_device_cap(c)
+        self.names = [c.name for c in caps]
         f = _ffi()
         ctype = {"i64": "long long *", "f64": "double *", "f32": "float *"}
         self.keep = []
@@ -311,6 +497,38 @@ class _Prepared:
             "uintptr_t", v))) for v in self.keep] or [drv.ffi().NULL])
 
 
+def _check_device_cap(c: Any) -> None:
+    if not isinstance(c, DeviceCapability):
+        raise TypeError(f"GPU kernels take device capabilities, not {type(c).__name__}"
+                        " (allocate with device='cuda')")
+    c._check_live("launch")  # as on the CPU: refused before anything runs
+
+
+def _hold_all(kernel: CudaKernel, caps: Sequence[DeviceCapability],
+              args: Sequence[Any]) -> list[Any]:
+    """Root every buffer of a launch (all or none); returns the held headers.
+
+    Taken before the bounds snapshot, so a free() racing with the launch either
+    is refused here or leaves a snapshot whose payload the hold keeps alive.
+    """
+    check_counts(kernel.info, len(caps), len(args), kernel.name)
+    held: list[Any] = []
+    try:
+        for c in caps:
+            _check_device_cap(c)
+            held.append(c._hold())
+    except BaseException:
+        _unhold_all(held)
+        raise
+    return held
+
+
+def _unhold_all(held: list[Any]) -> None:
+    for obj in held:
+        core.lib.gc_unhold(obj)
+    held.clear()
+
+
 def _launch_async(kernel: CudaKernel, prep: _Prepared, grid: int, block: int,
                   shared_bytes: int) -> None:
     L, f = drv.lib(), drv.ffi()
@@ -325,7 +543,7 @@ def _reset_flags(kernel: CudaKernel) -> None:
     drv.check(L.cuMemsetD8_v2(kernel.cancel_ptr, 0, 4), "cuMemsetD8")
 
 
-def _read_fault(kernel: CudaKernel, caps: Sequence[DeviceCapability]) -> CapabilityFault | None:
+def _read_fault(kernel: CudaKernel, names: Sequence[str]) -> CapabilityFault | None:
     f = _ffi()
     rec = f.new("rt_gpu_fault *")
     drv.check(drv.lib().cuMemcpyDtoH_v2(drv.ffi().cast("void *", int(f.cast("uintptr_t", rec))),
@@ -338,7 +556,7 @@ def _read_fault(kernel: CudaKernel, caps: Sequence[DeviceCapability]) -> Capabil
     if reason == "division-by-zero":
         buf = None
     elif slot >= 0:
-        buf = caps[slot].name if slot < len(caps) else f"cap#{slot}"
+        buf = names[slot] if slot < len(names) else f"cap#{slot}"
     elif slot == -1 and reason == "no-bounds":
         buf = "<int-derived>"  # cap_from_int: no object (the CPU lane's name)
     else:
@@ -349,34 +567,35 @@ def _read_fault(kernel: CudaKernel, caps: Sequence[DeviceCapability]) -> Capabil
                            line=rec.line or None, detail=fault_detail(reason, rec.index))
 
 
-def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability], *, args: Sequence[Any] = (),
-           grid: int = 1, block: int = 128, shared_bytes: int = 0,
+def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
+           args: Sequence[Any] = (), grid: int = 1, block: int = 128, shared_bytes: int = 0,
            timeout: float | None = None) -> None:
     """Run ``kernel`` on ``grid`` blocks of ``block`` threads and wait for it.
 
     Raises CapabilityFault (first refused access: block, thread, index, buffer,
     line) or KernelTimeout (deadline passed; blocks were cancelled at their
-    next pollcheck).
+    next pollcheck).  The buffers are collector roots (holds) until the
+    kernel has finished, whatever happens to their handles meanwhile.
     """
+    caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
     check_grid(grid, timeout)
     dev = drv.device()
     if not 1 <= block <= dev.max_threads:
         raise ValueError(f"block must be in 1..{dev.max_threads}")
-    prep = _Prepared(kernel, caps, args)
-    if grid == 0:
-        return  # arguments checked; no block to run (as on the CPU)
-    held = list(caps)
-    for c in held:
-        c._hold()
+    _drain_all()
+    held = _hold_all(kernel, caps, args)
     try:
+        prep = _Prepared(kernel, caps, args)
+        del caps  # the launch holds the objects, not the handles
+        if grid == 0:
+            return  # arguments checked; no block to run (as on the CPU)
         with kernel.lock:  # the fault record is per module: one launch at a time
             _reset_flags(kernel)
             _launch_async(kernel, prep, grid, block, shared_bytes)
             _wait(kernel, timeout)
-            fault = _read_fault(kernel, caps)
+            fault = _read_fault(kernel, prep.names)
     finally:
-        for c in held:
-            c._unhold()
+        _unhold_all(held)
     if fault is not None:
         raise fault
 
@@ -412,7 +631,7 @@ def _wait(kernel: CudaKernel, timeout: float | None) -> None:
     raise KernelTimeout(kernel.name, timeout)
 
 
-def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability], *,
+def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
                 args: Sequence[Any] = (), grid: int = 1, block: int = 128,
                 shared_bytes: int = 0, repeat: int = 7, warmup: int = 1,
                 before: Any = None) -> list[float]:
@@ -422,13 +641,14 @@ def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability], *,
     region, e.g. to restore the input that the kernel overwrites in place.
     Raises CapabilityFault if any launch faulted.
     """
+    caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
     drv.device()
-    prep = _Prepared(kernel, caps, args)
+    _drain_all()
     out = []
     start, end = drv.Event(), drv.Event()
-    for c in caps:
-        c._hold()
+    held = _hold_all(kernel, caps, args)
     try:
+        prep = _Prepared(kernel, caps, args)
         with kernel.lock:
             for it in range(warmup + repeat):
                 if before is not None:
@@ -438,12 +658,11 @@ def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability], *,
                 _launch_async(kernel, prep, grid, block, shared_bytes)
                 end.record()
                 end.synchronize()
-                fault = _read_fault(kernel, caps)
+                fault = _read_fault(kernel, prep.names)
                 if fault is not None:
                     raise fault
                 if it >= warmup:
                     out.append(start.elapsed_ms(end))
     finally:
-        for c in caps:
-            c._unhold()
+        _unhold_all(held)
     return out
