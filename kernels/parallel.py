@@ -44,6 +44,12 @@ def kernels_for(dtype: str, checked: bool) -> tuple[Any, Any]:
     return _kernels(dtype, checked, tuple(cflags()))
 
 
+def default_nb(m: int, n: int) -> int:
+    """Panel width: 64 halves the passes over a large trailing matrix; up to 512
+    columns the (BLAS-2) panel costs more than that saves (bench/qr_parallel.py)."""
+    return 64 if min(m, n) > 512 else 32
+
+
 def step_items(batch: int, m: int, n: int, nb: int, j: int, tw: int) -> int:
     """Work items of ``qrt_step(j)`` (the same count the kernel derives)."""
     k = min(m, n)
@@ -78,7 +84,8 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     import runtime
 
     batch, m, n = h.shape
-    nb = max(1, min(NB_MAX, nb))
+    # A panel never needs to be wider than the matrix: smaller workspace, same result.
+    nb = max(1, min(NB_MAX, nb, min(m, n)))
     tw = max(1, min(TW_MAX, tw))
     if steps is None:
         steps = use_steps(batch, m, n, nb, runtime.threads())

@@ -51,9 +51,10 @@ _VARIANTS: dict[str, Variant] = {
                        "xGEQRF: panels of nb columns, compact WY (T matrix), blocked update"),
     "f16": Variant("f16", "geqrf_f16", ("float16",), {"nb": 32},
                    "blocked QR with half storage (matrix, R, V), float32 accumulation"),
-    "parallel": Variant("parallel", "qrt", ("float32", "float64"), {"nb": 64, "tw": 64},
-                        "blocked QR with register-tiled updates; a single matrix is driven "
-                        "from the host panel by panel, one block per (matrix, column tile)"),
+    "parallel": Variant("parallel", "qrt", ("float32", "float64"), {"nb": 32, "tw": 64},
+                        "blocked QR with register-tiled updates (nb 32; 64 above 512 "
+                        "columns); a single matrix is driven from the host panel by panel, "
+                        "one block per (matrix, column tile)"),
 }
 
 #: What ``variant="auto"`` (the default) runs.
@@ -141,7 +142,7 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
         tdt = np.dtype(dt)
     tau = np.zeros((batch, k), dtype=tdt)
     if v.family == "qrt":
-        b = v.params["nb"] if nb is None else int(nb)
+        b = parallel.default_nb(m, n) if nb is None else int(nb)
         if not 1 <= b <= parallel.NB_MAX:
             raise ValueError(f"panel width nb={b} outside 1..{parallel.NB_MAX}")
         parallel.run(h, tau, dt, b, v.params["tw"], checked, grid, timeout)
