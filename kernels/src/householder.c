@@ -147,6 +147,10 @@ static void larft(cap_t A, int64_t ld, int64_t r, int64_t vc, int64_t jb, int64_
 {
     float g[128][128];
     float x[128];
+    /* Callers pass jb <= 128; saying so lets gcc prove the local-array guards
+     * of the triangular loops below (they are re-checked per row otherwise). */
+    if (jb > 128)
+        jb = 128;
     for (int64_t p = 0; p < jb; p++)
         for (int64_t q = 0; q < p; q++)
             g[p][q] = 0.0f;
