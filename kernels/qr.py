@@ -98,8 +98,8 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
 
     Returns ``(H, tau)`` (numpy, or torch CPU tensors for torch input); see the
     module docstring for the layout.  ``variant`` is a name from
-    :func:`variants`; ``checked=False`` runs the raw (unchecked) build of the
-    same kernel (``"auto"``: the ``parallel`` variant).  ``nb`` is the panel
+    :func:`variants` or ``"auto"`` (the default: ``parallel``);
+    ``checked=False`` runs the raw (unchecked) build of the same kernel.  ``nb`` is the panel
     width of the blocked variants (1..128; ``parallel``: 1..64).  ``grid``
     defaults to the batch size (one block per matrix); for ``parallel`` it
     caps the blocks of each launch (default: one per work item).
