@@ -70,18 +70,21 @@ def _check(a: np.ndarray, out: Any) -> dict[str, Any]:
             "worst": {key: float(v) for key, v in rep.worst().items()}}
 
 
-def peers(quick: bool) -> list[dict[str, Any]]:
-    """capqr vs scipy, interleaved, per shape."""
+def peers(quick: bool, only: list[str] | None = None,
+          min_repeats: int = MIN_REPEATS) -> list[dict[str, Any]]:
+    """capqr vs scipy, interleaved, per shape (``only``: labels such as "n=1024", "(8,2048)")."""
     mode = "quick" if quick else "full"
     shapes = [(f"n={n}", 1, n) for n in SQUARE[mode]]
     shapes += [(f"({b},{n})", b, n) for b, n in BATCHED[mode]]
+    if only:
+        shapes = [s for s in shapes if s[0] in only]
     rows = []
     for label, batch, n in shapes:
         a = _input(batch, n)
         flops = batch * qr_flops(n, n)
         runners = {"capqr": _Capqr(a), "scipy": scipy_impl(a)}
         warm = {k: time_once(r) for k, r in runners.items()}
-        reps = 1 if quick else pick_repeats(sum(warm.values()), SHAPE_BUDGET_S, MIN_REPEATS,
+        reps = 1 if quick else pick_repeats(sum(warm.values()), SHAPE_BUDGET_S, min_repeats,
                                             MAX_REPEATS)
         s = interleaved(runners, reps, warmup=0)
         row: dict[str, Any] = {"shape": label, "batch": batch, "n": n, "flops": flops,
@@ -198,6 +201,10 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output directory")
     ap.add_argument("--skip", action="append", default=[],
                     choices=("peers", "scaling", "overhead", "launch"))
+    ap.add_argument("--shapes", default="",
+                    help='comma-free list of shape labels, e.g. "n=1024 (8,2048)" (default: all)')
+    ap.add_argument("--min-repeats", type=int, default=MIN_REPEATS,
+                    help="fewest timed runs per shape (the warm-up run is extra)")
     ns = ap.parse_args(argv)
     import runtime
 
@@ -207,7 +214,7 @@ def main(argv: list[str] | None = None) -> Path:
     if "launch" not in ns.skip:
         res["launch_us"] = launch_cost()
     if "peers" not in ns.skip:
-        res["peers"] = peers(ns.quick)
+        res["peers"] = peers(ns.quick, ns.shapes.split() or None, max(1, ns.min_repeats))
     if "overhead" not in ns.skip:
         res["checked_over_raw"] = overhead(ns.quick)
     if "scaling" not in ns.skip:
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> Path:
     res["elapsed_s"] = time.perf_counter() - t0
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = "-quick" if ns.quick else ""
+    tag = "-quick" if ns.quick else ("-part" if ns.shapes or ns.skip else "")
     path = out / f"cpu-parallel-{res['date']}-{socket.gethostname()}{tag}.json"
     path.write_text(json.dumps(res, indent=1))
     print(f"wrote {path} in {res['elapsed_s']:.0f} s")
