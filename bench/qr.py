@@ -137,15 +137,17 @@ class _KernelsQr:
         self.out = self.fn(self.a, variant=self.variant, checked=self.checked)
 
 
-#: Work above which the non-default variants are skipped in the peer comparison:
+#: Work above which the secondary variants are skipped in the peer comparison:
 #: the unblocked kernel is BLAS-2 (never the fastest at size) and the half
-#: variant is timed where it is cheap; "blocked" runs on every shape.
+#: variant is timed where it is cheap; "blocked" and the default run on every shape.
 SECONDARY_MAX_FLOPS = 2e10
+FULL_RANGE_VARIANTS = ("blocked", "parallel")
 
 
 def peer_limits() -> dict[str, float]:
-    """``max_flops`` for peers.run: every variant but "blocked" stops at SECONDARY_MAX_FLOPS."""
-    return {f"capqr:{n}": SECONDARY_MAX_FLOPS for n in available() if n != "blocked"}
+    """``max_flops`` for peers.run: secondary variants stop at SECONDARY_MAX_FLOPS."""
+    return {f"capqr:{n}": SECONDARY_MAX_FLOPS for n in available()
+            if n not in FULL_RANGE_VARIANTS}
 
 
 def peer_impls(include: list[str] | None = None) -> dict[str, Any]:

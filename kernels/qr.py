@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import sources
+from . import parallel, sources
 
 #: Largest panel width the blocked kernels accept (their local tiles are 128 rows).
 NB_MAX = 128
@@ -63,7 +63,14 @@ _VARIANTS: dict[str, Variant] = {
                        "xGEQRF: panels of nb columns, compact WY (T matrix), blocked update"),
     "f16": Variant("f16", "geqrf_f16", ("float16",), {"nb": 32},
                    "blocked QR with half storage (matrix, R, V), float32 accumulation"),
+    "parallel": Variant("parallel", "qrt", ("float32", "float64"), {"nb": 32, "tw": 64},
+                        "blocked QR with register-tiled updates (nb 32; 64 above 512 "
+                        "columns); a single matrix is driven from the host panel by panel, "
+                        "one block per (matrix, column tile)"),
 }
+
+#: What ``variant="auto"`` (the default) runs.
+AUTO_VARIANT = "parallel"
 
 
 def variants() -> dict[str, Variant]:
@@ -96,16 +103,18 @@ def _compute_dtype(variant: Variant, dt: np.dtype) -> str:
     raise TypeError(f"unsupported input dtype {dt} (real floating or integer matrices only)")
 
 
-def qr(A: Any, variant: str = "blocked", checked: bool = True, *, nb: int | None = None,
+def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = None,
        grid: int | None = None, allow_nonfinite: bool = False,
        timeout: float | None = None) -> tuple[Any, Any]:
     """Householder QR of A, shape (m, n) or (batch, m, n), in LAPACK compact form.
 
     Returns ``(H, tau)`` (numpy, or torch CPU tensors for torch input); see the
     module docstring for the layout.  ``variant`` is a name from
-    :func:`variants`; ``checked=False`` runs the raw (unchecked) build of the
-    same kernel.  ``nb`` is the panel width of the blocked variants
-    (1..128).  ``grid`` defaults to the batch size (one block per matrix).
+    :func:`variants` or ``"auto"`` (the default: ``parallel``);
+    ``checked=False`` runs the raw (unchecked) build of the same kernel.  ``nb`` is the panel
+    width of the blocked variants (1..128; ``parallel``: 1..64).  ``grid``
+    defaults to the batch size (one block per matrix); for ``parallel`` it
+    caps the blocks of each launch (default: one per work item).
     float64 input is factored in float64, float32/float16 in float32 (the
     ``f16`` variant stores in half: H is float16, tau float32).
 
@@ -120,8 +129,10 @@ def qr(A: Any, variant: str = "blocked", checked: bool = True, *, nb: int | None
     import capabilities
     import runtime
 
+    if variant == "auto":
+        variant = AUTO_VARIANT
     if variant not in _VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; have {sorted(_VARIANTS)}")
+        raise ValueError(f"unknown variant {variant!r}; have {sorted(_VARIANTS)} or 'auto'")
     v = _VARIANTS[variant]
     a, is_torch = _as_numpy(A)
     if a.ndim not in (2, 3):
@@ -145,6 +156,12 @@ def qr(A: Any, variant: str = "blocked", checked: bool = True, *, nb: int | None
         h = np.array(a3, dtype=dt, order="C", copy=True)
         tdt = np.dtype(dt)
     tau = np.zeros((batch, k), dtype=tdt)
+    if v.family == "qrt":
+        b = parallel.default_nb(m, n) if nb is None else int(nb)
+        if not 1 <= b <= parallel.NB_MAX:
+            raise ValueError(f"panel width nb={b} outside 1..{parallel.NB_MAX}")
+        parallel.run(h, tau, dt, b, v.params["tw"], checked, grid, timeout)
+        return _result(h, tau, batched, is_torch)
     g = batch if grid is None else max(1, min(int(grid), batch))
     kern = _kernel(v.family, dt, checked)
     hc = capabilities.wrap(h, name="qr.a")
@@ -166,6 +183,10 @@ def qr(A: Any, variant: str = "blocked", checked: bool = True, *, nb: int | None
     if dt == "float16" and not allow_nonfinite and not np.isfinite(h).all():
         raise HalfOverflowError("float16 storage overflowed during the factorisation "
                                 "(values beyond 65504); use a float32 variant")
+    return _result(h, tau, batched, is_torch)
+
+
+def _result(h: np.ndarray, tau: np.ndarray, batched: bool, is_torch: bool) -> tuple[Any, Any]:
     H, T = (h, tau) if batched else (h[0], tau[0])
     if is_torch:
         import torch

@@ -20,6 +20,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "geqr2": ("householder.c", "geqr2.c"),
     "geqrf": ("householder.c", "gemm.c", "geqrf.c"),
     "geqrf_f16": ("householder.c", "gemm.c", "geqrf_f16.c"),
+    "qrt": ("householder.c", "tile.c", "qrt.c"),
 }
 
 # The half-storage kernel's xLARFB reads and writes the trailing matrix (the
@@ -44,6 +45,8 @@ _F64_SUBS: list[tuple[str, str]] = [
     (r"\b_f32\b", "_f64"),
     (r"\bgeqr2_f32\b", "geqr2_f64"),
     (r"\bgeqrf_f32\b", "geqrf_f64"),
+    (r"\bqrt_f32\b", "qrt_f64"),
+    (r"\bqrt_step_f32\b", "qrt_step_f64"),
     (r"\bfloat\b", "double"),
     (r"\b(sqrt|fabs|copysign|hypot|fmax|fmin|fma)f\(", r"\1("),
     (r"1\.17549435e-38f", "2.2250738585072014e-308"),

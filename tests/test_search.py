@@ -203,11 +203,11 @@ def test_submit_rejects_hostile_kernel(tmp_path: Path) -> None:
 
 
 def test_submit_rejects_buggy_kernel(tmp_path: Path) -> None:
-    # geqr2 with the column loop of the reflector update running one past the end
+    # geqr2 with the row loops of the reflector update running one past the end
     from kernels import mutate as mut
 
     src = mut.render({"family": "geqr2", "params": {}, "edits": []})[0]
-    bad = src.replace("for (int64_t i = r + 1; i < m; i++)", "for (int64_t i = r + 1; i <= m; i++)")
+    bad = src.replace("for (int64_t i = rest; i < m; i++)", "for (int64_t i = rest; i <= m; i++)")
     assert bad != src
     f = tmp_path / "bad.c"
     f.write_text(bad)

@@ -74,15 +74,35 @@ static float larfg_col(cap_t A, int64_t ld, int64_t col, int64_t r, int64_t m)
 
 /* Apply H = I - tau v v^T (v = A[r:m, col], v[0] = 1) from the left to
  * A[r:m, c0:c1].  w (length >= c1) holds v^T A row-wise; both passes stream
- * rows, so the inner loops are unit-stride axpys. */
+ * rows, so the inner loops are unit-stride axpys.  Rows go four at a time
+ * (one inner loop, and one set of range checks, per four rows); the sum over
+ * the rows keeps its order, so the result is that of one row at a time. */
 static void larf_left(cap_t A, int64_t ld, int64_t col, int64_t r, int64_t m,
                       int64_t c0, int64_t c1, float tau, cap_t w)
 {
     if (tau == 0.0f || c0 >= c1)
         return;
+    int64_t nq = (m - r - 1) / 4;
+    int64_t rest = r + 1 + 4 * nq;
     for (int64_t c = c0; c < c1; c++)
         cap_store_f32(w, c, cap_load_f32(A, r * ld + c));
-    for (int64_t i = r + 1; i < m; i++) {
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t a0 = (r + 1 + 4 * q) * ld;
+        int64_t a1 = a0 + ld;
+        int64_t a2 = a1 + ld;
+        int64_t a3 = a2 + ld;
+        float v0 = cap_load_f32(A, a0 + col);
+        float v1 = cap_load_f32(A, a1 + col);
+        float v2 = cap_load_f32(A, a2 + col);
+        float v3 = cap_load_f32(A, a3 + col);
+        for (int64_t c = c0; c < c1; c++)
+            cap_store_f32(w, c, fmaf(v3, cap_load_f32(A, a3 + c),
+                                     fmaf(v2, cap_load_f32(A, a2 + c),
+                                          fmaf(v1, cap_load_f32(A, a1 + c),
+                                               fmaf(v0, cap_load_f32(A, a0 + c),
+                                                    cap_load_f32(w, c))))));
+    }
+    for (int64_t i = rest; i < m; i++) {
         float vi = cap_load_f32(A, i * ld + col);
         for (int64_t c = c0; c < c1; c++)
             cap_store_f32(w, c, fmaf(vi, cap_load_f32(A, i * ld + c), cap_load_f32(w, c)));
@@ -92,7 +112,24 @@ static void larf_left(cap_t A, int64_t ld, int64_t col, int64_t r, int64_t m,
         cap_store_f32(w, c, t);
         cap_store_f32(A, r * ld + c, cap_load_f32(A, r * ld + c) - t);
     }
-    for (int64_t i = r + 1; i < m; i++) {
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t a0 = (r + 1 + 4 * q) * ld;
+        int64_t a1 = a0 + ld;
+        int64_t a2 = a1 + ld;
+        int64_t a3 = a2 + ld;
+        float v0 = cap_load_f32(A, a0 + col);
+        float v1 = cap_load_f32(A, a1 + col);
+        float v2 = cap_load_f32(A, a2 + col);
+        float v3 = cap_load_f32(A, a3 + col);
+        for (int64_t c = c0; c < c1; c++) {
+            float wc = cap_load_f32(w, c);
+            cap_store_f32(A, a0 + c, fmaf(-v0, wc, cap_load_f32(A, a0 + c)));
+            cap_store_f32(A, a1 + c, fmaf(-v1, wc, cap_load_f32(A, a1 + c)));
+            cap_store_f32(A, a2 + c, fmaf(-v2, wc, cap_load_f32(A, a2 + c)));
+            cap_store_f32(A, a3 + c, fmaf(-v3, wc, cap_load_f32(A, a3 + c)));
+        }
+    }
+    for (int64_t i = rest; i < m; i++) {
         float vi = cap_load_f32(A, i * ld + col);
         for (int64_t c = c0; c < c1; c++)
             cap_store_f32(A, i * ld + c, fmaf(-vi, cap_load_f32(w, c), cap_load_f32(A, i * ld + c)));
@@ -110,6 +147,10 @@ static void larft(cap_t A, int64_t ld, int64_t r, int64_t vc, int64_t jb, int64_
 {
     float g[128][128];
     float x[128];
+    /* Callers pass jb <= 128; saying so lets gcc prove the local-array guards
+     * of the triangular loops below (they are re-checked per row otherwise). */
+    if (jb > 128)
+        jb = 128;
     for (int64_t p = 0; p < jb; p++)
         for (int64_t q = 0; q < p; q++)
             g[p][q] = 0.0f;

@@ -1,0 +1,113 @@
+"""Host driver of the ``parallel`` QR variant (kernels/src/qrt.c).
+
+Batches at least as large as the worker pool run ``qrt`` with one block per
+matrix.  Smaller batches of matrices wider than two panels run the same
+algorithm as a sequence of ``qrt_step`` launches, one per panel, each with
+one block per (matrix, column tile) work item, so one matrix uses every
+worker.  Every launch is an ordinary checked launch: a fault stops the
+sequence at the launch that made it and is raised as that launch's
+CapabilityFault; a deadline covers the whole sequence.
+
+The two paths give bitwise the same result (tests/test_qr_parallel.py).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from . import sources
+
+#: Largest panel width and column tile (qrt.c's local tiles are 64 x 64).
+NB_MAX = 64
+TW_MAX = 64
+
+
+@cache
+def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...]) -> tuple[Any, Any]:
+    """(per-matrix kernel, step kernel), compiled once per process and flags."""
+    import runtime
+
+    src = sources.source("qrt", dtype)
+    suffix = "f64" if dtype == "float64" else "f32"
+    return (runtime.compile(src, f"qrt_{suffix}", checked=checked),
+            runtime.compile(src, f"qrt_step_{suffix}", checked=checked))
+
+
+def kernels_for(dtype: str, checked: bool) -> tuple[Any, Any]:
+    """The compiled (qrt, qrt_step) pair for ``dtype`` ("float32"/"float64")."""
+    from runtime.kernel import cflags
+
+    return _kernels(dtype, checked, tuple(cflags()))
+
+
+def default_nb(m: int, n: int) -> int:
+    """Panel width: 64 halves the passes over a large trailing matrix; up to 512
+    columns the (BLAS-2) panel costs more than that saves (bench/qr_parallel.py)."""
+    return 64 if min(m, n) > 512 else 32
+
+
+def step_items(batch: int, m: int, n: int, nb: int, j: int, tw: int) -> int:
+    """Work items of ``qrt_step(j)`` (the same count the kernel derives)."""
+    k = min(m, n)
+    jb = min(nb, k - j) if j >= 0 else 0
+    jn = j + nb if j >= 0 else 0
+    jbn = min(nb, k - jn) if jn < k else 0
+    cs = jn + jbn if jbn > 0 else j + jb
+    ntiles = -(-(n - cs) // tw) if j >= 0 and cs < n else 0
+    return batch * ((1 if jbn > 0 else 0) + ntiles)
+
+
+def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
+    """Drive panel by panel when one block per matrix would leave workers idle."""
+    return threads > 1 and batch < threads and min(m, n) > 2 * nb
+
+
+def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
+    """Workspace elements: per block (qrt) or per matrix, two slots (qrt_step)."""
+    if steps:
+        return batch * (2 * (m * nb + nb * nb) + nb)
+    return grid * (m * nb + nb * nb + nb)
+
+
+def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: bool,
+        grid: int | None, timeout: float | None, steps: bool | None = None) -> None:
+    """Factor ``h`` (batch x m x n, C order, ``dtype``) in place; tau receives the scales.
+
+    ``steps`` forces the launch sequence (True) or one block per matrix
+    (False); None decides by batch size and worker count.
+    """
+    import capabilities
+    import runtime
+
+    batch, m, n = h.shape
+    # A panel never needs to be wider than the matrix: smaller workspace, same result.
+    nb = max(1, min(NB_MAX, nb, min(m, n)))
+    tw = max(1, min(TW_MAX, tw))
+    if steps is None:
+        steps = use_steps(batch, m, n, nb, runtime.threads())
+    kmat, kstep = kernels_for(dtype, checked)
+    g = batch if grid is None else max(1, min(int(grid), batch))
+    hc = capabilities.wrap(h, name="qr.a")
+    tc = capabilities.wrap(tau, name="qr.tau")
+    work = capabilities.alloc((work_elems(batch, m, nb, steps, g),), h.dtype, name="qr.work")
+    try:
+        if not steps:
+            runtime.launch(kmat, [hc, tc, work], args=(batch, m, n, nb), grid=g,
+                           timeout=timeout)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        caps = [hc, tc, work]
+        for j in [-1, *range(0, min(m, n), nb)]:
+            items = step_items(batch, m, n, nb, j, tw)
+            if items == 0:
+                continue
+            left = None if deadline is None else max(1e-6, deadline - time.monotonic())
+            runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw),
+                           grid=items if grid is None else max(1, min(int(grid), items)),
+                           timeout=left)
+    finally:
+        work.free()

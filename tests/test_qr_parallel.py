@@ -1,0 +1,164 @@
+"""The parallel QR variant (kernels/src/qrt.c driven by kernels/parallel.py).
+
+Its two paths (one block per matrix, and host-driven panel steps with one
+block per (matrix, column tile)) must pass the checker, agree bitwise with
+each other whatever the tile width, grid or worker count, and stop with an
+exact CapabilityFault when a tile kernel goes out of bounds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kernels
+import runtime
+from kernels import check, parallel, qr, sources
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rand(shape, dtype=np.float32, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _run(a3: np.ndarray, steps: bool, nb: int = 64, tw: int = 64, grid: int | None = None,
+         checked: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    h = np.array(a3, order="C", copy=True)
+    tau = np.zeros((a3.shape[0], min(a3.shape[1:])), a3.dtype)
+    dt = "float64" if a3.dtype == np.float64 else "float32"
+    parallel.run(h, tau, dt, nb, tw, checked, grid, None, steps=steps)
+    return h, tau
+
+
+def test_listed_and_default():
+    assert "parallel" in kernels.variants()
+    A = _rand((2, 70, 70), seed=1)
+    H1, t1 = qr(A)
+    H2, t2 = qr(A, "parallel")
+    assert H1.tobytes() == H2.tobytes() and t1.tobytes() == t2.tobytes()
+    with pytest.raises(ValueError, match="nb=65"):
+        qr(A, "parallel", nb=65)
+
+
+@pytest.mark.parametrize("steps", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (33, 20), (20, 33), (3, 45, 31),
+                                   (2, 31, 45), (1, 300, 200), (1, 200, 300), (2, 257, 257),
+                                   (20, 32, 32), (3, 176, 176)])
+def test_shapes_pass_the_checker(shape, steps):
+    A = _rand(shape, seed=sum(shape))
+    a3 = A if A.ndim == 3 else A[None]
+    H, tau = _run(a3, steps, nb=32)
+    rep = check(a3, H, tau)
+    assert rep.ok, str(rep)
+
+
+def test_float64():
+    A = _rand((2, 150, 140), np.float64, seed=3)
+    H, tau = _run(A, True, nb=16)
+    assert H.dtype == np.float64
+    rep = check(A, H, tau)
+    assert rep.ok and rep.worst()["resid"] < 30, str(rep)
+
+
+@pytest.mark.parametrize("shape,nb", [((2, 257, 257), 64), ((1, 300, 190), 32),
+                                      ((1, 190, 300), 16), ((3, 96, 96), 7)])
+def test_bitwise_equal_across_paths_tiles_and_grids(shape, nb):
+    """A column's update does not depend on the tile it is in or the block that runs it."""
+    a3 = _rand(shape, seed=7)
+    ref = _run(a3, steps=False, nb=nb)
+    for steps, tw, grid in [(False, 64, 1), (True, 64, None), (True, 17, 3), (True, 1, 2),
+                            (True, 40, 1)]:
+        h, t = _run(a3, steps=steps, nb=nb, tw=tw, grid=grid)
+        assert h.tobytes() == ref[0].tobytes() and t.tobytes() == ref[1].tobytes(), \
+            (steps, tw, grid)
+
+
+def test_checked_equals_raw_bitwise():
+    a3 = _rand((2, 130, 120), seed=11)
+    for steps in (False, True):
+        h1, t1 = _run(a3, steps, nb=32, checked=True)
+        h2, t2 = _run(a3, steps, nb=32, checked=False)
+        assert h1.tobytes() == h2.tobytes() and t1.tobytes() == t2.tobytes()
+
+
+_HASH_SCRIPT = """
+import hashlib, sys
+import numpy as np
+from kernels import parallel
+a = np.random.default_rng(5).standard_normal((1, 200, 200)).astype(np.float32)
+t = np.zeros((1, 200), np.float32)
+parallel.run(a, t, "float32", 32, 24, True, None, None, steps=True)
+print(hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest())
+"""
+
+
+def test_same_result_for_any_worker_count():
+    a = np.random.default_rng(5).standard_normal((1, 200, 200)).astype(np.float32)
+    t = np.zeros((1, 200), np.float32)
+    parallel.run(a, t, "float32", 32, 24, True, None, None, steps=True)
+    want = hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest()
+    for threads in ("1", "3"):
+        env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, "-c", _HASH_SCRIPT], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == want, f"CAPQR_THREADS={threads}"
+
+
+# The store-back loop of larfb_tile's step 3 writes one column too many: inside
+# the matrix that lands in the next row (silent, as any in-bounds bug is), but
+# the last row of the last matrix's last tile goes one element past the buffer.
+_STORE_BACK = ("            for (int64_t l = 0; l < cw; l++)\n"
+               "                cap_store_f32(A, rc + l,")
+_PLANTED = _STORE_BACK.replace("l < cw", "l <= cw")
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    real = sources.source
+
+    def mutated(family: str, dtype: str = "float32") -> str:
+        text = real(family, dtype)
+        if family == "qrt":
+            assert text.count(_STORE_BACK) == 1
+            text = text.replace(_STORE_BACK, _PLANTED)
+        return text
+
+    parallel._kernels.cache_clear()
+    monkeypatch.setattr(sources, "source", mutated)
+    yield
+    parallel._kernels.cache_clear()
+
+
+def test_planted_tile_overflow_is_caught(planted):
+    """Steps with 48-wide tiles: the extra column stays inside the local tile and
+    the one store past the matrix buffer is refused."""
+    batch, m, n = 2, 150, 150
+    a3 = _rand((batch, m, n), seed=2)
+    with pytest.raises(runtime.CapabilityFault) as ei:
+        _run(a3, steps=True, nb=32, tw=48)
+    f = ei.value
+    assert f.reason == "out-of-bounds" and f.access == "store"
+    assert f.buffer == "qr.a"
+    # relative to the last matrix's origin: row m - 1, column n (one past the end)
+    assert f.index == m * n
+    assert f.kernel == "qrt_step_f32"
+    assert sources.locate("qrt", f.line)[0] == "tile.c"
+
+
+def test_planted_overflow_of_a_full_tile_is_caught_in_the_local_array(planted):
+    """One block per matrix, 64-wide tiles: the extra column reads cp[t][64] first."""
+    a3 = _rand((2, 150, 150), seed=2)
+    with pytest.raises(runtime.CapabilityFault) as ei:
+        _run(a3, steps=False, nb=32)
+    f = ei.value
+    assert f.reason == "local-array" and f.buffer == "cp" and f.index == 64
+    assert f.kernel == "qrt_f32"
+    assert sources.locate("qrt", f.line)[0] == "tile.c"
