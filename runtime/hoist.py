@@ -167,9 +167,25 @@ def _maybe_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
     Deeper nests are left alone: each level doubles the code.
     """
     depth = _loop_depth(loop.stmt)
-    if depth > 1:
+    if depth > 1 or _has_barrier(loop.stmt):
         return None
     return _version(loop, ctx, innermost=depth == 0)
+
+
+#: Block-wide barriers (GPU).  A loop around one is never versioned: the guard
+#: may differ between the threads of a warp, which would then wait at two
+#: different bar.sync instructions (PTX bar.sync is .aligned: undefined, in
+#: practice a hang).  The barrier-free loops inside it are still versioned.
+BARRIERS = frozenset({"rt_sync_threads"})
+
+
+def _has_barrier(node: c_ast.Node | None) -> bool:
+    if node is None:
+        return False
+    if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID) \
+            and node.name.name in BARRIERS:
+        return True
+    return any(_has_barrier(c) for _name, c in node.children())
 
 
 def _loop_depth(node: c_ast.Node | None) -> int:

@@ -607,3 +607,26 @@ def test_loop_versioning_equivalence(lane: Lane) -> None:
         assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
 
     check()
+
+
+def test_loops_with_a_barrier_are_not_versioned() -> None:
+    """A versioned loop runs one of two copies per thread; when the guard depends on
+    the thread, a warp would split over two different bar.sync instructions (PTX
+    bar.sync is .aligned: undefined, in practice a hang).  Such loops keep one copy."""
+    from runtime import cuda
+
+    src = """
+KERNEL void k(cap_t x, int64_t n)
+{
+    float smem_a[256];
+    int64_t t = rt_thread_idx();
+    for (int64_t j = 0; j < n; j++) {
+        smem_a[t] = cap_load_f32(x, j + t);
+        rt_sync_threads();
+        for (int64_t i = 0; i < 8; i++)
+            smem_a[t] += cap_load_f32(x, i * n + t);
+    }
+}
+"""
+    body = cuda.translate(src, checked=True).text.split("__rtk_k(", 1)[1]
+    assert body.count("rt_sync_threads()") == 1, body
