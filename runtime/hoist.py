@@ -21,6 +21,17 @@ both copies.  Wrap-around: in wrapping int64 arithmetic E(i) = E(A) + d*(i-A)
 (mod 2^64) with d = E(A+1) - E(A), so the guard also requires |d|*(last-A) and
 E(A) + d*(last-A) not to overflow; then the computed sequence is exactly the
 mathematical one and lies between its two checked ends.
+
+Rectangular nests: when the inner loop's bounds and step are invariant in the
+loop around it and every index of its accesses is affine in both counters
+jointly, E(i, j) = E00 + di*(i - i0) + dj*(j - j0) (mod 2^64), the inner
+guard is folded into the outer one: the inner span is computed once before
+the outer loop, rt_range2_ok / rt_lrange2_ok check E over the iteration box
+(an affine function takes its extremes at the corners; if no corner value
+overflows, every value in the box is exact and lies between the smallest and
+largest corner), and the outer fast copy runs the inner fast copy directly.
+The outer checked copy keeps the inner loop's own versioning, so a failing
+guard still ends in the exact fault.
 """
 
 from __future__ import annotations
