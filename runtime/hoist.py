@@ -642,7 +642,9 @@ def _foldable(body: c_ast.Node, var: str, changed: set[str], ctx: _Ctx
         inner = ctx.inner.get(id(node))
         if inner is not None and inner.node is node:
             sp = inner.span
-            if (invariant(sp.a_expr) and invariant(sp.b_expr) and invariant(sp.step)
+            # (distinct counters: the verifier refuses shadowing, E(i, j) relies on it)
+            if (inner.var != var and invariant(sp.a_expr) and invariant(sp.b_expr)
+                    and invariant(sp.step)
                     and all(_foldable_term(t, var, inner.var, changed) for t in inner.terms)):
                 out.append((node, inner))
             return
