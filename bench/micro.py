@@ -118,3 +118,42 @@ def cases(quick: bool) -> list[Case]:
             out.append(Case("micro", kernel, f"n={n}", _maker(kernel, n, seed=1000 * i + n),
                             flops=_flops(kernel, n)))
     return out
+
+
+LAUNCH_SOURCE = r"""
+KERNEL void empty_f32(cap_t a, cap_t b, cap_t c, int64_t m, int64_t n, int64_t k, int64_t nb) {}
+"""
+
+
+def launch_cost(launches: int = 1000, samples: int = 21) -> list[dict]:
+    """Microseconds per launch of an empty kernel with a QR-like signature (3 caps,
+    4 int64), grid 1 and grid = cores: wall time (min and median of ``samples``
+    batches of ``launches``) and process CPU time (launcher plus workers)."""
+    import time
+
+    import capabilities
+    import runtime
+
+    k = runtime.compile(LAUNCH_SOURCE, "empty_f32")
+    caps = [capabilities.alloc((16,), np.float32) for _ in range(3)]
+    rows = []
+    for grid in (1, _grid()):
+        row: dict = {"kernel": "empty", "grid": grid}
+        for clock_name, clock in (("wall", time.perf_counter), ("cpu", time.process_time)):
+            per = []
+            for _ in range(samples):
+                t0 = clock()
+                for _ in range(launches):
+                    runtime.launch(k, caps, args=(1, 2, 3, 4), grid=grid)
+                per.append((clock() - t0) / launches * 1e6)
+            per.sort()
+            row[f"{clock_name}_min_us"] = per[0]
+            row[f"{clock_name}_median_us"] = per[len(per) // 2]
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(launch_cost(), indent=1))

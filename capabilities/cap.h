@@ -338,6 +338,7 @@ RT_INLINE float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
 RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
 { (void)b; (void)line; ((uint16_t *)(c.p))[i] = rt_float_to_half(v); }
 #define rt_range_ok(c, e0, d, span, S, st) 1
+#define rt_range2_ok(c, e00, di, si, dj, sj, S, st) 1
 RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S) { c.p += k * S; return c; }
 RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name, int32_t line)
 { (void)b; (void)n; (void)name; (void)line; return i; }

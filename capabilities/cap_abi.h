@@ -125,5 +125,43 @@ RT_ABI_FN int rt_lrange_ok(rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 dim)
     if (!rt_affine_end(e0, d, span, &eL)) return 0;
     return e0 >= 0 && e0 < dim && eL >= 0 && eL < dim;
 }
+/* A loop nest's index e00 + di*s + dj*t over the iteration box s in [0, si],
+ * t in [0, sj] is affine, so its extremes are corners of the box.  If no corner
+ * value overflows, every value in the box lies between the smallest and the
+ * largest corner, hence is in int64 range, hence the wrapping computation of
+ * the index is exact.  Sets [*lo, *hi]; 0 if a corner overflows. */
+RT_ABI_FN int rt_affine_box(rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 sj,
+                            rt_i64 *lo, rt_i64 *hi)
+{
+    rt_i64 ti, tj, e10, e01, e11;
+    if (rt_mul_ovf(di, si, &ti) || rt_mul_ovf(dj, sj, &tj)) return 0;
+    if (rt_add_ovf(e00, ti, &e10) || rt_add_ovf(e00, tj, &e01) || rt_add_ovf(e10, tj, &e11))
+        return 0;
+    *lo = e00 < e10 ? e00 : e10;
+    *lo = *lo < e01 ? *lo : e01;
+    *lo = *lo < e11 ? *lo : e11;
+    *hi = e00 > e10 ? e00 : e10;
+    *hi = *hi > e01 ? *hi : e01;
+    *hi = *hi > e11 ? *hi : e11;
+    return 1;
+}
+/* Every index of a 2-level nest (see rt_affine_box) is inside the object:
+ * the smallest and the largest are, and RT_INB holds on the whole interval
+ * between two in-bounds indices (as for rt_range_ok's two ends). */
+RT_ABI_FN int rt_range2_ok(cap_t c, rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 sj,
+                           rt_i64 S, int store)
+{
+    rt_i64 lo, hi;
+    rt_u64 len = store ? c.wlen : c.rlen;
+    if (!rt_affine_box(e00, di, si, dj, sj, &lo, &hi)) return 0;
+    return RT_INB(c, lo, (rt_u64)S, len) && RT_INB(c, hi, (rt_u64)S, len);
+}
+/* Local-array subscript of a 2-level nest stays in [0, dim). */
+RT_ABI_FN int rt_lrange2_ok(rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 sj, rt_i64 dim)
+{
+    rt_i64 lo, hi;
+    if (!rt_affine_box(e00, di, si, dj, sj, &lo, &hi)) return 0;
+    return lo >= 0 && hi < dim;
+}
 
 #endif /* CAPQR_CAP_ABI_H */

@@ -21,6 +21,17 @@ both copies.  Wrap-around: in wrapping int64 arithmetic E(i) = E(A) + d*(i-A)
 (mod 2^64) with d = E(A+1) - E(A), so the guard also requires |d|*(last-A) and
 E(A) + d*(last-A) not to overflow; then the computed sequence is exactly the
 mathematical one and lies between its two checked ends.
+
+Rectangular nests: when the inner loop's bounds and step are invariant in the
+loop around it and every index of its accesses is affine in both counters
+jointly, E(i, j) = E00 + di*(i - i0) + dj*(j - j0) (mod 2^64), the inner
+guard is folded into the outer one: the inner span is computed once before
+the outer loop, rt_range2_ok / rt_lrange2_ok check E over the iteration box
+(an affine function takes its extremes at the corners; if no corner value
+overflows, every value in the box is exact and lies between the smallest and
+largest corner), and the outer fast copy runs the inner fast copy directly.
+The outer checked copy keeps the inner loop's own versioning, so a failing
+guard still ends in the exact fault.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycparser import c_ast
+from pycparser import c_ast, c_generator
 
 from capabilities import abi
 
@@ -125,6 +136,7 @@ class _Ctx:
     arrays: dict[str, tuple[int, ...]]  # local array name -> dims (from the verifier)
     counter: int = 0                    # numbers the guard variables __h<k>_*
     table: Versioning = field(default_factory=Versioning)
+    inner: dict[int, _Inner] = field(default_factory=dict)  # versioned innermost loops by id
 
 
 def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> Versioning:
@@ -285,25 +297,31 @@ def _subst(expr: c_ast.Node, var: str, repl: c_ast.Node) -> c_ast.Node:
 
 def _affine(expr: c_ast.Node, var: str) -> bool:
     """True if expr is a*var + b with a, b free of var (no /, %, calls on var)."""
-    if var not in _ids(expr):
+    return _affine_in(expr, {var})
+
+
+def _affine_in(expr: c_ast.Node, vs: set[str]) -> bool:
+    """True if expr is affine in the variables vs jointly: c + sum a_k*v_k with
+    coefficients free of vs (so no v*w product of two of them)."""
+    if not (vs & _ids(expr)):
         return True
     if isinstance(expr, c_ast.ID):
         return True
     if isinstance(expr, c_ast.BinaryOp):
         if expr.op in ("+", "-"):
-            return _affine(expr.left, var) and _affine(expr.right, var)
+            return _affine_in(expr.left, vs) and _affine_in(expr.right, vs)
         if expr.op == "*":
-            lv, rv = var in _ids(expr.left), var in _ids(expr.right)
+            lv, rv = bool(vs & _ids(expr.left)), bool(vs & _ids(expr.right))
             if lv and rv:
                 return False
-            return _affine(expr.left if lv else expr.right, var)
+            return _affine_in(expr.left if lv else expr.right, vs)
         return False
     if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
-        return _affine(expr.expr, var)
+        return _affine_in(expr.expr, vs)
     if isinstance(expr, c_ast.Cast):
         tn = getattr(getattr(expr.to_type, "type", None), "type", None)
         names = getattr(tn, "names", [])
-        return names in (["int64_t"], ["long"]) and _affine(expr.expr, var)
+        return names in (["int64_t"], ["long"]) and _affine_in(expr.expr, vs)
     return False
 
 
@@ -417,21 +435,22 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         visit_QuietFor = visit_QuietWhile = visit_QuietDoWhile = visit_For
 
     A().visit(loop.stmt)
-    if not innermost and not accesses and not subs:
+    folds = [] if innermost else _foldable(loop.stmt, var, changed, ctx)
+    if not innermost and not accesses and not subs and not folds:
         return None
     # Even with nothing to hoist, a countable innermost loop gets the
     # short-trip copy without per-iteration pollchecks.
     ctx.counter += 1
     k = ctx.counter
-    h0, hb, hs = f"__h{k}_a", f"__h{k}_b", f"__h{k}_span"
+    span = _Span(f"__h{k}_a", f"__h{k}_b", f"__h{k}_span", f"__h{k}_ok", bits, a_expr, b_expr,
+                 cmp, step)
     # The checked copy is taken before any access is renamed, so it keeps
     # whatever the inner loops' own versioning did.
     slow = copy.deepcopy(loop)
     guard_terms: list[c_ast.Node] = []
     covered: list[c_ast.Node] = []
+    terms: list[_Term] = []
     seen: set[str] = set()
-    from pycparser import c_generator
-
     gen = c_generator.CGenerator()
     for n in accesses:
         name = n.name.name
@@ -441,26 +460,14 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         key = f"{store}|{t}|{cap.name}|{gen.visit(idx)}"
         if key not in seen:
             seen.add(key)
-            e0 = _subst(idx, var, c_ast.ID(h0))
-            e1 = _subst(idx, var, c_ast.BinaryOp("+", c_ast.ID(h0), _const(1)))
-            guard_terms.append(c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
-                c_ast.ID(cap.name), e0, c_ast.BinaryOp("-", e1, copy.deepcopy(e0)),
-                c_ast.ID(hs), _const(ELEM_SIZE[t]), _const(store)])))
+            terms.append(_Term(copy.deepcopy(idx), cap.name, ELEM_SIZE[t], store))
         n.__class__ = UncheckedCall
         covered.append(n)
     for ref, dim in subs:
-        idx = ref.subscript
-        e0 = _subst(idx, var, c_ast.ID(h0))
-        e1 = _subst(idx, var, c_ast.BinaryOp("+", c_ast.ID(h0), _const(1)))
-        guard_terms.append(c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
-            e0, c_ast.BinaryOp("-", e1, copy.deepcopy(e0)), c_ast.ID(hs), _const(dim)])))
+        terms.append(_Term(copy.deepcopy(ref.subscript), None, dim, 0))
         ref.__class__ = UncheckedRef
         covered.append(ref)
-    runs = c_ast.BinaryOp(cmp, c_ast.ID(h0), c_ast.ID(hb))
-    span_fn = "rt_loop_span" if bits == 64 else "rt_loop_span32"
-    span_ok = c_ast.FuncCall(c_ast.ID(span_fn), c_ast.ExprList([
-        c_ast.ID(h0), c_ast.ID(hb), _step_node(step), _const(1 if cmp == "<=" else 0),
-        c_ast.UnaryOp("&", c_ast.ID(hs))]))
+    guard_terms = [_range_term(term, var, span) for term in terms]
     # Fast copy only if bounds and indices are signed integers (so the loop
     # runs exactly over [A, last]) and the span is computable (it is set by
     # rt_loop_span in its own statement, before any guard reads it), and every
@@ -468,21 +475,32 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     # and cheap, and evaluated unconditionally gcc can hoist the ones that do
     # not change in an enclosing loop.  A loop that does not run has span 0;
     # if a guard fails for it, the checked copy runs zero iterations.
-    is_int = c_ast.BinaryOp("&&", _is_int(a_expr), _is_int(b_expr))
+    is_int = span.is_int()
     for g in guard_terms:
-        pos = 0 if g.name.name == "rt_lrange_ok" else 1
-        is_int = c_ast.BinaryOp("&&", is_int, _is_int(g.args.exprs[pos]))
-    hok = f"__h{k}_ok"
-    if not isinstance(step, int):
-        # run-time step: an int in (0, 2^20], tested before rt_loop_span divides by it
-        is_int = c_ast.BinaryOp("&&", is_int, c_ast.BinaryOp("&&", _is_int(step), c_ast.BinaryOp(
-            "&&", c_ast.BinaryOp(">", _step_node(step), _const(0)),
-            c_ast.BinaryOp("<=", _step_node(step), _const(1 << 20)))))
-    ok_init = c_ast.BinaryOp("&&", is_int,
-                             c_ast.BinaryOp("||", c_ast.UnaryOp("!", runs), span_ok))
-    cond: c_ast.Node = c_ast.ID(hok)
+        is_int = c_ast.BinaryOp("&&", is_int, _is_int(_term_index(g)))
+    cond: c_ast.Node = c_ast.ID(span.hok)
     for g in guard_terms:
         cond = c_ast.BinaryOp("&", cond, g)
+    # Inner loops folded into this loop's guard (bounds invariant here): their
+    # span is computed once before this loop, one box check per access covers
+    # every iteration of the nest, and this loop's fast copy runs their fast
+    # copies with no guard of their own.  Their checked copies stay in `slow`.
+    hoisted: list[c_ast.Node] = []
+    for box, inner in folds:
+        hoisted += inner.span.decls(inner.span.is_int())
+        box_ok: c_ast.Node = c_ast.ID(inner.span.hok)
+        inner_ok: c_ast.Node = _const(1)
+        for term in inner.terms:
+            g = _box_term(term, var, span, inner.var, inner.span)
+            guard_terms.append(g)
+            box_ok = c_ast.BinaryOp("&&", box_ok, _is_int(_term_index(g)))
+            inner_ok = c_ast.BinaryOp("&", inner_ok, g)
+        # an inner loop that never runs makes no access
+        box_ok = c_ast.BinaryOp("&&", box_ok, c_ast.BinaryOp(
+            "||", c_ast.UnaryOp("!", inner.span.runs()), inner_ok))
+        cond = c_ast.BinaryOp("&", cond, box_ok)
+        _replace(loop, box, inner.fast)
+        covered += inner.covered
     fast = loop
     fast_block: c_ast.Node = fast
     leaf = innermost and _leaf_body(loop.stmt)
@@ -502,22 +520,182 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             # constant short loop: the polling copy could never run
             fast_block = _then_poll(quiet)
         else:
-            fast_block = c_ast.If(_span_below(hs, step, SHORT_TRIP), _then_poll(quiet), fast)
+            fast_block = c_ast.If(_span_below(span.hs, step, SHORT_TRIP), _then_poll(quiet), fast)
     elif not innermost and _short_nest(loop.stmt):
         # Few outer iterations over short constant inner loops: poll once after
         # the whole nest, so gcc may unroll-and-jam it like raw code.
         quiet = copy.deepcopy(fast)
         _silence(quiet)
-        fast_block = c_ast.If(_span_below(hs, step, OUTER_SHORT_TRIP), _then_poll(quiet), fast)
+        fast_block = c_ast.If(_span_below(span.hs, step, OUTER_SHORT_TRIP), _then_poll(quiet),
+                              fast)
     ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, guard_terms, covered,
                                     fast_block is not fast))
-    return c_ast.Compound([
-        _decl64(h0, copy.deepcopy(a_expr)),
-        _decl64(hb, copy.deepcopy(b_expr)),
-        _decl64(hs, _const(0)),
-        _decl64(hok, ok_init),
-        c_ast.If(cond, c_ast.Compound([fast_block]), slow),
-    ])
+    fast_then = c_ast.Compound([fast_block])
+    out = c_ast.Compound(span.decls(is_int) + hoisted + [c_ast.If(cond, fast_then, slow)])
+    if innermost:
+        ctx.inner[id(out)] = _Inner(out, var, span, terms, fast_then, covered)
+    return out
+
+
+@dataclass
+class _Term:
+    """One range fact a guard checks: index expression, cap (None: a local array
+    subscript), element size (or the array dimension), store or load."""
+
+    idx: c_ast.Node
+    cap: str | None
+    size: int
+    store: int
+
+
+@dataclass
+class _Span:
+    """The guard variables of one counted loop and how they are computed."""
+
+    h0: str     # first value of the counter
+    hb: str     # the bound
+    hs: str     # last - first (set by rt_loop_span; 0 when the loop does not run)
+    hok: str    # whether hs is exact and the counter cannot wrap
+    bits: int
+    a_expr: c_ast.Node
+    b_expr: c_ast.Node
+    cmp: str
+    step: int | c_ast.Node
+
+    def runs(self) -> c_ast.BinaryOp:
+        return c_ast.BinaryOp(self.cmp, c_ast.ID(self.h0), c_ast.ID(self.hb))
+
+    def is_int(self) -> c_ast.Node:
+        """Bounds (and a run-time step) are signed integers; a step in (0, 2^20]."""
+        out: c_ast.Node = c_ast.BinaryOp("&&", _is_int(self.a_expr), _is_int(self.b_expr))
+        if not isinstance(self.step, int):
+            # tested before rt_loop_span divides by it
+            out = c_ast.BinaryOp("&&", out, c_ast.BinaryOp("&&", _is_int(self.step), c_ast.BinaryOp(
+                "&&", c_ast.BinaryOp(">", _step_node(self.step), _const(0)),
+                c_ast.BinaryOp("<=", _step_node(self.step), _const(1 << 20)))))
+        return out
+
+    def decls(self, is_int: c_ast.Node) -> list[c_ast.Node]:
+        span_fn = "rt_loop_span" if self.bits == 64 else "rt_loop_span32"
+        span_ok = c_ast.FuncCall(c_ast.ID(span_fn), c_ast.ExprList([
+            c_ast.ID(self.h0), c_ast.ID(self.hb), _step_node(self.step),
+            _const(1 if self.cmp == "<=" else 0), c_ast.UnaryOp("&", c_ast.ID(self.hs))]))
+        ok_init = c_ast.BinaryOp("&&", is_int,
+                                 c_ast.BinaryOp("||", c_ast.UnaryOp("!", self.runs()), span_ok))
+        return [_decl64(self.h0, copy.deepcopy(self.a_expr)),
+                _decl64(self.hb, copy.deepcopy(self.b_expr)),
+                _decl64(self.hs, _const(0)),
+                _decl64(self.hok, ok_init)]
+
+
+@dataclass
+class _Inner:
+    """A versioned innermost loop, as an enclosing loop may fold it."""
+
+    node: c_ast.Compound        # what _version returned (kept alive: ctx.inner is keyed by id)
+    var: str
+    span: _Span
+    terms: list[_Term]
+    fast: c_ast.Compound        # its fast copy (unchecked accesses, polling as decided)
+    covered: list[c_ast.Node]
+
+
+def _term_index(g: c_ast.FuncCall) -> c_ast.Node:
+    """The first index argument of a guard call (what RT_IS_INT must accept)."""
+    return g.args.exprs[0 if g.name.name.startswith("rt_lrange") else 1]
+
+
+def _range_term(term: _Term, var: str, span: _Span) -> c_ast.FuncCall:
+    """rt_range_ok/rt_lrange_ok for the index over [first, first + span]:
+    E(first) and the wrapping difference E(first + 1) - E(first)."""
+    e0 = _subst(term.idx, var, c_ast.ID(span.h0))
+    e1 = _subst(term.idx, var, _plus1(span.h0))
+    d = c_ast.BinaryOp("-", e1, copy.deepcopy(e0))
+    if term.cap is None:
+        return c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
+            e0, d, c_ast.ID(span.hs), _const(term.size)]))
+    return c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
+        c_ast.ID(term.cap), e0, d, c_ast.ID(span.hs), _const(term.size), _const(term.store)]))
+
+
+def _box_term(term: _Term, var: str, span: _Span, ivar: str, ispan: _Span) -> c_ast.FuncCall:
+    """rt_range2_ok/rt_lrange2_ok for the index over the nest's iteration box:
+    E at the first corner and its wrapping differences along each counter
+    (exact for an index affine in both: E(i, j) = E00 + di*(i - i0) + dj*(j - j0)
+    mod 2^64)."""
+    def at(outer: c_ast.Node, inner: c_ast.Node) -> c_ast.Node:
+        return _subst(_subst(term.idx, var, outer), ivar, inner)
+
+    e00 = at(c_ast.ID(span.h0), c_ast.ID(ispan.h0))
+    di = c_ast.BinaryOp("-", at(_plus1(span.h0), c_ast.ID(ispan.h0)), copy.deepcopy(e00))
+    dj = c_ast.BinaryOp("-", at(c_ast.ID(span.h0), _plus1(ispan.h0)), copy.deepcopy(e00))
+    box = [e00, di, c_ast.ID(span.hs), dj, c_ast.ID(ispan.hs)]
+    if term.cap is None:
+        return c_ast.FuncCall(c_ast.ID("rt_lrange2_ok"), c_ast.ExprList(box + [_const(term.size)]))
+    return c_ast.FuncCall(c_ast.ID("rt_range2_ok"), c_ast.ExprList(
+        [c_ast.ID(term.cap)] + box + [_const(term.size), _const(term.store)]))
+
+
+def _plus1(name: str) -> c_ast.BinaryOp:
+    return c_ast.BinaryOp("+", c_ast.ID(name), _const(1))
+
+
+def _foldable(body: c_ast.Node, var: str, changed: set[str], ctx: _Ctx
+              ) -> list[tuple[c_ast.Compound, _Inner]]:
+    """Versioned innermost loops in ``body`` whose guard can move before the loop
+    over ``var``: bounds and step invariant here (so the nest is a box), every
+    index affine in both counters jointly, caps, arrays and coefficients not
+    assigned in ``body``."""
+    out: list[tuple[c_ast.Compound, _Inner]] = []
+
+    def invariant(node: c_ast.Node | int) -> bool:
+        if isinstance(node, int):
+            return True
+        ids = _ids(node)
+        return var not in ids and not (ids & changed)
+
+    def visit(node: c_ast.Node) -> None:
+        inner = ctx.inner.get(id(node))
+        if inner is not None and inner.node is node:
+            sp = inner.span
+            # (distinct counters: the verifier refuses shadowing, E(i, j) relies on it)
+            if (inner.var != var and invariant(sp.a_expr) and invariant(sp.b_expr)
+                    and invariant(sp.step)
+                    and all(_foldable_term(t, var, inner.var, changed) for t in inner.terms)):
+                out.append((node, inner))
+            return
+        if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
+            return  # an unversioned inner loop: its accesses are checked in place
+        for _attr, val in node_fields(node):
+            for item in (val if isinstance(val, list) else [val]):
+                if isinstance(item, c_ast.Node):
+                    visit(item)
+
+    visit(body)
+    return out
+
+
+def _foldable_term(term: _Term, var: str, ivar: str, changed: set[str]) -> bool:
+    if term.cap is not None and term.cap in changed:
+        return False
+    return _affine_in(term.idx, {var, ivar}) and not ((_ids(term.idx) - {var, ivar}) & changed)
+
+
+def _replace(root: c_ast.Node, old: c_ast.Node, new: c_ast.Node) -> None:
+    """Put ``new`` where ``old`` (by identity) is under ``root``."""
+    for attr, val in node_fields(root):
+        if isinstance(val, list):
+            for k, item in enumerate(val):
+                if item is old:
+                    val[k] = new
+                    return
+                if isinstance(item, c_ast.Node):
+                    _replace(item, old, new)
+        elif val is old:
+            setattr(root, attr, new)
+            return
+        elif isinstance(val, c_ast.Node):
+            _replace(val, old, new)
 
 
 def _span_below(hs: str, step: int | c_ast.Node, limit: int) -> c_ast.BinaryOp:
@@ -555,7 +733,8 @@ def _leaf_body(node: c_ast.Node) -> bool:
 
 def _short_nest(body: c_ast.Node) -> bool:
     """Body is leaf code plus inner for-loops with small constant trip counts."""
-    allowed = {"rt_loop_span", "rt_loop_span32", "rt_lrange_ok", "rt_range_ok", "RT_IS_INT"}
+    allowed = {"rt_loop_span", "rt_loop_span32", "rt_lrange_ok", "rt_range_ok", "rt_lrange2_ok",
+               "rt_range2_ok", "RT_IS_INT"}
 
     class V(c_ast.NodeVisitor):
         ok = True

@@ -232,3 +232,131 @@ def test_hoisted_nest_equals_checked(nest_builds, rows, ld, off) -> None:
     f2, m2 = _run(plain, 48, (rows, ld, off))
     assert f1 == f2
     assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+# Two-level nests: an inner loop whose bounds do not change in the outer loop
+# is folded into the outer loop's guard (one box check per access, corners of
+# the iteration box).  Indices are affine in both counters, with coefficients
+# that make the sequences wrap around 2^64, negative ones, conditional
+# accesses, int counters and local arrays; the fully checked build is the oracle.
+BOX_SRC = """
+KERNEL void box(cap_t x, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t a, int64_t b,
+                int64_t c)
+{
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = j0; j < j1; j++)
+            cap_store_f32(x, a * i + b * j + c, (float)(i - j));
+}
+
+KERNEL void box_le(cap_t x, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t a, int64_t b,
+                   int64_t c)
+{
+    for (int64_t i = i0; i <= i1; i += 2)
+        for (int j = j0; j <= j1; j += 3)
+            cap_store_f32(x, c + i * a - j * b, cap_load_f32(x, c + i * a - j * b) + 1.0f);
+}
+
+KERNEL void box_cond(cap_t x, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t a,
+                     int64_t b, int64_t c)
+{
+    for (int64_t i = i0; i < i1; i++) {
+        float s = cap_load_f32(x, i - i0);
+        for (int64_t j = j0; j < j1; j++) {
+            if (j < c)
+                cap_store_f32(x, b * j + a * (i - i0), s + 1.0f);
+        }
+    }
+}
+
+KERNEL void box_local(cap_t x, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t a,
+                      int64_t b, int64_t c)
+{
+    float w[6][8];
+    for (int r = 0; r < 6; r++)
+        for (int l = 0; l < 8; l++)
+            w[r][l] = 0.0f;
+    for (int i = i0; i < i1; i++)
+        for (int j = j0; j < j1; j++)
+            w[i + c][a * i + b * j + c] = w[i + c][a * i + b * j + c] + 1.0f;
+    for (int r = 0; r < 6; r++)
+        for (int l = 0; l < 8; l++)
+            cap_store_f32(x, r * 8 + l, w[r][l]);
+}
+
+KERNEL void tri(cap_t x, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t a, int64_t b,
+                int64_t c)
+{
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = j0 + i; j < j1; j++)
+            cap_store_f32(x, a * i + b * j + c, 3.0f);
+}
+"""
+BOX_NAMES = ["box", "box_le", "box_cond", "box_local", "tri"]
+I64_MAX = 2**63 - 1
+
+
+@pytest.fixture(scope="module")
+def box_builds() -> dict:
+    return {n: (runtime.compile(BOX_SRC, n), runtime.compile(BOX_SRC, n, hoist=False))
+            for n in BOX_NAMES}
+
+
+def test_rectangular_nests_fold_into_one_box_check(box_builds) -> None:
+    for name in ("box", "box_le", "box_cond"):
+        src = box_builds[name][0].c_source
+        assert "rt_range2_ok" in src and "rt_ustore_f32" in src, name
+    assert "rt_lrange2_ok" in box_builds["box_local"][0].c_source
+    # the fast copy of the nest runs no per-inner-loop guard: only the checked copy has one
+    src = box_builds["box"][0].c_source
+    box = src[src.index(" box(rt_block"):src.index(" box_le(rt_block")]
+    assert box.count("rt_range2_ok(") == 1 and box.count("rt_range_ok(") == 1
+    # the inner bound moves with i: no box, each inner loop keeps its own guard
+    src = box_builds["tri"][0].c_source
+    tri = src[src.index(" tri(rt_block"):src.index("capqr_entry")]
+    assert "rt_range2_ok" not in tri and "rt_range_ok" in tri
+
+
+def test_products_of_counters_are_not_folded() -> None:
+    src = """
+KERNEL void k(cap_t x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++)
+            cap_store_f32(x, i * j, 1.0f);
+}"""
+    assert "rt_range2_ok" not in runtime.compile(src, "k").c_source
+    assert "rt_range_ok" in runtime.compile(src, "k").c_source
+
+
+def _bounds(lo: int, count: int, hi_cap: int = I64_MAX) -> int:
+    return max(-(2**63), min(hi_cap, lo + count))
+
+
+start = st.one_of(small, big)
+count = st.integers(-2, 12)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(BOX_NAMES), n=st.integers(0, 48), i0=start, ci=count, j0=start,
+       cj=count, a=coef, b=coef, c=st.one_of(small, big))
+def test_hoisted_nest_box_equals_checked(box_builds, name, n, i0, ci, j0, cj, a, b, c) -> None:
+    hoisted, plain = box_builds[name]
+    i1 = _bounds(i0, ci, I64_MAX - 8)      # `<=` loops: no counter wrap past INT64_MAX
+    if name == "box_le":
+        j0 = max(-(2**31), min(j0, 2**31 - 16))
+        j1 = _bounds(j0, cj, 2**31 - 8)     # int counter: the same for INT32_MAX
+    else:
+        j1 = _bounds(j0, cj)
+    if name == "box_local":
+        # int counters initialised from int64 bounds: keep them in int range
+        # (a truncated start could make a loop of 2^32 iterations in both builds)
+        n = 48
+        i0, i1 = max(-50, min(i0, 50)), max(-50, min(i1, 50))
+    if name in ("box_local", "tri"):
+        # tri: j starts at j0 + i; keep that sum from wrapping into a huge loop
+        j0, j1 = max(-50, min(j0, 50)), max(-50, min(j1, 50))
+    args = (i0, i1, j0, j1, a, b, c)
+    f1, m1 = _run(hoisted, n, args)
+    f2, m2 = _run(plain, n, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))

@@ -16,6 +16,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -249,9 +250,11 @@ static void maybe_finish(rt_launch *L)
                     __atomic_load_n(&L->stop, __ATOMIC_ACQUIRE);
     if (exhausted) unlink_active(L);
     if (exhausted && L->running == 0 && !L->done) {
-        L->done = 1;
         if (__atomic_load_n(&L->poll_raised, __ATOMIC_ACQUIRE))
             __atomic_fetch_sub(&rt_poll_word, RT_POLL_STOP_UNIT, __ATOMIC_SEQ_CST);
+        /* The last access to L here: a launcher that sees done without the
+         * lock (rt_launch_wait's spin) may free it right after. */
+        __atomic_store_n(&L->done, 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&pool_done);
     }
 }
@@ -324,24 +327,51 @@ rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid)
         rt_launch **pp = &active;
         while (*pp) pp = &(*pp)->next_active;
         *pp = L;   /* FIFO: earlier launches get workers first */
-        pthread_cond_broadcast(&pool_work);
+        /* Wake only as many workers as there are blocks: waking all of them
+         * for a one-block launch makes the rest contend for pool_mu and
+         * sleep again. */
+        if (grid >= nworkers)
+            pthread_cond_broadcast(&pool_work);
+        else
+            for (int64_t i = 0; i < grid; i++) pthread_cond_signal(&pool_work);
     }
     pthread_mutex_unlock(&pool_mu);
     return L;
 }
 
+/* How long rt_launch_wait looks at the done flag, yielding the core, before
+ * it sleeps on the condition variable: a short launch then costs no futex
+ * sleep and wake-up of the launching thread.  sched_yield gives the core to
+ * a block that wants it, so with every core busy the spin costs the blocks
+ * little (measured on 2 cores: grid = cores got faster, not slower). */
+#define RT_WAIT_SPIN_NS 50000L
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
 int rt_launch_wait(rt_launch *L, double seconds)
 {
+    int64_t spin = seconds * 1e9 < RT_WAIT_SPIN_NS ? (int64_t)(seconds * 1e9) : RT_WAIT_SPIN_NS;
+    int64_t spin_end = now_ns() + spin;
+    while (!__atomic_load_n(&L->done, __ATOMIC_ACQUIRE)) {
+        if (now_ns() >= spin_end) break;
+        sched_yield();
+    }
+    if (__atomic_load_n(&L->done, __ATOMIC_ACQUIRE)) return 1;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     long ns = (long)((seconds - (long)seconds) * 1e9);
     ts.tv_sec += (time_t)seconds + (ts.tv_nsec + ns) / 1000000000L;
     ts.tv_nsec = (ts.tv_nsec + ns) % 1000000000L;
     pthread_mutex_lock(&pool_mu);
-    while (!L->done) {
+    while (!__atomic_load_n(&L->done, __ATOMIC_ACQUIRE)) {
         if (pthread_cond_timedwait(&pool_done, &pool_mu, &ts) == ETIMEDOUT) break;
     }
-    int done = L->done;
+    int done = __atomic_load_n(&L->done, __ATOMIC_ACQUIRE);
     pthread_mutex_unlock(&pool_mu);
     return done;
 }
@@ -354,10 +384,12 @@ void rt_launch_cancel(rt_launch *L, int32_t kind)
     pthread_mutex_unlock(&pool_mu);
 }
 
+/* out and finished may be NULL: the caller asks for the record only after a
+ * fault (no allocation on the fast path). */
 int32_t rt_launch_result(rt_launch *L, rt_fault_rec *out, int64_t *finished)
 {
-    *out = L->fault;
-    *finished = __atomic_load_n(&L->finished, __ATOMIC_ACQUIRE);
+    if (out) *out = L->fault;
+    if (finished) *finished = __atomic_load_n(&L->finished, __ATOMIC_ACQUIRE);
     if (L->fault.kind != RT_OK) return L->fault.kind;
     return L->stop ? L->stop_kind : RT_OK;
 }
