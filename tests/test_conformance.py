@@ -126,8 +126,12 @@ int main(void)
         cp.wlen = cp.rlen / 2;
         int s4 = rt_range_ok(cp, a, b, c, 4, (int)(e & 1));
         int s5 = rt_lrange_ok(a, b, c, d & 1023);
-        printf("%d %lld %d %lld %d %lld %d %d\n", s1, s1 ? span : 0, s2, s2 ? span32 : 0,
-               s3, s3 ? end : 0, s4, s5);
+        rt_i64 lo = -7, hi = -7;
+        int s6 = rt_affine_box(a, b, c, d, e, &lo, &hi);
+        int s7 = rt_range2_ok(cp, a & 255, b & 7, c & 63, d & 15, e & 63, 4, (int)(e & 1));
+        int s8 = rt_lrange2_ok(a, b, c & 63, d, e & 63, 1000);
+        printf("%d %lld %d %lld %d %lld %d %d %d %lld %lld %d %d\n", s1, s1 ? span : 0, s2,
+               s2 ? span32 : 0, s3, s3 ? end : 0, s4, s5, s6, s6 ? lo : 0, s6 ? hi : 0, s7, s8);
     }
     return 0;
 }
@@ -135,8 +139,8 @@ int main(void)
 
 
 def test_device_guard_helpers_match_the_host_ones(tmp_path: Path) -> None:
-    """Loop-versioning guards: the device's overflow arithmetic (no gcc builtins there)
-    gives the host's answers on edge and random inputs."""
+    """Loop-versioning guards, 1-D and 2-D (box) forms: the device's overflow arithmetic
+    (no gcc builtins there) gives the host's answers on edge and random inputs."""
     import random
 
     rnd = random.Random(7)
