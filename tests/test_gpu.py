@@ -27,8 +27,6 @@ _OK, _WHY = cuda.available()
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")]
 
-CONTEST_SHAPES = [(20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048), (2, 4096)]
-EPS32 = float(np.finfo(np.float32).eps)
 
 PLANT = """
 KERNEL void plant(cap_t out, int64_t bad_block, int64_t bad_thread)
@@ -210,125 +208,7 @@ KERNEL void conv(cap_t h, cap_t q, cap_t out, int64_t n)
     assert (ei.value.buffer, ei.value.thread) == ("h", 100)
 
 
-# ---------------------------------------------------------------------------
-# batched QR
-# ---------------------------------------------------------------------------
-def qr_residuals(A: np.ndarray, H: np.ndarray, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per matrix: ||R - Q^T A||_1 / (n eps32 ||A||_1) and ||Q^T Q - I||_1 / (n eps32).
-
-    Computed in float64 (on the GPU through torch when available, else numpy/scipy).
-    """
-    n = A.shape[-1]
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ImportError
-        dev = "cuda"
-        At = torch.from_numpy(A).to(dev, torch.float64)
-        Ht = torch.from_numpy(H).to(dev, torch.float64)
-        Tt = torch.from_numpy(tau).to(dev, torch.float64)
-        out_r, out_o = [], []
-        for s in range(0, A.shape[0], 64):  # bound the float64 temporaries
-            Q = torch.linalg.householder_product(Ht[s:s + 64], Tt[s:s + 64])
-            R = torch.triu(Ht[s:s + 64])
-            a = At[s:s + 64]
-            QtA = Q.transpose(-1, -2) @ a
-            n1 = torch.linalg.matrix_norm(a, ord=1)
-            r = torch.linalg.matrix_norm(R - QtA, ord=1) / (n * EPS32 * torch.clamp(n1, min=1e-300))
-            eye = torch.eye(n, dtype=torch.float64, device=dev)
-            o = torch.linalg.matrix_norm(Q.transpose(-1, -2) @ Q - eye, ord=1) / (n * EPS32)
-            out_r.append(r.cpu().numpy())
-            out_o.append(o.cpu().numpy())
-        return np.concatenate(out_r), np.concatenate(out_o)
-    except ImportError:
-        from scipy.linalg import lapack
-
-        rr, oo = [], []
-        for a, h, t in zip(A.astype(np.float64), H.astype(np.float64), tau.astype(np.float64),
-                           strict=True):
-            q, _, _ = lapack.dorgqr(h, t)
-            r = np.triu(h)
-            rr.append(np.linalg.norm(r - q.T @ a, 1) / (n * EPS32 * max(np.linalg.norm(a, 1),
-                                                                       1e-300)))
-            oo.append(np.linalg.norm(q.T @ q - np.eye(n), 1) / (n * EPS32))
-        return np.array(rr), np.array(oo)
-
-
-def _run_qr(a: np.ndarray, checked: bool) -> tuple[np.ndarray, np.ndarray]:
-    import kernels.gpu as g
-
-    return g.qr(a, checked=checked)
-
-
-@pytest.mark.parametrize("batch,n", CONTEST_SHAPES)
-def test_qr_contest_shape(batch: int, n: int) -> None:
-    rng = np.random.default_rng(n)
-    a = rng.standard_normal((batch, n, n)).astype(np.float32)
-    H, tau = _run_qr(a, checked=True)
-    Hr, taur = _run_qr(a, checked=False)
-    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
-    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
-    r, o = qr_residuals(a, H, tau)
-    print(f"\n(batch={batch}, n={n}) max ||R-Q^TA||_1/(n eps ||A||_1) = {r.max():.3f} (<= 20), "
-          f"max ||Q^TQ-I||_1/(n eps) = {o.max():.3f} (<= 100)")
-    assert r.max() <= 20 and o.max() <= 100
-
-
-def _stress(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
-    a = rng.standard_normal((n, n))
-    if kind == "graded_rows":
-        a *= np.logspace(0, -12, n)[:, None]
-    elif kind == "graded_cols":
-        a *= np.logspace(0, -12, n)[None, :]
-    elif kind == "near_rank_deficient":
-        u, _, vt = np.linalg.svd(a)
-        s = np.logspace(0, -9, n)
-        s[n // 2:] = 1e-30
-        a = (u * s) @ vt
-    elif kind == "zero_column":
-        a[:, 3] = 0.0
-        a[:, n - 1] = 0.0
-    elif kind == "zero_matrix":
-        a[:] = 0.0
-    elif kind == "duplicate_columns":
-        a[:, 1] = a[:, 0]
-        a[:, 2] = a[:, 0] * (1 + 1e-7)
-    elif kind == "huge_tiny":
-        a *= 1e18 if rng.random() < 0.5 else 1e-18
-    return a.astype(np.float32)
-
-
-STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "zero_matrix",
-          "duplicate_columns", "huge_tiny"]
-
-
-@pytest.mark.parametrize("kind", STRESS)
-def test_qr_stress(kind: str) -> None:
-    rng = np.random.default_rng(7)
-    a = np.stack([_stress(kind, n, rng) for n in (96,) * 4])
-    H, tau = _run_qr(a, checked=True)
-    Hr, taur = _run_qr(a, checked=False)
-    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
-    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
-    assert np.all(np.isfinite(H)) and np.all(np.isfinite(tau))
-    r, o = qr_residuals(a, H, tau)
-    print(f"\n{kind}: max residual ratio {r.max():.3f}, orthogonality ratio {o.max():.3f}")
-    assert r.max() <= 20 and o.max() <= 100
-
-
-def test_qr_matches_lapack_convention() -> None:
-    """Same compact form as scipy.linalg.qr(mode='raw') (up to rounding)."""
-    scipy_linalg = pytest.importorskip("scipy.linalg")
-    rng = np.random.default_rng(3)
-    a = rng.standard_normal((2, 48, 48)).astype(np.float32)
-    H, tau = _run_qr(a, checked=True)
-    for b in range(2):
-        (h_ref, tau_ref), _ = scipy_linalg.qr(a[b].astype(np.float64), mode="raw")
-        np.testing.assert_allclose(H[b], h_ref, atol=2e-4, rtol=2e-3)
-        np.testing.assert_allclose(tau[b], tau_ref, atol=2e-5, rtol=1e-4)
-
-
+# The batched QR kernels are tested in tests/test_gpu_qr.py.
 def test_hoisted_loop_still_faults_at_exact_element() -> None:
     """A counted loop runs unchecked only when its whole index range was proven in
     bounds; otherwise the checked copy runs and faults at the first bad element."""

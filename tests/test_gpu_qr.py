@@ -316,3 +316,17 @@ def test_panel_launch_past_the_matrix_faults() -> None:
         cuda.launch(g.blocked_kernels(True)["panel"], [A, tau, work], args=(40, 0, 32),
                     grid=1, block=g.PANEL_BLOCK)
     assert ei.value.kernel == "gpu_qr_panel" and ei.value.buffer == "A"
+
+
+@gpu
+@needs_gpu
+def test_matches_lapack_convention() -> None:
+    """Same compact form as scipy.linalg.qr(mode='raw') (up to rounding)."""
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 48, 48)).astype(np.float32)
+    H, tau = g.qr(a, checked=True)
+    for b in range(2):
+        (h_ref, tau_ref), _ = scipy_linalg.qr(a[b].astype(np.float64), mode="raw")
+        np.testing.assert_allclose(H[b], h_ref, atol=2e-4, rtol=2e-3)
+        np.testing.assert_allclose(tau[b], tau_ref, atol=2e-5, rtol=1e-4)
