@@ -165,8 +165,9 @@ def _meta_lines(res: dict[str, Any]) -> list[str]:
         f"- Run: {m.get('datetime_utc')} on `{m.get('host')}` ({m.get('cpu_model')}, "
         f"{th.get('cpu_count')} cores), {kind} run, {res.get('elapsed_s', float('nan')):.0f} s; "
         f"commit `{commit}`{' (+uncommitted changes)' if git.get('dirty') else ''}",
-        f"- Threads: capqr workers {th.get('capqr_workers')} (QR: `parallel` spreads one matrix over "
-        f"column tiles on all workers; the other variants run one block per matrix), OpenBLAS {blas or 'n/a'}, torch {th.get('torch')} "
+        f"- Threads: capqr workers {th.get('capqr_workers')} (QR: `parallel` spreads one "
+        "matrix over column tiles on all workers; the other variants run one block per "
+        f"matrix), OpenBLAS {blas or 'n/a'}, torch {th.get('torch')} "
         f"(BLAS {tb.get('BLAS_INFO', '?')})",
         f"- Kernel compiler: {(str(m.get('compiler', {}).get('cc', '?')).split('|') + ['?'])[1]} "
         f"flags `{' '.join(m.get('compiler', {}).get('kernel_cflags', []))}` "
