@@ -51,13 +51,7 @@ extern "C" {
 #endif
 
 
-/* rt_obj.flags */
-enum { RT_OBJ_FREED = 1,      /* explicit free() happened */
-       RT_OBJ_EXTERNAL = 2,   /* payload owned by numpy/torch (host or CUDA tensor): the
-                               * sweep queues its release, the host drops the reference */
-       RT_OBJ_PAYLOAD_GONE = 4, /* payload released (header may live on) */
-       RT_OBJ_DEVICE = 8 };   /* payload is GPU memory the collector owns: the sweep
-                               * queues its release, the host calls cuMemFree */
+/* rt_obj.flags bits RT_OBJ_*: cap_abi.h (capabilities/abi.py) */
 
 #define RT_NAME_MAX 48
 

@@ -21,6 +21,8 @@ enum { RT_PERM_R = 1, RT_PERM_W = 2 };
 enum { RT_FAULT_NONE = 0, RT_FAULT_OOB = 1, RT_FAULT_READONLY = 2, RT_FAULT_FREED = 3, RT_FAULT_NOBOUNDS = 4, RT_FAULT_LOCAL = 5, RT_FAULT_TIMEOUT = 6, RT_FAULT_CANCELLED = 7, RT_FAULT_ALLOC = 8, RT_FAULT_ARG = 9, RT_FAULT_DIVZERO = 10, RT_FAULT_TYPE = 11 };
 enum { RT_OK = 0 };
 enum { RT_ACC_LOAD = 1, RT_ACC_STORE = 2 };
+/* rt_obj.flags (meanings: capabilities/abi.py OBJ_FLAGS) */
+enum { RT_OBJ_FREED = 1, RT_OBJ_EXTERNAL = 2, RT_OBJ_PAYLOAD_GONE = 4, RT_OBJ_DEVICE = 8 };
 
 /* A capability as a kernel holds it: 40 bytes, by value.  p is the current
  * origin (what cap_to_int returns), lo the object start, rlen/wlen the

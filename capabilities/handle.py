@@ -61,7 +61,7 @@ CAP_DTYPE = "cap"
 CAP_CODE = abi.CAP_DT_CODE
 CAP_SLOT_BYTES = abi.ELEM_SIZE["cap"]
 PERM_R, PERM_W = abi.PERM_R, abi.PERM_W
-RT_OBJ_FREED = 1  # rt_obj.flags bit (cap.h)
+RT_OBJ_FREED = abi.OBJ_FLAG["FREED"]
 
 
 def _perm_bits(perms: str) -> int:
