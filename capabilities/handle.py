@@ -26,6 +26,7 @@ from runtime import core, heap
 from runtime.errors import CapabilityFault
 
 from . import abi
+from .protocol import RecordedAttributes
 
 ffi, lib = core.ffi, core.lib
 
@@ -90,7 +91,7 @@ def _shape_tuple(shape: Any) -> tuple[int, ...]:
     return shape
 
 
-class Capability:
+class Capability(RecordedAttributes):
     """A bounded, permissioned handle on one buffer.
 
     ``int(cap)`` is the plain address and nothing more; a kernel receives
@@ -122,40 +123,7 @@ class Capability:
         # object stays pinned while any view is alive.
         self._pin = ffi.gc(ffi.cast("char *", obj.base), unpin)
 
-    # -- attributes ------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> Any:
-        return self._dtype
-
-    @property
-    def perms(self) -> str:
-        return self._perms
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self._shape, dtype=np.int64))
-
-    @property
-    def id(self) -> int:
-        """The collector's serial number of the object."""
-        return self._id
-
-    @property
-    def freed(self) -> bool:
-        return self._freed
-
+    # -- attributes (name, shape, ... from RecordedAttributes) ------------
     @property
     def device(self) -> str:
         return "cpu"

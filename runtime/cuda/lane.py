@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from capabilities import abi
+from capabilities.protocol import RecordedAttributes
 
 from .. import core, heap
 from ..argcheck import check_counts, check_grid, check_perms, scalar_arg
@@ -167,7 +168,7 @@ heap.add_release_hook(drain_device_releases)
 atexit.register(drain_device_releases, at_exit=True)
 
 
-class DeviceCapability:
+class DeviceCapability(RecordedAttributes):
     """A capability on a device buffer: collector header, device payload.
 
     Attributes (recorded when the handle is made, so all of them stay defined
@@ -222,19 +223,7 @@ class DeviceCapability:
         # The handle's pin: dropped when the handle dies or at free().
         self._pin = core.ffi.gc(core.ffi.cast("void *", obj), unpin)
 
-    # -- header ------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> Any:
-        return self._dtype
-
+    # -- header (name, shape, nbytes, ... from RecordedAttributes) ---------
     @property
     def perms(self) -> str:
         return self._perms
@@ -254,19 +243,6 @@ class DeviceCapability:
             self._perms = perms
 
     @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self._shape, dtype=np.int64))
-
-    @property
-    def id(self) -> int:
-        """The collector's serial number of the object."""
-        return self._id
-
-    @property
     def device(self) -> str:
         return "cuda"
 
@@ -275,11 +251,6 @@ class DeviceCapability:
         """Device address of the payload (raises CapabilityFault("freed") after free())."""
         self._check_live("load")
         return self._ptr
-
-    @property
-    def freed(self) -> bool:
-        """True after free()."""
-        return self._freed
 
     def __repr__(self) -> str:
         st = " freed" if self._freed else ""
