@@ -277,6 +277,13 @@ typedef struct cap_t {{
 """
 
 
+#: The GPU lane's fault record: the first refused access of a launch, written on
+#: the device, read by the host after the launch (C and C++, and a cffi cdef).
+GPU_FAULT_DECL = ("typedef struct rt_gpu_fault { int flag; int kind; int access; int line; "
+                  "long long block; long long index; long long elsize; long long offset; "
+                  "int thread; int slot; } rt_gpu_fault;")
+
+
 def cffi_cap_cdef(owner: str = "unsigned long long tag;") -> str:
     """cap_t as a cffi declaration (the GPU launcher fills it field by field)."""
     return ("typedef struct { char *p; char *lo; unsigned long long rlen; "

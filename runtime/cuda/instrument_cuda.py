@@ -55,10 +55,7 @@ DEVICE_PRELUDE = r"""
 #pragma nv_diag_suppress 177   /* unused helpers of the runtime are expected */
 #pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
 
-/* cap_t, fault/dtype codes and RT_INB come from capabilities/abi.py (shared with cap.h). */
-struct rt_gpu_fault { int flag; int kind; int access; int line; long long block;
-                      long long index; long long elsize; long long offset;
-                      int thread; int slot; };
+/* cap_t, fault/dtype codes, RT_INB and rt_gpu_fault come from capabilities/abi.py. */
 __device__ struct rt_gpu_fault __rt_fault;   /* first fault of the launch (host reads it) */
 __device__ int __rt_cancel;                  /* set by the host when the deadline passed */
 __shared__ volatile int __rt_bfault;         /* this block: a thread faulted / cancelled */
@@ -252,7 +249,8 @@ template <> struct rt_is_sint<long long> { enum { value = 1 }; };
 
 def device_prelude() -> str:
     """The device runtime: the shared ABI fragment, then the device helpers."""
-    return "#define RT_DEVICE_LANE 1\n" + abi.c_header() + DEVICE_PRELUDE
+    return ("#define RT_DEVICE_LANE 1\n" + abi.c_header() + abi.GPU_FAULT_DECL + "\n"
+            + DEVICE_PRELUDE)
 
 
 @dataclass

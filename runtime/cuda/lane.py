@@ -46,10 +46,7 @@ from . import driver as drv
 from . import nvrtc
 from .instrument_cuda import FAULT_KINDS, CudaSource, instrument
 
-CAP_CDEF = abi.cffi_cap_cdef() + """
-typedef struct { int flag; int kind; int access; int line; long long block; long long index;
-                 long long elsize; long long offset; int thread; int slot; } rt_gpu_fault;
-"""
+CAP_CDEF = abi.cffi_cap_cdef() + "\n" + abi.GPU_FAULT_DECL + "\n"
 TAG_FREED = abi.GPU_TAG_FREED
 #: numpy dtype name -> RT_DT code (capabilities/abi.py)
 _DT_CODES = {d.numpy: d.code for d in abi.DTYPES if d.numpy}
