@@ -26,7 +26,8 @@ from .timing import geomean
 CONTEST_SHAPES: tuple[tuple[int, int], ...] = BATCHED["full"]
 
 
-def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -> dict:
+def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "auto"
+                ) -> dict:
     """Time checked, raw and torch.geqrf for one (batch, n)."""
     import kernels.gpu as g
     from runtime import cuda
@@ -43,7 +44,8 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -
 
     ws = g.Workspace.alloc(batch, n, prefix="")
     plan = g.launch_plan(batch, n, tall_rows)
-    row: dict = {"batch": batch, "n": n, "launches": len(plan), "tall_rows": tall_rows}
+    row: dict = {"batch": batch, "n": n, "launches": len(plan),
+                 "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows}
     outs = {}
     start, end = drv.Event(), drv.Event()
     for name, checked in (("checked", True), ("raw", False)):
@@ -142,9 +144,12 @@ def main(argv: list[str] | None = None) -> Path:
                     help="repeats for n >= 4096 (each launch takes seconds there)")
     ap.add_argument("--shapes", default="", help="e.g. 20x32,40x176 (default: contest shapes)")
     ap.add_argument("--out", default="")
-    ap.add_argument("--tall-rows", type=int, default=None,
-                    help="use the tall-panel kernel for panels of more rows (default: never)")
+    ap.add_argument("--tall-rows", default="auto",
+                    help="factor panels of more rows by column steps: a number, 'none' "
+                         "or 'auto' (kernels.gpu.default_tall_rows)")
     ns = ap.parse_args(argv)
+    tall = ns.tall_rows if ns.tall_rows == "auto" else (
+        None if ns.tall_rows == "none" else int(ns.tall_rows))
     from runtime.cuda import driver as drv
 
     shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> Path:
                                        f"gpu-{_dt.date.today().isoformat()}.json")
     for b, n in shapes:
         rep = ns.repeat_large if n >= 4096 else ns.repeat
-        r = bench_shape(b, n, rep, ns.tall_rows)
+        r = bench_shape(b, n, rep, tall)
         r["repeat"] = rep
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive

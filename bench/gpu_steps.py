@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 
-def profile(batch: int, n: int, tall_rows: int | None, checked: bool = True) -> dict:
+def profile(batch: int, n: int, tall_rows: int | None | str, checked: bool = True) -> dict:
     """Per-kind kernel milliseconds and the sequence's wall milliseconds for one shape."""
     import kernels.gpu as g
     from runtime import cuda
@@ -59,14 +59,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shapes", default="2x4096,8x2048,60x1024")
     ap.add_argument("--tall-rows", default="none,256",
-                    help="comma list; 'none' = one block per matrix for every panel")
+                    help="comma list of numbers, 'none' (one block per matrix for every "
+                         "panel) or 'auto'")
     ap.add_argument("--out", default="")
     ns = ap.parse_args(argv)
     rows = []
     for s in ns.shapes.split(","):
         b, n = (int(v) for v in s.split("x"))
         for tr in ns.tall_rows.split(","):
-            r = profile(b, n, None if tr == "none" else int(tr))
+            r = profile(b, n, tr if tr == "auto" else None if tr == "none" else int(tr))
             rows.append(r)
             per = ", ".join(f"{k} {v['launches']}x {v['kernel_ms']:.2f} ms"
                             for k, v in r["kinds"].items())

@@ -166,7 +166,7 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, n
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100)])
 def test_plan_covers_each_column_once(batch: int, n: int) -> None:
-    plan = g.launch_plan(batch, n)
+    plan = g.launch_plan(batch, n, tall_rows=None)
     panels = [s for s in plan if s.kernel.startswith("panel") or s.kernel == "steps_init"]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))
@@ -209,6 +209,13 @@ def test_plan_column_steps(batch: int, n: int) -> None:
     need = max(2 * s.args[3] * 32 + 2 * s.args[3] * s.args[4] * 32 for s in plan
                if s.kernel == "steps_init")
     assert g.steps_size(batch, n) >= need
+
+
+def test_default_plan_uses_column_steps_for_small_batches() -> None:
+    for batch, n in CONTEST_SHAPES:
+        kinds = {s.kernel for s in g.launch_plan(batch, n)}
+        steps = batch <= g.STEPS_MAX_BATCH and n > g.STEPS_ROWS
+        assert ("steps_column" in kinds) == steps and ("panel" not in kinds or not steps)
 
 
 def test_plan_rejects_empty() -> None:

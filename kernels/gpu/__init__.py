@@ -64,14 +64,29 @@ class Launch:
     args: tuple[int, ...]
 
 
-def launch_plan(batch: int, n: int, tall_rows: int | None = None) -> list[Launch]:
+#: Batches up to this size factor panels of more than STEPS_ROWS rows by column steps
+#: (H200, bench/results/gpu-steps-profile-2026-12-03.json: kernel time of the panels of
+#: (2,4096) 64 ms by column steps vs 126 ms one block per matrix; a tie at (8,2048), and
+#: one block per matrix wins from batch 60 on, where the batch alone fills the GPU).
+STEPS_MAX_BATCH, STEPS_ROWS = 4, 256
+
+
+def default_tall_rows(batch: int) -> int | None:
+    """The panel height above which the plan uses column steps (None: never)."""
+    return STEPS_ROWS if batch <= STEPS_MAX_BATCH else None
+
+
+def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto") -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
 
-    Panels of more than ``tall_rows`` rows (default: none) are factored by
-    column-step launches over row blocks (kernels/gpu/panel_steps.c).
+    Panels of more than ``tall_rows`` rows are factored by column-step launches
+    over row blocks (kernels/gpu/panel_steps.c); None: never; "auto":
+    :func:`default_tall_rows`.
     """
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
+    if tall_rows == "auto":
+        tall_rows = default_tall_rows(batch)
     plan = []
     for k0 in range(0, n, NB):
         nb, m = min(NB, n - k0), n - k0
@@ -125,7 +140,8 @@ def work_size(batch: int) -> int:
 def scratch_size(batch: int, n: int) -> int:
     """Floats of the scratch buffer: the update's parts of Z (32 x 32 per block; the
     row blocks do not depend on tall_rows)."""
-    z = max((s.grid for s in launch_plan(batch, n) if s.kernel == "update_z"), default=0)
+    z = max((s.grid for s in launch_plan(batch, n, None) if s.kernel == "update_z"),
+            default=0)
     return max(1, z * T_SIZE)
 
 
@@ -167,7 +183,7 @@ class Workspace:
 
 
 def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
-              timeout: float | None = None, tall_rows: int | None = None) -> None:
+              timeout: float | None = None, tall_rows: int | None | str = "auto") -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
     ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc`.
@@ -182,7 +198,7 @@ def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
 
 
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
-       tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+       tall_rows: int | None | str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
