@@ -208,6 +208,10 @@ def verify(parsed: ParsedSource, *, target: str = "cpu") -> VerifiedSource:
         raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
     v = _Verifier(parsed, target)
     v.visit(parsed.ast)
+    if target == "cuda":
+        from .divergence import check_uniform_collectives  # imports this module
+
+        check_uniform_collectives(parsed.funcs)
     v.result.target = target
     v.result.stack_bytes = _stack_bytes(v.result)
     return v.result

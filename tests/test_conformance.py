@@ -409,6 +409,113 @@ def test_verifier_refuses_hostile_kernels(case, target) -> None:
     assert ei.value.reason
 
 
+# -- tiles and warp collectives: misuse is refused with the construct and a reason
+
+_TILE_CALL = "cap_tile_load_f32(x, 0, 8, 8, 8, {arr}, 0, 8);"
+BUILTIN_REJECTS = [
+    # (id, source, targets that refuse it, construct substring, reason substring)
+    ("tile-dst-not-array", "KERNEL void k(cap_t x, int64_t n) { "
+     + _TILE_CALL.format(arr="n") + " }", ("cpu", "cuda"), "argument 6 of 'cap_tile_load_f32'",
+     "name of a local array"),
+    ("tile-dst-element", "KERNEL void k(cap_t x) { float smem_a[64]; "
+     + _TILE_CALL.format(arr="smem_a[0]") + " }", ("cpu", "cuda"),
+     "argument 6 of 'cap_tile_load_f32'", "name of a local array"),
+    ("tile-dst-type", "KERNEL void k(cap_t x) { double smem_a[64]; "
+     + _TILE_CALL.format(arr="smem_a") + " }", ("cpu", "cuda"),
+     "argument 6 of 'cap_tile_load_f32'", "holds double"),
+    ("tile-dst-const", "KERNEL void k(cap_t x) { const float smem_a[2] = {1.0f, 2.0f}; "
+     + _TILE_CALL.format(arr="smem_a") + " }", ("cpu",), "argument 6 of 'cap_tile_load_f32'",
+     "const"),
+    ("tile-cap-expression", "KERNEL void k(cap_t x) { float smem_a[64]; "
+     "cap_tile_load_f32(cap_offset_f32(x, 1), 0, 8, 8, 8, smem_a, 0, 8); }", ("cpu", "cuda"),
+     "argument 1 of 'cap_tile_load_f32'", "cap_t variable"),
+    ("tile-per-thread-array-on-gpu", "KERNEL void k(cap_t x) { float a[64]; "
+     + _TILE_CALL.format(arr="a") + " }", ("cuda",), "argument 6 of 'cap_tile_load_f32'",
+     "smem_"),
+    ("tile-under-thread-condition", "KERNEL void k(cap_t x) { float smem_a[64];\n"
+     "if (rt_block_idx() == 0) " + _TILE_CALL.format(arr="smem_a") + "\n"
+     "if (rt_thread_idx() < 32) " + _TILE_CALL.format(arr="smem_a") + " }", ("cuda",),
+     "call to 'cap_tile_load_f32' under thread-dependent control flow", "block barrier"),
+    ("shuffle-mask-not-literal", "KERNEL void k(cap_t x, int64_t m) { "
+     "float v = rt_shfl_xor_f32(1.0f, m); }", ("cuda",), "argument 2 of 'rt_shfl_xor_f32'",
+     "integer literal 1, 2, 4, 8 or 16"),
+    ("shuffle-mask-not-power-of-two", "KERNEL void k(cap_t x) { "
+     "double v = rt_shfl_xor_f64(1.0, 3); }", ("cuda",), "argument 2 of 'rt_shfl_xor_f64'",
+     "integer literal 1, 2, 4, 8 or 16"),
+    ("shuffle-mask-32", "KERNEL void k(cap_t x) { int64_t v = rt_shfl_xor_i64(1, 32); }",
+     ("cuda",), "argument 2 of 'rt_shfl_xor_i64'", "integer literal 1, 2, 4, 8 or 16"),
+    ("shuffle-under-thread-condition", "KERNEL void k(cap_t x) { float v = 1.0f;\n"
+     "if (rt_lane_idx() < 16)\n    v = rt_shfl_xor_f32(v, 1); }", ("cuda",),
+     "call to 'rt_shfl_xor_f32' under thread-dependent control flow", "every lane of the warp"),
+    ("warp-sum-after-thread-return", "KERNEL void k(cap_t x, int64_t n) {\n"
+     "if (rt_thread_idx() >= n) return;\nfloat v = rt_warp_sum_f32(1.0f); }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "early return"),
+    ("warp-sum-in-thread-strided-loop", "KERNEL void k(cap_t x, int64_t n) { float v = 0.0f;\n"
+     "for (int64_t i = rt_thread_idx(); i < n; i += rt_block_dim())\n"
+     "    v += rt_warp_sum_f32(cap_load_f32(x, i)); }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "rt_thread_idx()"),
+    ("warp-sum-in-helper-called-divergently", "static float h(float v) "
+     "{ return rt_warp_sum_f32(v); }\nKERNEL void k(cap_t x) { float v = 1.0f;\n"
+     "int64_t f = 0;\nif (rt_thread_idx() == 0) f = 1;\nif (f) v = h(v); }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "rt_thread_idx()"),
+] + [(f"{name}-on-cpu", "KERNEL void k(cap_t x) { float v = " + call + "; }", ("cpu",),
+      f"call to '{name}'", "exists only on the GPU")
+     for name, call in (("rt_shfl_xor_f32", "rt_shfl_xor_f32(1.0f, 1)"),
+                        ("rt_shfl_xor_f64", "(float)rt_shfl_xor_f64(1.0, 2)"),
+                        ("rt_shfl_xor_i64", "(float)rt_shfl_xor_i64(1, 4)"),
+                        ("rt_warp_sum_f32", "rt_warp_sum_f32(1.0f)"),
+                        ("rt_warp_sum_f64", "(float)rt_warp_sum_f64(1.0)"),
+                        ("rt_lane_idx", "(float)rt_lane_idx()"))]
+
+
+@pytest.mark.parametrize("case,target", [(c, t) for c in BUILTIN_REJECTS for t in c[2]],
+                         ids=[f"{c[0]}-{t}" for c in BUILTIN_REJECTS for t in c[2]])
+def test_builtin_misuse_is_refused_with_a_reason(case, target) -> None:
+    """No device needed: the verifier runs before any driver call."""
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    ident, src, _, construct, reason = case
+    with pytest.raises(VerifyError) as ei:
+        verify(parse(src), target=target)
+    assert construct in ei.value.construct, ei.value
+    assert reason in ei.value.reason, ei.value
+    if ident == "tile-under-thread-condition":
+        assert ei.value.line == 3, "the block-uniform call on line 2 is accepted"
+
+
+def test_tile_into_a_per_thread_array_is_fine_on_the_cpu() -> None:
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    verify(parse("KERNEL void k(cap_t x) { float a[64]; " + _TILE_CALL.format(arr="a") + " }"))
+
+
+def test_uniform_collectives_are_accepted_on_the_gpu() -> None:
+    """The divergence rule refuses only what can diverge: uniform loops, branches on
+    launch arguments or block index, and thread-dependent values (not branches) pass."""
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    verify(parse(WARP_SRC), target="cuda")
+    verify(parse("""
+static float wsum(float v) { return rt_warp_sum_f32(v); }
+KERNEL void k(cap_t x, int64_t n)
+{
+    float smem_a[64];
+    float acc = 0.0f;
+    int64_t t = rt_thread_idx();
+    for (int64_t k0 = 0; k0 < n; k0 += 8) {
+        if (rt_block_idx() == 0 && n > 3)
+            cap_tile_load_f32(x, k0, 8, 8, 8, smem_a, 0, 8);
+        float mine = t < 64 ? smem_a[t % 64] : 0.0f;
+        acc += wsum(mine) + rt_shfl_xor_f32(mine, 16);
+    }
+    cap_store_f32(x, t, acc);
+}
+"""), target="cuda")
+
+
 def test_unknown_kernel_name_is_a_verify_error() -> None:
     for target in ("cpu", "cuda"):
         with pytest.raises(VerifyError, match="nope"):
