@@ -220,8 +220,8 @@ class _Analysis:
             raise VerifyError(line, f"call to '{name}' under thread-dependent control flow",
                               f"{kind}: threads that a condition depending on rt_thread_idx() "
                               "(or an early return/break taken by some threads) sends "
-                              "elsewhere would never arrive; move the call out of the branch "
-                              "(compute the condition into a value instead)")
+                              "elsewhere would never arrive; call it unconditionally and select "
+                              "its result with ?: instead")
         if name in TILE_FUNCS and name.startswith("cap_tile_load_") and len(args) > 5 and (
                 ctl or any(self.varying(a) for a in args)):
             self._mark(_base_name(args[5]))  # the array now holds thread-dependent data
