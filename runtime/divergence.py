@@ -57,21 +57,27 @@ class _Flow:
     """What one statement may do under varying control."""
 
     returned: bool = False   # a return taken by some threads only
-    left_loop: bool = False  # a break/continue of the enclosing loop, by some threads only
+    broke: bool = False      # a break (of the enclosing loop or switch), by some threads only
+    continued: bool = False  # a continue of the enclosing loop, by some threads only
 
     def __or__(self, other: _Flow) -> _Flow:
-        return _Flow(self.returned or other.returned, self.left_loop or other.left_loop)
+        return _Flow(self.returned or other.returned, self.broke or other.broke,
+                     self.continued or other.continued)
+
+    @property
+    def diverged(self) -> bool:
+        return self.returned or self.broke or self.continued
 
 
 def check_uniform_collectives(funcs: dict[str, c_ast.FuncDef]) -> None:
     """Raise VerifyError for a collective call under varying control flow."""
     facts = {name: _Facts(_param_names(f)) for name, f in funcs.items()}
-    for _ in range(4 * len(funcs) + 8):  # monotone: every round only adds facts
+    changed = True
+    while changed:  # terminates: every round only adds facts, and there are finitely many
         a = _Analysis(facts, funcs)
         for name, f in funcs.items():
             a.function(name, f)
-        if not a.changed:
-            break
+        changed = a.changed
     a = _Analysis(facts, funcs, report=True)
     for name, f in funcs.items():
         a.function(name, f)
@@ -130,10 +136,12 @@ class _Analysis:
         assert self.fn is not None
         if node is None:
             return _Flow()
-        if isinstance(node, c_ast.Compound):
+        if isinstance(node, (c_ast.Compound, c_ast.Case, c_ast.Default)):
+            # in order: after some threads returned, broke or continued, the rest diverge
             flow = _Flow()
-            for item in node.block_items or []:
-                flow = flow | self.walk(item, ctl or flow.returned or flow.left_loop)
+            items = node.block_items if isinstance(node, c_ast.Compound) else node.stmts
+            for item in items or []:
+                flow = flow | self.walk(item, ctl or flow.diverged)
             return flow
         if isinstance(node, c_ast.If):
             self.walk(node.cond, ctl)
@@ -144,9 +152,12 @@ class _Analysis:
         if isinstance(node, c_ast.Switch):
             self.walk(node.cond, ctl)
             flow = self.walk(node.stmt, ctl or self.varying(node.cond))
-            return _Flow(returned=flow.returned)  # its breaks end at the switch
-        if isinstance(node, (c_ast.Break, c_ast.Continue)):
-            return _Flow(left_loop=ctl)
+            flow.broke = False  # its breaks end at the switch; a continue goes on to the loop
+            return flow
+        if isinstance(node, c_ast.Break):
+            return _Flow(broke=ctl)
+        if isinstance(node, c_ast.Continue):
+            return _Flow(continued=ctl)
         if isinstance(node, c_ast.Return):
             self.walk(node.expr, ctl)
             if ctl or self.varying(node.expr):
@@ -199,7 +210,7 @@ class _Analysis:
         flow = self.walk(node.stmt, inner)
         if isinstance(node, c_ast.For):
             self.walk(node.next, inner)
-        if flow.left_loop and not inner:
+        if (flow.broke or flow.continued) and not inner:
             # some threads leave early: the later iterations are divergent
             flow = flow | self.walk(node.stmt, True)
             self.walk(cond, True)

@@ -458,6 +458,15 @@ BUILTIN_REJECTS = [
      "{ return rt_warp_sum_f32(v); }\nKERNEL void k(cap_t x) { float v = 1.0f;\n"
      "int64_t f = 0;\nif (rt_thread_idx() == 0) f = 1;\nif (f) v = h(v); }", ("cuda",),
      "call to 'rt_warp_sum_f32' under thread-dependent control flow", "rt_thread_idx()"),
+    ("warp-sum-after-continue-in-switch", "KERNEL void k(cap_t x, int64_t n) {\n"
+     "float v = 0.0f;\nfor (int64_t i = 0; i < n; i++) {\n"
+     "switch (n) { case 0: if (rt_thread_idx() > 2) continue; break; default: break; }\n"
+     "v = rt_warp_sum_f32(v); } }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "early return/break"),
+    ("warp-sum-after-break-in-case", "KERNEL void k(cap_t x, int64_t n) {\n"
+     "float v = 0.0f;\nswitch (n) { case 0: if (rt_thread_idx() > 2) break;\n"
+     "v = rt_warp_sum_f32(v); break; default: break; } }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "early return/break"),
 ] + [(f"{name}-on-cpu", "KERNEL void k(cap_t x) { float v = " + call + "; }", ("cpu",),
       f"call to '{name}'", "exists only on the GPU")
      for name, call in (("rt_shfl_xor_f32", "rt_shfl_xor_f32(1.0f, 1)"),
@@ -498,6 +507,13 @@ def test_uniform_collectives_are_accepted_on_the_gpu() -> None:
     from runtime.verifier import verify
 
     verify(parse(WARP_SRC), target="cuda")
+    # a switch's own breaks end at the switch: after it, the block is together again
+    verify(parse("KERNEL void k(cap_t x, int64_t n) { float v = 0.0f; "
+                 "switch (n) { case 0: if (rt_thread_idx() > 2) break; v = 1.0f; break; "
+                 "default: break; } v = rt_warp_sum_f32(v); }"), target="cuda")
+    verify(parse("KERNEL void k(cap_t x, int64_t n) { float v = 0.0f; "
+                 "for (int64_t i = 0; i < n; i++) { switch (n) { case 0: break; "
+                 "default: break; } v = rt_warp_sum_f32(v); } }"), target="cuda")
     verify(parse("""
 static float wsum(float v) { return rt_warp_sum_f32(v); }
 KERNEL void k(cap_t x, int64_t n)
