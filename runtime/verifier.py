@@ -61,6 +61,8 @@ _CUDA_SIGS: dict[str, tuple[tuple[str, ...], str]] = {
     "rt_block_dim": ((), "num"),
     "rt_sync_threads": ((), "void"),
     "rt_lane_idx": ((), "num"),
+    "rt_block_idx_y": ((), "num"),
+    "rt_grid_dim_y": ((), "num"),
 }
 #: Warp shuffles (kind "mask": an integer literal 1, 2, 4, 8 or 16) and reductions.
 SHUFFLE_TYPES = ("f32", "f64", "i64")

@@ -293,8 +293,8 @@ def test_cuda_lowering_compiles_as_cpp(tmp_path: Path) -> None:
              "#include <cmath>\nusing std::sqrt; using std::copysign; using std::fabs;\n")
     gpu_qr = [p.read_text() for p in sorted((REPO / "kernels/gpu").glob("*.c"))]
     assert gpu_qr, "the GPU QR kernel sources are missing"
-    sources = ([c.src for c in FAULT_CASES] + [HOIST_SRC, TILE_SRC, TILE_STORE_SRC, WARP_SRC]
-               + gpu_qr)
+    sources = ([c.src for c in FAULT_CASES] + [HOIST_SRC, TILE_SRC, TILE_STORE_SRC, WARP_SRC,
+                                                GRID_Y_SRC] + gpu_qr)
     for k, src in enumerate(sources):
         for checked in (True, False):
             text = cuda.translate(src, checked=checked).text
@@ -474,7 +474,9 @@ BUILTIN_REJECTS = [
                         ("rt_shfl_xor_i64", "(float)rt_shfl_xor_i64(1, 4)"),
                         ("rt_warp_sum_f32", "rt_warp_sum_f32(1.0f)"),
                         ("rt_warp_sum_f64", "(float)rt_warp_sum_f64(1.0)"),
-                        ("rt_lane_idx", "(float)rt_lane_idx()"))]
+                        ("rt_lane_idx", "(float)rt_lane_idx()"),
+                        ("rt_block_idx_y", "(float)rt_block_idx_y()"),
+                        ("rt_grid_dim_y", "(float)rt_grid_dim_y()"))]
 
 
 @pytest.mark.parametrize("case,target", [(c, t) for c in BUILTIN_REJECTS for t in c[2]],
@@ -653,6 +655,16 @@ KERNEL void warp(cap_t x, cap_t out)
     cap_store_f32(out, 4 * t + 1, p);
     cap_store_f32(out, 4 * t + 2, (float)d);
     cap_store_f32(out, 4 * t + 3, (float)q);
+}
+"""
+
+
+GRID_Y_SRC = """
+KERNEL void grid_y(cap_t out)
+{
+    int64_t b = rt_block_idx_y() * rt_grid_dim() + rt_block_idx();
+    if (rt_thread_idx() == 0)
+        cap_store_i64(out, b, rt_grid_dim_y() * 1000 + rt_block_idx_y());
 }
 """
 

@@ -148,3 +148,14 @@ def test_warp_shuffles_and_sums_equal_numpy(block) -> None:
     # every lane of a warp holds the same sum, bit for bit
     for w in range(0, block, 32):
         assert len(set(got[w:w + 32, 0].tolist())) == 1
+
+
+def test_one_dimensional_launch_has_grid_y_one() -> None:
+    """rt_block_idx_y()/rt_grid_dim_y() read the second grid dimension; a launch with an
+    int grid is (grid, 1): every block reports y = 0 of 1."""
+    from test_conformance import GRID_Y_SRC
+
+    k = cuda.compile(GRID_Y_SRC, "grid_y")
+    out = cuda.alloc_device(6, np.int64, name="out")
+    cuda.launch(k, [out], grid=6, block=32, timeout=20)
+    assert out.numpy().tolist() == [1000] * 6

@@ -341,6 +341,9 @@ RT_DEFINE_TILE(f64, double, double2)
  * admits these only under block-uniform control flow (docs/dialect.md). */
 static __device__ __forceinline__ long long rt_lane_idx(void)
 { return (long long)(threadIdx.x & 31u); }
+/* The second grid dimension (1 and 0 for a one-dimensional launch). */
+static __device__ __forceinline__ long long rt_block_idx_y(void) { return (long long)blockIdx.y; }
+static __device__ __forceinline__ long long rt_grid_dim_y(void) { return (long long)gridDim.y; }
 static __device__ __forceinline__ unsigned int rt_warp_live(void)
 {
     unsigned int n = blockDim.x - (threadIdx.x & ~31u);
@@ -504,7 +507,8 @@ class _Rewriter:
         if name == "cap_from_int":
             return _call("rt_cap_from_int", args, coord)
         if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
-                    "rt_sync_threads", "rt_lane_idx") or name in WARP_FUNCS:
+                    "rt_sync_threads", "rt_lane_idx", "rt_block_idx_y",
+                    "rt_grid_dim_y") or name in WARP_FUNCS:
             return node
         if name in TILE_FUNCS:
             return self.tile(name, args, line, coord)
