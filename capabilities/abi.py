@@ -204,6 +204,58 @@ RT_ABI_FN int rt_lrange2_ok(rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 
 }
 """
 
+_TILES_C = r"""/* ---- checked tiles (cap_tile_load_T / cap_tile_store_T), both lanes ---- */
+/* Element (r, k) of a rows x cols tile sits at index off + r*ld + k of the cap
+ * and aoff + r*ald + k of the local array (n elements, flat).  Both index sets
+ * are affine in (r, k), so rt_range2_ok / rt_lrange2_ok over the box
+ * [0, rows-1] x [0, cols-1] accept exactly the tiles whose every element is
+ * in range: the corners are elements, and a corner that overflows is out of
+ * every object.  One check per tile; rows <= 0 or cols <= 0 is an empty tile. */
+RT_ABI_FN int rt_tile_ok(cap_t c, rt_i64 off, rt_i64 ld, rt_i64 S, int store, rt_i64 n,
+                         rt_i64 aoff, rt_i64 ald, rt_i64 rows, rt_i64 cols)
+{
+    if (rows <= 0 || cols <= 0) return 1;
+    return rt_range2_ok(c, off, ld, rows - 1, 1, cols - 1, S, store)
+        && rt_lrange2_ok(aoff, ald, rows - 1, 1, cols - 1, n);
+}
+/* off + r*ld + k, or 0 when it overflows (*idx then saturates toward the true
+ * value's sign: such an index is outside every object). */
+RT_ABI_FN int rt_tile_index(rt_i64 off, rt_i64 ld, rt_i64 r, rt_i64 k, rt_i64 *idx)
+{
+    rt_i64 t, u;
+    if (rt_mul_ovf(r, ld, &t)) { *idx = ld < 0 ? -RT_I64_MAX - 1 : RT_I64_MAX; return 0; }
+    if (rt_add_ovf(off, t, &u)) { *idx = t < 0 ? -RT_I64_MAX - 1 : RT_I64_MAX; return 0; }
+    if (rt_add_ovf(u, k, idx)) { *idx = RT_I64_MAX; return 0; }
+    return 1;
+}
+/* The first element a refused tile copy would fault on, in the order of the
+ * equivalent loop: rows, then columns, and per element the read before the
+ * write (store == 0: the cap is read, the array written; store == 1: the
+ * reverse).  Returns 1 for the cap access (*idx: its cap index), 2 for the
+ * local array (*idx: its flat index), 0 if every element is in range.  Cold
+ * path, O(rows + cols): a row is skipped when both of its ends are in range. */
+RT_ABI_FN int rt_tile_first_fault(cap_t c, rt_i64 off, rt_i64 ld, rt_i64 S, int store,
+                                  rt_i64 n, rt_i64 aoff, rt_i64 ald, rt_i64 rows,
+                                  rt_i64 cols, rt_i64 *idx)
+{
+    rt_i64 r, k, ci, li;
+    rt_u64 len = store ? c.wlen : c.rlen;
+    if (rows <= 0 || cols <= 0) return 0;
+    for (r = 0; r < rows; r++) {
+        if (rt_tile_index(off, ld, r, 0, &ci) && rt_range_ok(c, ci, 1, cols - 1, S, store)
+                && rt_tile_index(aoff, ald, r, 0, &li) && rt_lrange_ok(li, 1, cols - 1, n))
+            continue;
+        for (k = 0; k < cols; k++) {
+            int cok = rt_tile_index(off, ld, r, k, &ci) && RT_INB(c, ci, (rt_u64)S, len);
+            int lok = rt_tile_index(aoff, ald, r, k, &li) && li >= 0 && li < n;
+            if (store ? !lok : !cok) { *idx = store ? li : ci; return store ? 2 : 1; }
+            if (store ? !cok : !lok) { *idx = store ? ci : li; return store ? 1 : 2; }
+        }
+    }
+    return 0;
+}
+"""
+
 _HEADER_NAME = "cap_abi.h"
 HEADER_PATH = Path(__file__).resolve().parent / _HEADER_NAME
 
@@ -258,6 +310,7 @@ typedef struct cap_t {{
 #endif
 /* Indices beyond +-2^{IDX_LIMIT_LOG2} could wrap i*sizeof(T); they are out of every buffer. */
 #define RT_IDX_LIMIT ((rt_u64)1 << {IDX_LIMIT_LOG2})
+#define RT_I64_MAX 9223372036854775807LL
 
 /* In bounds iff the byte offset off = (p - lo) + i*S (mod 2^64: exactly the
  * address the access would touch) satisfies off < len and off + S <= len.
@@ -273,6 +326,7 @@ typedef struct cap_t {{
 #define RT_OFFSET_SANE(k) ((((rt_u64)(k)) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT)
 
 {_GUARDS_C}
+{_TILES_C}
 #endif /* CAPQR_CAP_ABI_H */
 """
 

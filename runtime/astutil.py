@@ -49,7 +49,8 @@ def pure_expr(node: c_ast.Node) -> bool:
         return pure_expr(node.cond) and pure_expr(node.iftrue) and pure_expr(node.iffalse)
     if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID):
         if node.name.name.startswith("cap_len_") or node.name.name in (
-                "rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim"):
+                "rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim", "rt_lane_idx",
+                "rt_block_idx_y", "rt_grid_dim_y"):
             return all(pure_expr(a) for a in (node.args.exprs if node.args else []))
     return False
 

@@ -45,6 +45,7 @@ from pycparser import c_ast, c_generator
 from capabilities import abi
 
 from .astutil import int_literal, node_fields, pure_expr
+from .verifier import TILE_FUNCS, WARP_FUNCS
 
 # int counters are guarded by rt_loop_span32 (start fits, no wrap past INT32_MAX).
 _INT_TYPES = {"int64_t": 64, "long": 64, "int": 32, "int32_t": 32}
@@ -188,7 +189,8 @@ def _maybe_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
 #: may differ between the threads of a warp, which would then wait at two
 #: different bar.sync instructions (PTX bar.sync is .aligned: undefined, in
 #: practice a hang).  The barrier-free loops inside it are still versioned.
-BARRIERS = frozenset({"rt_sync_threads"})
+#: Tile copies end in a barrier; warp shuffles synchronise the warp the same way.
+BARRIERS = frozenset({"rt_sync_threads"}) | TILE_FUNCS | WARP_FUNCS
 
 
 def _has_barrier(node: c_ast.Node | None) -> bool:

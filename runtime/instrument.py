@@ -38,7 +38,7 @@ from .hoist import (
     hoist_function,
 )
 from .parse import is_user_node
-from .verifier import KernelSig, VerifiedSource
+from .verifier import TILE_FUNCS, KernelSig, VerifiedSource
 
 SIZES = abi.ELEM_SIZE
 DT_CODES = {d.suffix: f"RT_DT_{d.suffix.upper()}" for d in abi.DTYPES}
@@ -206,6 +206,8 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return node
         if name in self.funcs:
             return c_ast.FuncCall(_id(name), c_ast.ExprList([rt] + args), node.coord)
+        if name in TILE_FUNCS:
+            return self._lower_tile(name, args, line)
         if name.startswith(("cap_load_", "cap_store_", "cap_len_", "cap_offset_", "cap_alloc_")):
             op, t = name[4:].rsplit("_", 1)
             if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
@@ -232,6 +234,19 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         return node
 
 
+    def _lower_tile(self, name: str, args: list[c_ast.Node], line: c_ast.Node) -> c_ast.Node:
+        """cap_tile_OP_T(c, off, ld, rows, cols, arr, aoff, ald) -> rt_tile_OP_T with the
+        array's flat length and name (its bounds check and fault report)."""
+        op, t = name[len("cap_tile_"):].split("_")
+        arr = args[5]
+        assert isinstance(arr, c_ast.ID), "the verifier admits only array names here"
+        n = 1
+        for d in self.arrays[arr.name]:
+            n *= d
+        return _call(f"rt_tile_{op}_{t}", _id("__rt"), *args[:5], arr, _const(n),
+                     c_ast.Constant("string", f'"{arr.name}"'), args[6], args[7], line)
+
+
 def _creates_objects(ast: c_ast.FileAST) -> bool:
     class V(c_ast.NodeVisitor):
         found = False
@@ -252,6 +267,58 @@ PREAMBLE = """\
 #include <math.h>
 #define RT_FRAME(K) rt_frame __fr __attribute__((cleanup(rt_frame_cleanup))); \\
     rt_frame_push(__rt, &__fr, K)
+""" + r"""
+/* Tile copies between a cap and a local array (cap_tile_load_T / _store_T):
+ * one range check per tile (rt_tile_ok, capabilities/abi.py); a refused tile
+ * faults, before anything is copied, at the element the equivalent loop would
+ * fault on.  One pollcheck per row: the cap is a variable, so it stays rooted. */
+#if !defined(RT_RAW) && !defined(RT_RAW_POLL)
+__attribute__((noinline, cold, noreturn)) static void rt_tile_fail(
+    rt_block *b, cap_t c, int64_t off, int64_t ld, int32_t S, int store, int64_t n,
+    const char *name, int64_t aoff, int64_t ald, int64_t rows, int64_t cols, int32_t line)
+{
+    int64_t idx = 0;
+    if (rt_tile_first_fault(c, off, ld, S, store, n, aoff, ald, rows, cols, &idx) == 2)
+        rt_fail_local(b, name, idx, line);
+    rt_fail(b, c, idx, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
+}
+#define RT_TILE_CHECK(S, st)                                                          \
+    if (RT_UNLIKELY(!rt_tile_ok(c, off, ld, S, st, n, aoff, ald, rows, cols)))         \
+        rt_tile_fail(b, c, off, ld, S, st, n, name, aoff, ald, rows, cols, line)
+#else
+#define RT_TILE_CHECK(S, st) (void)n; (void)name; (void)line
+#endif
+#define RT_DEFINE_TILE(T, CT)                                                         \
+    RT_INLINE void rt_tile_load_##T(rt_block *b, cap_t c, int64_t off, int64_t ld,      \
+                                    int64_t rows, int64_t cols, void *arr, int64_t n,   \
+                                    const char *name, int64_t aoff, int64_t ald,        \
+                                    int32_t line)                                       \
+    {                                                                                 \
+        int64_t r, k;                                                                 \
+        RT_TILE_CHECK((int32_t)sizeof(CT), 0);                                        \
+        for (r = 0; r < rows; r++) {                                                  \
+            const CT *src = (const CT *)c.p + (off + r * ld);                         \
+            CT *dst = (CT *)arr + (aoff + r * ald);                                   \
+            for (k = 0; k < cols; k++) dst[k] = src[k];                               \
+            rt_pollcheck(b);                                                          \
+        }                                                                             \
+    }                                                                                 \
+    RT_INLINE void rt_tile_store_##T(rt_block *b, cap_t c, int64_t off, int64_t ld,     \
+                                     int64_t rows, int64_t cols, void *arr, int64_t n,  \
+                                     const char *name, int64_t aoff, int64_t ald,       \
+                                     int32_t line)                                      \
+    {                                                                                 \
+        int64_t r, k;                                                                 \
+        RT_TILE_CHECK((int32_t)sizeof(CT), 1);                                        \
+        for (r = 0; r < rows; r++) {                                                  \
+            CT *dst = (CT *)c.p + (off + r * ld);                                     \
+            const CT *src = (const CT *)arr + (aoff + r * ald);                       \
+            for (k = 0; k < cols; k++) dst[k] = src[k];                               \
+            rt_pollcheck(b);                                                          \
+        }                                                                             \
+    }
+RT_DEFINE_TILE(f32, float)
+RT_DEFINE_TILE(f64, double)
 """
 
 

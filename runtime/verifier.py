@@ -41,6 +41,13 @@ for _t in _ELEM:
     _API_SIGS[f"cap_offset_{_t}"] = (("cap", "num"), "cap")
 for _t in (*_ELEM, "cap"):
     _API_SIGS[f"cap_alloc_{_t}"] = (("num",), "cap")
+#: Checked tile copies between a cap and a local array (kind "array": a local
+#: array named by a plain identifier, of the element type below).
+TILE_ELEM_TYPES = {"f32": "float", "f64": "double"}
+_TILE_ARGS = ("cap", "num", "num", "num", "num", "array", "num", "num")
+for _t in TILE_ELEM_TYPES:
+    _API_SIGS[f"cap_tile_load_{_t}"] = (_TILE_ARGS, "void")
+    _API_SIGS[f"cap_tile_store_{_t}"] = (_TILE_ARGS, "void")
 _API_SIGS.update({
     "cap_load_cap": (("cap", "num"), "cap"),
     "cap_store_cap": (("cap", "num", "cap"), "void"),
@@ -53,7 +60,16 @@ _CUDA_SIGS: dict[str, tuple[tuple[str, ...], str]] = {
     "rt_thread_idx": ((), "num"),
     "rt_block_dim": ((), "num"),
     "rt_sync_threads": ((), "void"),
+    "rt_lane_idx": ((), "num"),
+    "rt_block_idx_y": ((), "num"),
+    "rt_grid_dim_y": ((), "num"),
 }
+#: Warp shuffles (kind "mask": an integer literal 1, 2, 4, 8 or 16) and reductions.
+SHUFFLE_TYPES = ("f32", "f64", "i64")
+for _t in SHUFFLE_TYPES:
+    _CUDA_SIGS[f"rt_shfl_xor_{_t}"] = (("num", "mask"), "num")
+for _t in ("f32", "f64"):
+    _CUDA_SIGS[f"rt_warp_sum_{_t}"] = (("num",), "num")
 _MATH_ARITY = {"sqrt": 1, "fabs": 1, "fma": 3, "copysign": 2, "fmin": 2, "fmax": 2, "exp": 1,
                "log": 1, "pow": 2, "hypot": 2, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
                "tanh": 1}
@@ -67,6 +83,11 @@ for _n in ("isnan", "isinf", "isfinite"):
 API_FUNCS: frozenset[str] = frozenset(_API_SIGS)
 #: Runtime calls that exist only when compiling for CUDA.
 CUDA_API_FUNCS: frozenset[str] = frozenset(_CUDA_SIGS)
+#: Tile copies (block barriers on the GPU: see runtime/hoist.py BARRIERS).
+TILE_FUNCS: frozenset[str] = frozenset(n for n in _API_SIGS if n.startswith("cap_tile_"))
+#: Warp-collective calls: every lane of the warp must reach them together.
+WARP_FUNCS: frozenset[str] = frozenset(n for n in _CUDA_SIGS
+                                       if n.startswith(("rt_shfl_", "rt_warp_")))
 #: The math whitelist (float and double forms, classification macros).
 MATH_FUNCS: frozenset[str] = frozenset(_MATH_SIGS)
 
@@ -164,6 +185,8 @@ class VerifiedSource:
 class _Var:
     kind: str  # "cap", "num" or "array"
     dims: tuple[int, ...] = ()
+    elem: str = ""       # arrays: element type ("float", "double", ...)
+    const: bool = False  # arrays: declared const
 
 
 @dataclass
@@ -187,6 +210,10 @@ def verify(parsed: ParsedSource, *, target: str = "cpu") -> VerifiedSource:
         raise ValueError(f"target must be 'cpu' or 'cuda', not {target!r}")
     v = _Verifier(parsed, target)
     v.visit(parsed.ast)
+    if target == "cuda":
+        from .divergence import check_uniform_collectives  # imports this module
+
+        check_uniform_collectives(parsed.funcs)
     v.result.target = target
     v.result.stack_bytes = _stack_bytes(v.result)
     return v.result
@@ -225,6 +252,13 @@ def _stack_bytes(result: VerifiedSource) -> dict[str, int]:
         return memo[f]
 
     return {k: deepest(k) for k in result.kernels}
+
+
+def _elem_text(t: c_ast.Node) -> str:
+    """Element type of an array declarator ("float", "int64_t", ...)."""
+    while not isinstance(t, c_ast.IdentifierType):
+        t = t.type
+    return " ".join(t.names)
 
 
 def _check_stack_budget(result: VerifiedSource, kernel: str) -> None:
@@ -838,7 +872,8 @@ class _Verifier(c_ast.NodeVisitor):
                 self._init_ok.add(id(node.init))
             fn.arrays[node.name] = dims
             fn.unique.add(node.name)
-            var = _Var("array", dims)
+            var = _Var("array", dims, elem=_elem_text(node.type),
+                       const="const" in node.quals)
         elif kind == "cap":
             if node.init is None:
                 self._fail(node, "uninitialised cap_t",
@@ -951,6 +986,15 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(node, f"call to '{name}'",
                        f"'{name}' takes {len(want)} argument(s), {len(args)} given")
         for i, (a, k) in enumerate(zip(args, want, strict=True)):
+            if k == "array":
+                self._tile_array_arg(node, name, i, a)
+                continue
+            if k == "mask":
+                self._shuffle_mask_arg(name, i, a)
+            if name in TILE_FUNCS and k == "cap" and not isinstance(a, c_ast.ID):
+                self._fail(a, f"argument {i + 1} of '{name}'",
+                           "the cap of a tile copy must be a cap_t variable: it stays rooted "
+                           "while the copy polls (move the expression into a cap_t local)")
             is_cap = self._is_cap(a)
             if k == "cap" and not is_cap:
                 self._fail(a, f"argument {i + 1} of '{name}'",
@@ -965,6 +1009,31 @@ class _Verifier(c_ast.NodeVisitor):
             self._cap_context(node)
         if node.args is not None:
             self.visit(node.args)
+
+    def _tile_array_arg(self, node: c_ast.FuncCall, name: str, i: int, a: c_ast.Node) -> None:
+        """The local-array operand of a tile copy: a plain array name of the tile's type."""
+        what = f"argument {i + 1} of '{name}'"
+        var = self._lookup(a.name) if isinstance(a, c_ast.ID) else None
+        if var is None or var.kind != "array":
+            self._fail(a, what, "expects the name of a local array (the tile's other end); "
+                       "the runtime checks the tile against the array's declared size")
+        want = TILE_ELEM_TYPES[name.rsplit("_", 1)[1]]
+        if var.elem != want:
+            self._fail(a, what, f"'{a.name}' holds {var.elem or 'another type'}, the tile "
+                       f"copies {want}")
+        if var.const and name.startswith("cap_tile_load_"):
+            self._fail(a, what, f"'{a.name}' is const: a tile load writes it")
+        if self.target == "cuda" and not a.name.startswith("smem_"):
+            self._fail(a, what, "on the GPU a tile copy is cooperative (every thread of the "
+                       "block copies a part): the array must be a shared smem_ array")
+        self._array_ok.add(id(a))  # visited with the other arguments
+
+    def _shuffle_mask_arg(self, name: str, i: int, a: c_ast.Node) -> None:
+        val = int_literal(a)
+        if val not in (1, 2, 4, 8, 16):
+            self._fail(a, f"argument {i + 1} of '{name}'",
+                       "the lane mask must be an integer literal 1, 2, 4, 8 or 16: the "
+                       "butterfly partner lane ^ mask then stays in the warp")
 
     def visit_Assignment(self, node: c_ast.Assignment) -> None:
         lv = node.lvalue

@@ -167,6 +167,77 @@ def test_device_guard_helpers_match_the_host_ones(tmp_path: Path) -> None:
     assert bad == [], bad[:3]
 
 
+_TILE_HARNESS = r"""
+#include <stdio.h>
+int main(void)
+{
+    long long off, ld, rows, cols, n, aoff, ald, cl, st;
+    static char base[1 << 12];
+    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld %lld", &off, &ld, &rows, &cols, &n,
+                 &aoff, &ald, &cl, &st) == 9) {
+        cap_t c;
+        rt_i64 idx = -7;
+        c.lo = base + 2048; c.p = c.lo + 8; c.rlen = (rt_u64)cl; c.wlen = (rt_u64)cl / 2;
+        int ok = rt_tile_ok(c, off, ld, 4, (int)st, n, aoff, ald, rows, cols);
+        int which = rt_tile_first_fault(c, off, ld, 4, (int)st, n, aoff, ald, rows, cols, &idx);
+        printf("%d %d %lld\n", ok, which, which ? idx : 0);
+    }
+    return 0;
+}
+"""
+
+
+def _tile_oracle(off, ld, rows, cols, n, aoff, ald, cl, st) -> str:
+    """The equivalent element loop, exact integers: (tile ok, first fault side, index)."""
+    clen = cl // 2 if st else cl
+    for r in range(max(rows, 0)):
+        for k in range(max(cols, 0)):
+            ci, li = off + r * ld + k, aoff + r * ald + k
+            cok = abs(ci) < _LIMIT and 0 <= 8 + 4 * ci and 8 + 4 * ci + 4 <= clen
+            lok = 0 <= li < n
+            first = [(lok, 2, li), (cok, 1, ci)] if st else [(cok, 1, ci), (lok, 2, li)]
+            for good, side, idx in first:
+                if not good:
+                    sat = max(min(idx, 2**63 - 1), -(2**63))
+                    return f"0 {side} {sat}"
+    return "1 0 0"
+
+
+def test_tile_checks_match_the_element_loop(tmp_path: Path) -> None:
+    """rt_tile_ok (the one check per tile) accepts exactly the tiles whose every element
+    is in range, and rt_tile_first_fault names the element the equivalent loop would
+    fault on first, on both lanes' copies of the ABI fragment."""
+    import random
+
+    rnd = random.Random(12)
+    edge = [0, 1, -1, 2, 3, 5, 9, 10, 2**31, 2**62, -(2**62), 2**63 - 1, -(2**63)]
+    rows = []
+    for _ in range(3000):
+        small = [rnd.randrange(-12, 40), rnd.randrange(-12, 12), rnd.randrange(-1, 6),
+                 rnd.randrange(-1, 6), rnd.randrange(0, 40), rnd.randrange(-3, 30),
+                 rnd.randrange(-8, 10), rnd.randrange(0, 200), rnd.randrange(2)]
+        for j in (0, 1, 5, 6):
+            if rnd.random() < 0.08:
+                small[j] = rnd.choice(edge)
+        rows.append(small)
+    inp = "".join(" ".join(map(str, r)) + "\n" for r in rows)
+    want = [_tile_oracle(*r) for r in rows]
+
+    def run(name: str, prelude: str, include: list[str]) -> list[str]:
+        src, exe = tmp_path / f"{name}.c", tmp_path / name
+        src.write_text(prelude + _TILE_HARNESS)
+        subprocess.run(["gcc", "-O1", "-std=gnu11", "-fwrapv", "-w", *include, "-o", str(exe),
+                        str(src)], check=True)
+        return subprocess.run([str(exe)], input=inp, capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
+    for lane_name, got in (("host", run("host", '#include "cap.h"\n',
+                                        [f"-I{capabilities.INCLUDE_DIR}"])),
+                           ("device", run("dev", _device_predicate_source(), []))):
+        bad = [(r, g, w) for r, g, w in zip(rows, got, want, strict=True) if g != w]
+        assert bad == [], (lane_name, bad[:3])
+
+
 def test_device_prelude_has_one_predicate_from_the_abi() -> None:
     text = device_prelude()
     assert abi.c_header() in text
@@ -213,10 +284,17 @@ def test_cuda_lowering_compiles_as_cpp(tmp_path: Path) -> None:
              "static inline void __syncthreads(void) {}\n"
              "static inline long long __mul64hi(long long a, long long b)"
              " { return (long long)(((__int128)a * b) >> 64); }\n"
+             "#define __align__(n)\n"
+             "struct float4 { float x, y, z, w; };\nstruct double2 { double x, y; };\n"
+             "template <class T> static inline T __shfl_xor_sync(unsigned m, T v, int l)"
+             " { return v; }\n"
+             "template <class T> static inline T __shfl_sync(unsigned m, T v, int l)"
+             " { return v; }\n"
              "#include <cmath>\nusing std::sqrt; using std::copysign; using std::fabs;\n")
     gpu_qr = [p.read_text() for p in sorted((REPO / "kernels/gpu").glob("*.c"))]
     assert gpu_qr, "the GPU QR kernel sources are missing"
-    sources = [c.src for c in FAULT_CASES] + [HOIST_SRC] + gpu_qr
+    sources = ([c.src for c in FAULT_CASES] + [HOIST_SRC, TILE_SRC, TILE_STORE_SRC, WARP_SRC,
+                                                GRID_Y_SRC] + gpu_qr)
     for k, src in enumerate(sources):
         for checked in (True, False):
             text = cuda.translate(src, checked=checked).text
@@ -331,6 +409,131 @@ def test_verifier_refuses_hostile_kernels(case, target) -> None:
     assert ei.value.reason
 
 
+# -- tiles and warp collectives: misuse is refused with the construct and a reason
+
+_TILE_CALL = "cap_tile_load_f32(x, 0, 8, 8, 8, {arr}, 0, 8);"
+BUILTIN_REJECTS = [
+    # (id, source, targets that refuse it, construct substring, reason substring)
+    ("tile-dst-not-array", "KERNEL void k(cap_t x, int64_t n) { "
+     + _TILE_CALL.format(arr="n") + " }", ("cpu", "cuda"), "argument 6 of 'cap_tile_load_f32'",
+     "name of a local array"),
+    ("tile-dst-element", "KERNEL void k(cap_t x) { float smem_a[64]; "
+     + _TILE_CALL.format(arr="smem_a[0]") + " }", ("cpu", "cuda"),
+     "argument 6 of 'cap_tile_load_f32'", "name of a local array"),
+    ("tile-dst-type", "KERNEL void k(cap_t x) { double smem_a[64]; "
+     + _TILE_CALL.format(arr="smem_a") + " }", ("cpu", "cuda"),
+     "argument 6 of 'cap_tile_load_f32'", "holds double"),
+    ("tile-dst-const", "KERNEL void k(cap_t x) { const float smem_a[2] = {1.0f, 2.0f}; "
+     + _TILE_CALL.format(arr="smem_a") + " }", ("cpu",), "argument 6 of 'cap_tile_load_f32'",
+     "const"),
+    ("tile-cap-expression", "KERNEL void k(cap_t x) { float smem_a[64]; "
+     "cap_tile_load_f32(cap_offset_f32(x, 1), 0, 8, 8, 8, smem_a, 0, 8); }", ("cpu", "cuda"),
+     "argument 1 of 'cap_tile_load_f32'", "cap_t variable"),
+    ("tile-per-thread-array-on-gpu", "KERNEL void k(cap_t x) { float a[64]; "
+     + _TILE_CALL.format(arr="a") + " }", ("cuda",), "argument 6 of 'cap_tile_load_f32'",
+     "smem_"),
+    ("tile-under-thread-condition", "KERNEL void k(cap_t x) { float smem_a[64];\n"
+     "if (rt_block_idx() == 0) " + _TILE_CALL.format(arr="smem_a") + "\n"
+     "if (rt_thread_idx() < 32) " + _TILE_CALL.format(arr="smem_a") + " }", ("cuda",),
+     "call to 'cap_tile_load_f32' under thread-dependent control flow", "block barrier"),
+    ("shuffle-mask-not-literal", "KERNEL void k(cap_t x, int64_t m) { "
+     "float v = rt_shfl_xor_f32(1.0f, m); }", ("cuda",), "argument 2 of 'rt_shfl_xor_f32'",
+     "integer literal 1, 2, 4, 8 or 16"),
+    ("shuffle-mask-not-power-of-two", "KERNEL void k(cap_t x) { "
+     "double v = rt_shfl_xor_f64(1.0, 3); }", ("cuda",), "argument 2 of 'rt_shfl_xor_f64'",
+     "integer literal 1, 2, 4, 8 or 16"),
+    ("shuffle-mask-32", "KERNEL void k(cap_t x) { int64_t v = rt_shfl_xor_i64(1, 32); }",
+     ("cuda",), "argument 2 of 'rt_shfl_xor_i64'", "integer literal 1, 2, 4, 8 or 16"),
+    ("shuffle-under-thread-condition", "KERNEL void k(cap_t x) { float v = 1.0f;\n"
+     "if (rt_lane_idx() < 16)\n    v = rt_shfl_xor_f32(v, 1); }", ("cuda",),
+     "call to 'rt_shfl_xor_f32' under thread-dependent control flow", "every lane of the warp"),
+    ("warp-sum-after-thread-return", "KERNEL void k(cap_t x, int64_t n) {\n"
+     "if (rt_thread_idx() >= n) return;\nfloat v = rt_warp_sum_f32(1.0f); }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "early return"),
+    ("warp-sum-in-thread-strided-loop", "KERNEL void k(cap_t x, int64_t n) { float v = 0.0f;\n"
+     "for (int64_t i = rt_thread_idx(); i < n; i += rt_block_dim())\n"
+     "    v += rt_warp_sum_f32(cap_load_f32(x, i)); }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "rt_thread_idx()"),
+    ("warp-sum-in-helper-called-divergently", "static float h(float v) "
+     "{ return rt_warp_sum_f32(v); }\nKERNEL void k(cap_t x) { float v = 1.0f;\n"
+     "int64_t f = 0;\nif (rt_thread_idx() == 0) f = 1;\nif (f) v = h(v); }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "rt_thread_idx()"),
+    ("warp-sum-after-continue-in-switch", "KERNEL void k(cap_t x, int64_t n) {\n"
+     "float v = 0.0f;\nfor (int64_t i = 0; i < n; i++) {\n"
+     "switch (n) { case 0: if (rt_thread_idx() > 2) continue; break; default: break; }\n"
+     "v = rt_warp_sum_f32(v); } }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "early return/break"),
+    ("warp-sum-after-break-in-case", "KERNEL void k(cap_t x, int64_t n) {\n"
+     "float v = 0.0f;\nswitch (n) { case 0: if (rt_thread_idx() > 2) break;\n"
+     "v = rt_warp_sum_f32(v); break; default: break; } }", ("cuda",),
+     "call to 'rt_warp_sum_f32' under thread-dependent control flow", "early return/break"),
+] + [(f"{name}-on-cpu", "KERNEL void k(cap_t x) { float v = " + call + "; }", ("cpu",),
+      f"call to '{name}'", "exists only on the GPU")
+     for name, call in (("rt_shfl_xor_f32", "rt_shfl_xor_f32(1.0f, 1)"),
+                        ("rt_shfl_xor_f64", "(float)rt_shfl_xor_f64(1.0, 2)"),
+                        ("rt_shfl_xor_i64", "(float)rt_shfl_xor_i64(1, 4)"),
+                        ("rt_warp_sum_f32", "rt_warp_sum_f32(1.0f)"),
+                        ("rt_warp_sum_f64", "(float)rt_warp_sum_f64(1.0)"),
+                        ("rt_lane_idx", "(float)rt_lane_idx()"),
+                        ("rt_block_idx_y", "(float)rt_block_idx_y()"),
+                        ("rt_grid_dim_y", "(float)rt_grid_dim_y()"))]
+
+
+@pytest.mark.parametrize("case,target", [(c, t) for c in BUILTIN_REJECTS for t in c[2]],
+                         ids=[f"{c[0]}-{t}" for c in BUILTIN_REJECTS for t in c[2]])
+def test_builtin_misuse_is_refused_with_a_reason(case, target) -> None:
+    """No device needed: the verifier runs before any driver call."""
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    ident, src, _, construct, reason = case
+    with pytest.raises(VerifyError) as ei:
+        verify(parse(src), target=target)
+    assert construct in ei.value.construct, ei.value
+    assert reason in ei.value.reason, ei.value
+    if ident == "tile-under-thread-condition":
+        assert ei.value.line == 3, "the block-uniform call on line 2 is accepted"
+
+
+def test_tile_into_a_per_thread_array_is_fine_on_the_cpu() -> None:
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    verify(parse("KERNEL void k(cap_t x) { float a[64]; " + _TILE_CALL.format(arr="a") + " }"))
+
+
+def test_uniform_collectives_are_accepted_on_the_gpu() -> None:
+    """The divergence rule refuses only what can diverge: uniform loops, branches on
+    launch arguments or block index, and thread-dependent values (not branches) pass."""
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    verify(parse(WARP_SRC), target="cuda")
+    # a switch's own breaks end at the switch: after it, the block is together again
+    verify(parse("KERNEL void k(cap_t x, int64_t n) { float v = 0.0f; "
+                 "switch (n) { case 0: if (rt_thread_idx() > 2) break; v = 1.0f; break; "
+                 "default: break; } v = rt_warp_sum_f32(v); }"), target="cuda")
+    verify(parse("KERNEL void k(cap_t x, int64_t n) { float v = 0.0f; "
+                 "for (int64_t i = 0; i < n; i++) { switch (n) { case 0: break; "
+                 "default: break; } v = rt_warp_sum_f32(v); } }"), target="cuda")
+    verify(parse("""
+static float wsum(float v) { return rt_warp_sum_f32(v); }
+KERNEL void k(cap_t x, int64_t n)
+{
+    float smem_a[64];
+    float acc = 0.0f;
+    int64_t t = rt_thread_idx();
+    for (int64_t k0 = 0; k0 < n; k0 += 8) {
+        if (rt_block_idx() == 0 && n > 3)
+            cap_tile_load_f32(x, k0, 8, 8, 8, smem_a, 0, 8);
+        float mine = t < 64 ? smem_a[t % 64] : 0.0f;
+        acc += wsum(mine) + rt_shfl_xor_f32(mine, 16);
+    }
+    cap_store_f32(x, t, acc);
+}
+"""), target="cuda")
+
+
 def test_unknown_kernel_name_is_a_verify_error() -> None:
     for target in ("cpu", "cuda"):
         with pytest.raises(VerifyError, match="nope"):
@@ -409,6 +612,137 @@ def test_fault_is_reported_identically(lane: Lane, case: FaultCase) -> None:
     if case.ident.startswith("hoisted"):
         return  # the elements before the faulting one were written, as in the source
     assert np.all(lane.read(x) == 0.0)
+
+
+# -- checked tiles: one check per tile, the fault of the equivalent element loop
+
+TILE_SRC = """
+KERNEL void tile(cap_t x, cap_t out, int64_t off, int64_t ld, int64_t rows, int64_t cols,
+                 int64_t aoff, int64_t ald)
+{
+    float smem_t[8][9];
+    for (int64_t i = 0; i < 72; i++)
+        smem_t[i / 9][i % 9] = -1.0f;
+    cap_tile_load_f32(x, off, ld, rows, cols, smem_t, aoff, ald);
+    for (int64_t i = 0; i < 72; i++)
+        cap_store_f32(out, i, smem_t[i / 9][i % 9]);
+}
+"""
+TILE_LINE = 8  # the cap_tile_load_f32
+
+TILE_STORE_SRC = """
+KERNEL void tile_store(cap_t x, cap_t out, int64_t off, int64_t ld, int64_t rows, int64_t cols,
+                       int64_t aoff, int64_t ald)
+{
+    double smem_t[72];
+    for (int64_t i = 0; i < 72; i++)
+        smem_t[i] = cap_load_f64(x, i);
+    cap_tile_store_f64(out, off, ld, rows, cols, smem_t, aoff, ald);
+}
+"""
+
+
+WARP_SRC = """
+KERNEL void warp(cap_t x, cap_t out)
+{
+    int64_t t = rt_thread_idx();
+    float v = cap_load_f32(x, t);
+    float s = rt_warp_sum_f32(v);
+    float p = rt_shfl_xor_f32(v, 1);
+    double d = rt_warp_sum_f64((double)v) + rt_shfl_xor_f64((double)v, 16);
+    int64_t q = rt_shfl_xor_i64(t, 8) + rt_lane_idx();
+    cap_store_f32(out, 4 * t, s);
+    cap_store_f32(out, 4 * t + 1, p);
+    cap_store_f32(out, 4 * t + 2, (float)d);
+    cap_store_f32(out, 4 * t + 3, (float)q);
+}
+"""
+
+
+GRID_Y_SRC = """
+KERNEL void grid_y(cap_t out)
+{
+    int64_t b = rt_block_idx_y() * rt_grid_dim() + rt_block_idx();
+    if (rt_thread_idx() == 0)
+        cap_store_i64(out, b, rt_grid_dim_y() * 1000 + rt_block_idx_y());
+}
+"""
+
+
+def _tile_ref(src: np.ndarray, dst: np.ndarray, off: int, ld: int, rows: int, cols: int,
+              aoff: int, ald: int) -> np.ndarray:
+    """The element loop the tile copy stands for (numpy oracle)."""
+    out = dst.copy()
+    for r in range(rows):
+        for k in range(cols):
+            out[aoff + r * ald + k] = src[off + r * ld + k]
+    return out
+
+
+@pytest.mark.parametrize("args", [
+    (0, 10, 8, 9, 0, 9), (3, 10, 4, 3, 1, 5), (91, -10, 8, 9, 0, 9), (0, 0, 8, 9, 0, 9),
+    (99, 0, 1, 1, 71, 0), (5, 7, 0, 9, 0, 9), (-50, 10, 3, -1, 0, 9), (4, 4, 2, 8, 64, -8),
+], ids=["full", "inner", "negative-ld", "broadcast-row", "last-element", "empty", "no-cols",
+        "negative-dst-ld"])
+def test_tile_load_equals_element_loop(lane: Lane, args) -> None:
+    k = lane.compile(TILE_SRC, "tile")
+    xs = np.arange(100, dtype=np.float32) * 0.5 + 1.0
+    x = lane.buffer(xs, perms="r", name="x")
+    out = lane.alloc(72, np.float32, name="out")
+    lane.launch(k, [x, out], args=args)
+    want = _tile_ref(xs, np.full(72, -1.0, np.float32), *args)
+    assert np.array_equal(lane.read(out), want)
+
+
+def test_tile_store_equals_element_loop(lane: Lane) -> None:
+    k = lane.compile(TILE_STORE_SRC, "tile_store")
+    xs = np.arange(72, dtype=np.float64) + 0.25
+    x = lane.buffer(xs, perms="r", name="x")
+    out = lane.alloc(100, np.float64, name="out")
+    off, ld, rows, cols, aoff, ald = 2, 11, 8, 9, 0, 9
+    lane.launch(k, [x, out], args=(off, ld, rows, cols, aoff, ald))
+    # a store copies array -> cap: the oracle's source is the array
+    want = _tile_ref(xs, np.zeros(100), aoff, ald, rows, cols, off, ld)
+    assert np.array_equal(lane.read(out), want)
+
+
+TILE_FAULTS = [
+    # (id, args (off, ld, rows, cols, aoff, ald), reason, index, access, buffer)
+    ("last-row", (0, 30, 4, 12, 0, 12), "out-of-bounds", 100, "load", "x"),
+    ("one-past-end", (91, 0, 1, 10, 0, 9), "out-of-bounds", 100, "load", "x"),
+    ("negative-ld", (50, -20, 4, 5, 0, 9), "out-of-bounds", -10, "load", "x"),
+    ("negative-off", (-1, 10, 2, 2, 0, 9), "out-of-bounds", -1, "load", "x"),
+    ("huge-ld", (5, 2**62, 3, 1, 0, 9), "out-of-bounds", 2**62 + 5, "load", "x"),
+    ("dst-overflow", (0, 10, 8, 9, 1, 9), "local-array", 72, None, "smem_t"),
+    ("dst-negative", (0, 10, 2, 2, -1, 9), "local-array", -1, None, "smem_t"),
+    ("dst-ld-overflow", (0, 1, 3, 2, 0, 2**62), "local-array", 2**62, None, "smem_t"),
+    ("src-before-dst", (95, 5, 2, 5, 63, 9), "out-of-bounds", 100, "load", "x"),
+]
+
+
+@pytest.mark.parametrize("case", TILE_FAULTS, ids=[c[0] for c in TILE_FAULTS])
+def test_tile_load_fault_is_exact_and_copies_nothing(lane: Lane, case) -> None:
+    _, args, reason, index, access, buffer = case
+    k = lane.compile(TILE_SRC, "tile")
+    x = lane.buffer(np.arange(100, dtype=np.float32), perms="r", name="x")
+    out = lane.alloc(72, np.float32, name="out")
+    with pytest.raises(CapabilityFault) as ei:
+        lane.launch(k, [x, out], args=args, timeout=30)
+    e = ei.value
+    assert (e.reason, e.index, e.access, e.buffer, e.line, e.kernel) == (
+        reason, index, access, buffer, TILE_LINE, "tile")
+    assert np.all(lane.read(out) == 0.0), "nothing after the refused tile ran"
+
+
+def test_tile_store_to_read_only_cap_is_refused(lane: Lane) -> None:
+    k = lane.compile(TILE_STORE_SRC, "tile_store")
+    x = lane.buffer(np.ones(72), perms="r", name="x")
+    out = lane.buffer(np.zeros(100), perms="r", name="out")
+    with pytest.raises(CapabilityFault) as ei:
+        lane.launch(k, [x, out], args=(0, 9, 8, 9, 0, 9), timeout=30)
+    assert (ei.value.reason, ei.value.index, ei.value.access, ei.value.buffer) == (
+        "read-only", 0, "store", "out")
+    assert np.all(lane.read(out) == 0.0)
 
 
 # -- arguments, perms, grids, free, timeouts

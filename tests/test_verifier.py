@@ -443,7 +443,10 @@ def test_api_constants():
             assert f"cap_{op}_{t}" in API_FUNCS
     assert {"cap_load_cap", "cap_store_cap", "cap_alloc_cap", "cap_to_int", "cap_from_int",
             "rt_block_idx", "rt_grid_dim"} <= API_FUNCS
-    assert CUDA_API_FUNCS == {"rt_thread_idx", "rt_block_dim", "rt_sync_threads"}
+    assert CUDA_API_FUNCS == {"rt_thread_idx", "rt_block_dim", "rt_sync_threads", "rt_lane_idx",
+                              "rt_shfl_xor_f32", "rt_shfl_xor_f64", "rt_shfl_xor_i64",
+                              "rt_warp_sum_f32", "rt_warp_sum_f64", "rt_block_idx_y",
+                              "rt_grid_dim_y"}
     assert not CUDA_API_FUNCS & API_FUNCS
     assert {"sqrt", "sqrtf", "fma", "fmaf", "tanh", "tanhf", "isnan", "isfinite"} <= MATH_FUNCS
     assert "printf" not in MATH_FUNCS and "abs" not in MATH_FUNCS

@@ -44,7 +44,7 @@ from capabilities import abi
 from ..astutil import Generator
 from ..hoist import QUIET_LOOPS, PollPoint, UncheckedCall, UncheckedRef, hoist_function
 from ..parse import is_user_node
-from ..verifier import KernelSig, VerifiedSource
+from ..verifier import TILE_FUNCS, WARP_FUNCS, KernelSig, VerifiedSource
 
 ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
 
@@ -243,6 +243,139 @@ template <> struct rt_is_sint<long long> { enum { value = 1 }; };
 #define rt_ustore_i32(c, i, v) (((int *)(c).p)[i] = (v))
 #define rt_ustore_i64(c, i, v) (((long long *)(c).p)[i] = (v))
 #define rt_ustore_f16(c, i, v) (((unsigned short *)(c).p)[i] = rt_f2h(v))
+
+/* ---- cooperative tile copies (cap_tile_load_T / cap_tile_store_T) ----
+ * One range check per tile (rt_tile_ok, the shared ABI fragment), by every
+ * thread on its own arguments; a refused tile faults, before anything is
+ * copied, at the element the equivalent loop would fault on.  Then a barrier
+ * (earlier uses of the array are done), the copy spread over the block
+ * (consecutive threads take consecutive columns; 16-byte vectors when both
+ * addresses, both strides and cols allow), and a barrier (the tile is there
+ * for every thread).  Both barriers are rt_sync_threads: survivors of a fault
+ * elsewhere in the block leave there. */
+#ifndef RT_RAW
+static __device__ __noinline__ void rt_tile_fault(cap_t c, long long off, long long ld, int S,
+                                                  int store, long long n, int id,
+                                                  long long aoff, long long ald,
+                                                  long long rows, long long cols, int line)
+{
+    long long idx = 0;
+    if (rt_tile_first_fault(c, off, ld, S, store, n, aoff, ald, rows, cols, &idx) == 2)
+        rt_fault_local(idx, id, line);
+    else
+        rt_fault_cap(c, idx, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
+}
+#define RT_TILE_CHECK(S, st)                                                          \
+    if (!rt_tile_ok(c, off, ld, S, st, n, aoff, ald, rows, cols)) {                   \
+        rt_tile_fault(c, off, ld, S, st, n, id, aoff, ald, rows, cols, line);         \
+        __builtin_unreachable();                                                      \
+    }
+#else
+#define RT_TILE_CHECK(S, st)
+#endif
+/* dst[r*dld + k] = src[r*sld + k] for the rows x cols tile, spread over the block. */
+template <class T, class V>
+static __device__ __forceinline__ void rt_tile_copy(const T *src, long long sld, T *dst,
+                                                    long long dld, long long rows,
+                                                    long long cols)
+{
+    const long long W = (long long)(sizeof(V) / sizeof(T));
+    unsigned int pc = 0u;
+    (void)pc;
+    if (rows <= 0 || cols <= 0) return;
+    if ((((unsigned long long)src | (unsigned long long)dst) % sizeof(V)) == 0
+            && sld % W == 0 && dld % W == 0 && cols % W == 0) {
+        unsigned long long cw = (unsigned long long)(cols / W), nt = blockDim.x;
+        unsigned long long r = threadIdx.x / cw, k = threadIdx.x % cw;
+        unsigned long long dr = nt / cw, dk = nt % cw;
+        while (r < (unsigned long long)rows) {
+            *(V *)(dst + (long long)r * dld + (long long)k * W) =
+                *(const V *)(src + (long long)r * sld + (long long)k * W);
+            RT_POLL(pc);
+            k += dk; r += dr;
+            if (k >= cw) { k -= cw; r += 1; }
+        }
+    } else {
+        unsigned long long cw = (unsigned long long)cols, nt = blockDim.x;
+        unsigned long long r = threadIdx.x / cw, k = threadIdx.x % cw;
+        unsigned long long dr = nt / cw, dk = nt % cw;
+        while (r < (unsigned long long)rows) {
+            dst[(long long)r * dld + (long long)k] = src[(long long)r * sld + (long long)k];
+            RT_POLL(pc);
+            k += dk; r += dr;
+            if (k >= cw) { k -= cw; r += 1; }
+        }
+    }
+}
+#define RT_DEFINE_TILE(T, CT, V)                                                      \
+    static __device__ __forceinline__ void rt_tile_load_##T(                          \
+        cap_t c, long long off, long long ld, long long rows, long long cols, void *arr, \
+        long long n, int id, long long aoff, long long ald, int line)                 \
+    {                                                                                 \
+        RT_TILE_CHECK((int)sizeof(CT), 0)                                             \
+        rt_sync_threads();                                                            \
+        if (rows > 0 && cols > 0)                                                     \
+            rt_tile_copy<CT, V>((const CT *)c.p + off, ld, (CT *)arr + aoff, ald,     \
+                                rows, cols);                                          \
+        rt_sync_threads();                                                            \
+    }                                                                                 \
+    static __device__ __forceinline__ void rt_tile_store_##T(                         \
+        cap_t c, long long off, long long ld, long long rows, long long cols, void *arr, \
+        long long n, int id, long long aoff, long long ald, int line)                 \
+    {                                                                                 \
+        RT_TILE_CHECK((int)sizeof(CT), 1)                                             \
+        rt_sync_threads();                                                            \
+        if (rows > 0 && cols > 0)                                                     \
+            rt_tile_copy<CT, V>((const CT *)arr + aoff, ald, (CT *)c.p + off, ld,     \
+                                rows, cols);                                          \
+        rt_sync_threads();                                                            \
+    }
+RT_DEFINE_TILE(f32, float, float4)
+RT_DEFINE_TILE(f64, double, double2)
+
+/* ---- warp shuffles and reductions ----
+ * Lanes are threadIdx.x & 31; the mask of a shuffle names the lanes of this
+ * warp that exist (a block whose size is not a multiple of 32 has a partial
+ * last warp), so no shuffle waits for a thread that is not there.  A partner
+ * lane that does not exist gives back the caller's own value.  The verifier
+ * admits these only under block-uniform control flow (docs/dialect.md). */
+static __device__ __forceinline__ long long rt_lane_idx(void)
+{ return (long long)(threadIdx.x & 31u); }
+/* The second grid dimension (1 and 0 for a one-dimensional launch). */
+static __device__ __forceinline__ long long rt_block_idx_y(void) { return (long long)blockIdx.y; }
+static __device__ __forceinline__ long long rt_grid_dim_y(void) { return (long long)gridDim.y; }
+static __device__ __forceinline__ unsigned int rt_warp_live(void)
+{
+    unsigned int n = blockDim.x - (threadIdx.x & ~31u);
+    return n >= 32u ? 0xffffffffu : ((1u << n) - 1u);
+}
+#define RT_DEFINE_SHUFFLE(T, CT)                                                      \
+    static __device__ __forceinline__ CT rt_shfl_xor_##T(CT v, int m)                 \
+    {                                                                                 \
+        unsigned int live = rt_warp_live();                                           \
+        CT o = __shfl_xor_sync(live, v, m);                                           \
+        return ((live >> ((threadIdx.x & 31u) ^ (unsigned int)m)) & 1u) ? o : v;      \
+    }
+RT_DEFINE_SHUFFLE(f32, float)
+RT_DEFINE_SHUFFLE(f64, double)
+RT_DEFINE_SHUFFLE(i64, long long)
+/* Sum over the warp's lanes, the same value in every lane.  Butterfly from
+ * stride 16 down; a missing partner adds nothing.  Lane 0's partners at each
+ * stride carry classes that either exist or are entirely missing, so lane 0's
+ * sum is always complete; a partial warp takes it from lane 0. */
+#define RT_DEFINE_WARP_SUM(T, CT)                                                     \
+    static __device__ __forceinline__ CT rt_warp_sum_##T(CT v)                        \
+    {                                                                                 \
+        unsigned int live = rt_warp_live(), lane = threadIdx.x & 31u;                 \
+        for (unsigned int m = 16u; m > 0u; m >>= 1) {                                 \
+            CT o = __shfl_xor_sync(live, v, (int)m);                                  \
+            if ((live >> (lane ^ m)) & 1u) v += o;                                    \
+        }                                                                             \
+        if (live != 0xffffffffu) v = __shfl_sync(live, v, 0);                         \
+        return v;                                                                     \
+    }
+RT_DEFINE_WARP_SUM(f32, float)
+RT_DEFINE_WARP_SUM(f64, double)
 /* ---- end of the device runtime; kernel source follows ---- */
 """
 
@@ -374,13 +507,29 @@ class _Rewriter:
         if name == "cap_from_int":
             return _call("rt_cap_from_int", args, coord)
         if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
-                    "rt_sync_threads"):
+                    "rt_sync_threads", "rt_lane_idx", "rt_block_idx_y",
+                    "rt_grid_dim_y") or name in WARP_FUNCS:
             return node
+        if name in TILE_FUNCS:
+            return self.tile(name, args, line, coord)
         assert not name.startswith("cap_alloc_") and name not in (
             "cap_load_cap", "cap_store_cap"), "the verifier refuses these for target cuda"
         if name in self.o.kernel_names:
             node.name = c_ast.ID(f"__rtk_{name}", coord)
         return node
+
+
+    def tile(self, name: str, args: list[c_ast.Node], line: int, coord) -> c_ast.Node:
+        """cap_tile_OP_T(c, off, ld, rows, cols, arr, aoff, ald) -> rt_tile_OP_T with the
+        shared array's flat length and fault id."""
+        op, t = name[len("cap_tile_"):].split("_")
+        arr = args[5]
+        assert isinstance(arr, c_ast.ID), "the verifier admits only array names here"
+        n = 1
+        for d in self.arrays[arr.name]:
+            n *= d
+        return _call(f"rt_tile_{op}_{t}", args[:6] + [_int(n), _int(self.o.array_id(arr.name))]
+                     + args[6:8] + [_int(line)], coord)
 
 
 class _Instrumenter:
@@ -404,7 +553,8 @@ class _Instrumenter:
 
         def walk(n: c_ast.Node) -> None:
             if isinstance(n, c_ast.Decl) and n.name in dims and n.name.startswith("smem_"):
-                n.storage = list(n.storage) + ["__shared__"]
+                # 16-byte aligned: tile copies then move float4/double2 vectors
+                n.storage = list(n.storage) + ["__shared__", "__align__(16)"]
             for _, c in n.children():
                 walk(c)
 

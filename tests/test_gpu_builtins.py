@@ -1,0 +1,161 @@
+"""Device behaviour of the tile copies and warp collectives (GPU only; skipped cleanly
+where there is no usable GPU).  Lane-independent behaviour (element-loop
+semantics, exact faults with one thread, verifier rules) is in
+tests/test_conformance.py; this file covers what needs a whole block: the
+cooperative copy with its barriers, float4/double2 and scalar paths, a planted
+out-of-range last row with many threads, and shuffles over full and partial warps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime import cuda
+from runtime.errors import CapabilityFault
+
+_OK, _WHY = cuda.available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")]
+
+ROUND_TRIP = """
+KERNEL void round_trip(cap_t a, cap_t out, cap_t sums, int64_t off, int64_t ld, int64_t rows,
+                       int64_t cols)
+{
+    float smem_t[4096];
+    cap_tile_load_f32(a, off, ld, rows, cols, smem_t, 0, cols);
+    int64_t t = rt_thread_idx();
+    if (t < rows) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < cols; k++)
+            s += smem_t[t * cols + k];
+        cap_store_f32(sums, t, s);
+    }
+    cap_tile_store_f32(out, 0, cols, rows, cols, smem_t, 0, cols);
+}
+"""
+TILE_LINE = 6  # the cap_tile_load_f32 of ROUND_TRIP
+
+ROUND_TRIP_F64 = """
+KERNEL void round_trip(cap_t a, cap_t out, int64_t off, int64_t ld, int64_t rows, int64_t cols)
+{
+    double smem_t[2048];
+    cap_tile_load_f64(a, off, ld, rows, cols, smem_t, 0, cols);
+    cap_tile_store_f64(out, 0, cols, rows, cols, smem_t, 0, cols);
+}
+"""
+
+
+@pytest.mark.parametrize("off,ld,rows,cols", [
+    (0, 100, 64, 64),     # float4 path: aligned origin, ld and cols multiples of 4
+    (1, 101, 63, 61),     # scalar path
+    (400, 100, 64, 12),   # several rows per pass of the block
+    (9999, 0, 1, 1),      # one element, the last one
+], ids=["vector", "scalar", "short-rows", "last-element"])
+def test_tile_round_trip_equals_numpy(off, ld, rows, cols) -> None:
+    rng = np.random.default_rng(3)
+    a_host = rng.standard_normal(10000).astype(np.float32)
+    k = cuda.compile(ROUND_TRIP, "round_trip")
+    a = cuda.to_device(a_host, perms="r", name="a")
+    out = cuda.alloc_device(rows * cols, np.float32, name="out")
+    sums = cuda.alloc_device(64, np.float32, name="sums")
+    cuda.launch(k, [a, out, sums], args=(off, ld, rows, cols), grid=1, block=128, timeout=20)
+    idx = off + np.arange(rows)[:, None] * ld + np.arange(cols)[None, :]
+    want = a_host[idx]
+    assert np.array_equal(out.numpy().reshape(rows, cols), want)
+    # every thread reads rows other threads copied: the trailing barrier held
+    np.testing.assert_allclose(sums.numpy()[:rows], want.sum(axis=1, dtype=np.float64),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("off,ld", [(0, 64), (1, 63)], ids=["vector", "scalar"])
+def test_tile_round_trip_f64(off, ld) -> None:
+    a_host = np.arange(5000, dtype=np.float64) * 0.5
+    k = cuda.compile(ROUND_TRIP_F64, "round_trip")
+    a = cuda.to_device(a_host, perms="r", name="a")
+    out = cuda.alloc_device(32 * 64, np.float64, name="out")
+    cuda.launch(k, [a, out], args=(off, ld, 32, 62), grid=1, block=96, timeout=20)
+    idx = off + np.arange(32)[:, None] * ld + np.arange(62)[None, :]
+    assert np.array_equal(out.numpy()[:32 * 62].reshape(32, 62), a_host[idx])
+
+
+@pytest.mark.parametrize("block", [128, 40, 1])
+def test_planted_oob_last_row_faults_exactly_and_writes_nothing(block) -> None:
+    """Row 63 of a 64 x 64 tile starting at row 37 of a 100 x 100 matrix is row 100:
+    the fault names its first element, and neither the tile store nor the sums ran."""
+    k = cuda.compile(ROUND_TRIP, "round_trip")
+    before = cuda.to_device(np.full(256, 3.0, np.float32), name="before")
+    a = cuda.to_device(np.ones(10000, np.float32), perms="r", name="a")
+    out = cuda.alloc_device(4096, np.float32, name="out")
+    sums = cuda.alloc_device(64, np.float32, name="sums")
+    after = cuda.to_device(np.full(256, 5.0, np.float32), name="after")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [a, out, sums], args=(3700, 100, 64, 64), grid=1, block=block,
+                    timeout=20)
+    e = ei.value
+    assert (e.reason, e.index, e.access, e.buffer, e.line, e.block) == (
+        "out-of-bounds", 10000, "load", "a", TILE_LINE, 0)
+    assert np.all(out.numpy() == 0.0) and np.all(sums.numpy() == 0.0)
+    assert np.all(before.numpy() == 3.0) and np.all(after.numpy() == 5.0)
+
+
+def test_tile_destination_overflow_faults_on_the_shared_array() -> None:
+    k = cuda.compile(ROUND_TRIP, "round_trip")
+    a = cuda.to_device(np.ones(10000, np.float32), perms="r", name="a")
+    out = cuda.alloc_device(8192, np.float32, name="out")
+    sums = cuda.alloc_device(64, np.float32, name="sums")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [a, out, sums], args=(0, 100, 65, 64), grid=1, block=128, timeout=20)
+    e = ei.value
+    assert (e.reason, e.index, e.buffer, e.line) == ("local-array", 4096, "smem_t", TILE_LINE)
+    assert np.all(out.numpy() == 0.0)
+
+
+def _warp_oracle(v: np.ndarray) -> np.ndarray:
+    """What WARP_SRC (tests/test_conformance.py) stores, for a block of len(v) threads."""
+    n = len(v)
+    out = np.zeros(4 * n, np.float64)
+    for t in range(n):
+        base = t & ~31
+        live = min(32, n - base)
+
+        def partner(m: int, vals, t=t, base=base, live=live):
+            p = t ^ m
+            return vals[p] if p - base < live else vals[t]
+
+        s = v[base:base + live].astype(np.float64).sum()
+        out[4 * t] = s
+        out[4 * t + 1] = partner(1, v)
+        out[4 * t + 2] = s + partner(16, v)
+        out[4 * t + 3] = partner(8, np.arange(n)) + (t & 31)
+    return out
+
+
+@pytest.mark.parametrize("block", [128, 40, 7])
+def test_warp_shuffles_and_sums_equal_numpy(block) -> None:
+    from test_conformance import WARP_SRC  # tests/ is on sys.path (rootdir conftest-less)
+
+    v = np.random.default_rng(block).standard_normal(block).astype(np.float32)
+    k = cuda.compile(WARP_SRC, "warp")
+    x = cuda.to_device(v, perms="r", name="x")
+    out = cuda.alloc_device(4 * block, np.float32, name="out")
+    cuda.launch(k, [x, out], grid=1, block=block, timeout=20)
+    got = out.numpy().astype(np.float64).reshape(block, 4)
+    want = _warp_oracle(v).reshape(block, 4)
+    np.testing.assert_allclose(got[:, 0], want[:, 0], rtol=1e-5, atol=1e-5)  # f32 sum order
+    assert np.array_equal(got[:, 1], want[:, 1])
+    np.testing.assert_allclose(got[:, 2], want[:, 2], rtol=1e-6, atol=1e-6)
+    assert np.array_equal(got[:, 3], want[:, 3])
+    # every lane of a warp holds the same sum, bit for bit
+    for w in range(0, block, 32):
+        assert len(set(got[w:w + 32, 0].tolist())) == 1
+
+
+def test_one_dimensional_launch_has_grid_y_one() -> None:
+    """rt_block_idx_y()/rt_grid_dim_y() read the second grid dimension; a launch with an
+    int grid is (grid, 1): every block reports y = 0 of 1."""
+    from test_conformance import GRID_Y_SRC
+
+    k = cuda.compile(GRID_Y_SRC, "grid_y")
+    out = cuda.alloc_device(6, np.int64, name="out")
+    cuda.launch(k, [out], grid=6, block=32, timeout=20)
+    assert out.numpy().tolist() == [1000] * 6
