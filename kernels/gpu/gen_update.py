@@ -27,10 +27,11 @@ HEADER = """/*
  *                        come from other blocks).
  * So a batch of two 4096 x 4096 matrices keeps hundreds of blocks busy, not 2.
  * V (unit lower trapezoidal, read from A below the diagonal) and C go through
- * shared memory in chunks of 128 rows; each thread keeps a 4 x 4 register tile
- * (fp32, fmaf), so every shared-memory load feeds two multiply-adds.  Row
- * stride 33 in smem_v keeps the four rows a warp reads in distinct banks.
- * 256 threads per block.
+ * shared memory in chunks of 128 rows, each copied by one checked tile copy
+ * (cap_tile_load_f32: one bounds check per tile, 16-byte moves); each thread
+ * keeps a 4 x 4 register tile (fp32, fmaf), so every shared-memory load feeds
+ * two multiply-adds.  Row stride 36 in smem_v keeps 16-byte alignment and puts
+ * the four rows a warp reads in distinct banks.  256 threads per block.
  *
  * Z: thread t sums rows g, g+4, ... of each chunk (g = t / 64) for reflectors
  * qg + 8i and columns cg + 8j (qg = t % 64 / 8, cg = t % 8); the four partial
@@ -40,42 +41,40 @@ HEADER = """/*
 
 
 def _decls(out: list[str], z: bool, w: bool) -> None:
-    out.append("    float smem_v[4224];")
+    out.append("    float smem_v[4608];")
     out.append("    float smem_c[4096];")
     if w:
         out += ["    float smem_t[1024];", "    float smem_z[1024];", "    float smem_w[1024];"]
-    out += ["    int64_t t = rt_thread_idx();", "    int64_t lq = t % 32;",
-            "    int64_t lr = t / 32;", "    int64_t cg = t % 8;"]
+    out += ["    int64_t t = rt_thread_idx();", "    int64_t cg = t % 8;"]
     if z:
         out += ["    int64_t g = t / 64;", "    int64_t qg = (t % 64) / 8;"]
     if w:
         out.append("    int64_t rg = t / 8;")
 
 
-def _chunk_load(out: list[str], with_c: bool) -> None:
-    """V and C rows r0 .. r0+127 into shared memory (zeros past rhi).
+def _chunk_load(out: list[str]) -> None:
+    """V and C rows r0 .. r0+127 into shared memory, as two checked tile copies.
 
-    Each thread loads rows lr + 32 i + 8 k: the four loads of one i are issued
-    before any of them is stored, so a thread has several loads in flight (the
-    GPU issues in order: a load-store loop would wait out the latency per row).
+    One check per tile (cap_tile_load_f32) and 16-byte moves where the
+    addresses allow (C's rows: k0, nb and the strip start are multiples of 32;
+    V's smem row stride 36 keeps that, and the four rows a warp reads in the
+    apply loop in distinct banks).  The copies fill only the tile's rows x
+    cols, so each thread then fixes its own elements: V's unit diagonal and
+    zeros above it, and zeros past the last row or column (uninitialised
+    shared memory may hold NaNs, which 0 * x would keep).
     """
     out.append("        int64_t rows = rhi - r0 < 128 ? rhi - r0 : 128;")
-    out.append("        for (int64_t i = 0; i < 4; i++) {")
-    for k in I4:
-        rr = f"lr + 32 * i + {8 * k}"
-        out.append(f"            float v{k} = 0.0f;")
-        out.append(f"            float c{k} = 0.0f;")
-        out.append(f"            if ({rr} < rows && lq < nb && r0 + {rr} > k0 + lq)")
-        out.append(f"                v{k} = cap_load_f32(M, (r0 + {rr}) * n + k0 + lq);")
-        out.append(f"            if ({rr} < rows && lq < nb && r0 + {rr} == k0 + lq)")
-        out.append(f"                v{k} = 1.0f;")
-        if with_c:
-            out.append(f"            if ({rr} < rows && cs + lq < n)")
-            out.append(f"                c{k} = cap_load_f32(M, (r0 + {rr}) * n + cs + lq);")
-    for k in I4:
-        rr = f"lr + 32 * i + {8 * k}"
-        out.append(f"            smem_v[({rr}) * 33 + lq] = v{k};")
-        out.append(f"            smem_c[({rr}) * 32 + lq] = c{k};")
+    out.append("        cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, 36);")
+    out.append("        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 32);")
+    out.append("        for (int64_t e = t; e < 4096; e += 256) {")
+    out.append("            int64_t r = e / 32;")
+    out.append("            int64_t q = e % 32;")
+    out.append("            float v = smem_v[r * 36 + q];")
+    out.append("            int64_t d = r0 + r - k0 - q;")
+    out.append("            float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);")
+    out.append("            smem_v[r * 36 + q] = r < rows && q < nb ? u : 0.0f;")
+    out.append("            float c = smem_c[e];")
+    out.append("            smem_c[e] = r < rows && q < cols ? c : 0.0f;")
     out.append("        }")
     out.append("        rt_sync_threads();")
 
@@ -85,10 +84,10 @@ def _phase_z(out: list[str]) -> None:
     for i in I4:
         out.append("    " + " ".join(f"float z{i}{j} = 0.0f;" for j in I4))
     out.append("    for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {")
-    _chunk_load(out, with_c=True)
+    _chunk_load(out)
     out.append("        for (int64_t rr = g; rr < 128; rr += 4) {")
     for i in I4:
-        out.append(f"            float p{i} = smem_v[rr * 33 + qg + {8 * i}];")
+        out.append(f"            float p{i} = smem_v[rr * 36 + qg + {8 * i}];")
     for j in I4:
         out.append(f"            float h{j} = smem_c[rr * 32 + cg + {8 * j}];")
     for i in I4:
@@ -123,13 +122,13 @@ def _phase_w(out: list[str]) -> None:
 def _phase_apply(out: list[str]) -> None:
     """C -= V W on rows rlo .. rhi-1."""
     out.append("    for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {")
-    _chunk_load(out, with_c=True)
+    _chunk_load(out)
     for i in I4:
         for j in I4:
             out.append(f"        float a{i}{j} = smem_c[(rg + {32 * i}) * 32 + cg + {8 * j}];")
     out.append("        for (int64_t q = 0; q < nb; q++) {")
     for i in I4:
-        out.append(f"            float u{i} = smem_v[(rg + {32 * i}) * 33 + q];")
+        out.append(f"            float u{i} = smem_v[(rg + {32 * i}) * 36 + q];")
     for j in I4:
         out.append(f"            float w{j} = smem_w[q * 32 + cg + {8 * j}];")
     for i in I4:
@@ -139,12 +138,7 @@ def _phase_apply(out: list[str]) -> None:
     for i in I4:
         for j in I4:
             out.append(f"        smem_c[(rg + {32 * i}) * 32 + cg + {8 * j}] = a{i}{j};")
-    out.append("        rt_sync_threads();")
-    out.append("        if (cs + lq < n) {")
-    out.append("            for (int64_t rr = lr; rr < rows; rr += 8)")
-    out.append("                cap_store_f32(M, (r0 + rr) * n + cs + lq, smem_c[rr * 32 + lq]);")
-    out.append("        }")
-    out.append("        rt_sync_threads();")
+    out.append("        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 32);")
     out.append("    }")
 
 
@@ -164,6 +158,7 @@ def source() -> str:
             "    int64_t rbi = bid % nrb;", "    int64_t cs = k0 + nb + sp * 32;",
             "    int64_t rlo = k0 + rbi * rb;",
             "    int64_t rhi = rlo + rb < n ? rlo + rb : n;",
+            "    int64_t cols = n - cs < 32 ? n - cs : 32;",
             "    cap_t M = cap_offset_f32(A, b * n * n);"]
     out.append("KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb,")
     out.append("                            int64_t nstrips, int64_t nrb, int64_t rb)")

@@ -13,10 +13,11 @@
  *                        come from other blocks).
  * So a batch of two 4096 x 4096 matrices keeps hundreds of blocks busy, not 2.
  * V (unit lower trapezoidal, read from A below the diagonal) and C go through
- * shared memory in chunks of 128 rows; each thread keeps a 4 x 4 register tile
- * (fp32, fmaf), so every shared-memory load feeds two multiply-adds.  Row
- * stride 33 in smem_v keeps the four rows a warp reads in distinct banks.
- * 256 threads per block.
+ * shared memory in chunks of 128 rows, each copied by one checked tile copy
+ * (cap_tile_load_f32: one bounds check per tile, 16-byte moves); each thread
+ * keeps a 4 x 4 register tile (fp32, fmaf), so every shared-memory load feeds
+ * two multiply-adds.  Row stride 36 in smem_v keeps 16-byte alignment and puts
+ * the four rows a warp reads in distinct banks.  256 threads per block.
  *
  * Z: thread t sums rows g, g+4, ... of each chunk (g = t / 64) for reflectors
  * qg + 8i and columns cg + 8j (qg = t % 64 / 8, cg = t % 8); the four partial
@@ -26,11 +27,9 @@
 KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb,
                             int64_t nstrips, int64_t nrb, int64_t rb)
 {
-    float smem_v[4224];
+    float smem_v[4608];
     float smem_c[4096];
     int64_t t = rt_thread_idx();
-    int64_t lq = t % 32;
-    int64_t lr = t / 32;
     int64_t cg = t % 8;
     int64_t g = t / 64;
     int64_t qg = (t % 64) / 8;
@@ -42,6 +41,7 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb
     int64_t cs = k0 + nb + sp * 32;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
+    int64_t cols = n - cs < 32 ? n - cs : 32;
     cap_t M = cap_offset_f32(A, b * n * n);
     float z00 = 0.0f; float z01 = 0.0f; float z02 = 0.0f; float z03 = 0.0f;
     float z10 = 0.0f; float z11 = 0.0f; float z12 = 0.0f; float z13 = 0.0f;
@@ -49,54 +49,24 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb
     float z30 = 0.0f; float z31 = 0.0f; float z32 = 0.0f; float z33 = 0.0f;
     for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {
         int64_t rows = rhi - r0 < 128 ? rhi - r0 : 128;
-        for (int64_t i = 0; i < 4; i++) {
-            float v0 = 0.0f;
-            float c0 = 0.0f;
-            if (lr + 32 * i + 0 < rows && lq < nb && r0 + lr + 32 * i + 0 > k0 + lq)
-                v0 = cap_load_f32(M, (r0 + lr + 32 * i + 0) * n + k0 + lq);
-            if (lr + 32 * i + 0 < rows && lq < nb && r0 + lr + 32 * i + 0 == k0 + lq)
-                v0 = 1.0f;
-            if (lr + 32 * i + 0 < rows && cs + lq < n)
-                c0 = cap_load_f32(M, (r0 + lr + 32 * i + 0) * n + cs + lq);
-            float v1 = 0.0f;
-            float c1 = 0.0f;
-            if (lr + 32 * i + 8 < rows && lq < nb && r0 + lr + 32 * i + 8 > k0 + lq)
-                v1 = cap_load_f32(M, (r0 + lr + 32 * i + 8) * n + k0 + lq);
-            if (lr + 32 * i + 8 < rows && lq < nb && r0 + lr + 32 * i + 8 == k0 + lq)
-                v1 = 1.0f;
-            if (lr + 32 * i + 8 < rows && cs + lq < n)
-                c1 = cap_load_f32(M, (r0 + lr + 32 * i + 8) * n + cs + lq);
-            float v2 = 0.0f;
-            float c2 = 0.0f;
-            if (lr + 32 * i + 16 < rows && lq < nb && r0 + lr + 32 * i + 16 > k0 + lq)
-                v2 = cap_load_f32(M, (r0 + lr + 32 * i + 16) * n + k0 + lq);
-            if (lr + 32 * i + 16 < rows && lq < nb && r0 + lr + 32 * i + 16 == k0 + lq)
-                v2 = 1.0f;
-            if (lr + 32 * i + 16 < rows && cs + lq < n)
-                c2 = cap_load_f32(M, (r0 + lr + 32 * i + 16) * n + cs + lq);
-            float v3 = 0.0f;
-            float c3 = 0.0f;
-            if (lr + 32 * i + 24 < rows && lq < nb && r0 + lr + 32 * i + 24 > k0 + lq)
-                v3 = cap_load_f32(M, (r0 + lr + 32 * i + 24) * n + k0 + lq);
-            if (lr + 32 * i + 24 < rows && lq < nb && r0 + lr + 32 * i + 24 == k0 + lq)
-                v3 = 1.0f;
-            if (lr + 32 * i + 24 < rows && cs + lq < n)
-                c3 = cap_load_f32(M, (r0 + lr + 32 * i + 24) * n + cs + lq);
-            smem_v[(lr + 32 * i + 0) * 33 + lq] = v0;
-            smem_c[(lr + 32 * i + 0) * 32 + lq] = c0;
-            smem_v[(lr + 32 * i + 8) * 33 + lq] = v1;
-            smem_c[(lr + 32 * i + 8) * 32 + lq] = c1;
-            smem_v[(lr + 32 * i + 16) * 33 + lq] = v2;
-            smem_c[(lr + 32 * i + 16) * 32 + lq] = c2;
-            smem_v[(lr + 32 * i + 24) * 33 + lq] = v3;
-            smem_c[(lr + 32 * i + 24) * 32 + lq] = c3;
+        cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, 36);
+        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 32);
+        for (int64_t e = t; e < 4096; e += 256) {
+            int64_t r = e / 32;
+            int64_t q = e % 32;
+            float v = smem_v[r * 36 + q];
+            int64_t d = r0 + r - k0 - q;
+            float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);
+            smem_v[r * 36 + q] = r < rows && q < nb ? u : 0.0f;
+            float c = smem_c[e];
+            smem_c[e] = r < rows && q < cols ? c : 0.0f;
         }
         rt_sync_threads();
         for (int64_t rr = g; rr < 128; rr += 4) {
-            float p0 = smem_v[rr * 33 + qg + 0];
-            float p1 = smem_v[rr * 33 + qg + 8];
-            float p2 = smem_v[rr * 33 + qg + 16];
-            float p3 = smem_v[rr * 33 + qg + 24];
+            float p0 = smem_v[rr * 36 + qg + 0];
+            float p1 = smem_v[rr * 36 + qg + 8];
+            float p2 = smem_v[rr * 36 + qg + 16];
+            float p3 = smem_v[rr * 36 + qg + 24];
             float h0 = smem_c[rr * 32 + cg + 0];
             float h1 = smem_c[rr * 32 + cg + 8];
             float h2 = smem_c[rr * 32 + cg + 16];
@@ -145,14 +115,12 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
                                 int64_t k0, int64_t nb, int64_t nstrips,
                                 int64_t nrb, int64_t rb)
 {
-    float smem_v[4224];
+    float smem_v[4608];
     float smem_c[4096];
     float smem_t[1024];
     float smem_z[1024];
     float smem_w[1024];
     int64_t t = rt_thread_idx();
-    int64_t lq = t % 32;
-    int64_t lr = t / 32;
     int64_t cg = t % 8;
     int64_t rg = t / 8;
     int64_t bid = rt_block_idx();
@@ -163,6 +131,7 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
     int64_t cs = k0 + nb + sp * 32;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
+    int64_t cols = n - cs < 32 ? n - cs : 32;
     cap_t M = cap_offset_f32(A, b * n * n);
     cap_t TT = cap_offset_f32(Tw, b * 1024);
     float tl0 = cap_load_f32(TT, t + 0);
@@ -192,47 +161,17 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
     rt_sync_threads();
     for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {
         int64_t rows = rhi - r0 < 128 ? rhi - r0 : 128;
-        for (int64_t i = 0; i < 4; i++) {
-            float v0 = 0.0f;
-            float c0 = 0.0f;
-            if (lr + 32 * i + 0 < rows && lq < nb && r0 + lr + 32 * i + 0 > k0 + lq)
-                v0 = cap_load_f32(M, (r0 + lr + 32 * i + 0) * n + k0 + lq);
-            if (lr + 32 * i + 0 < rows && lq < nb && r0 + lr + 32 * i + 0 == k0 + lq)
-                v0 = 1.0f;
-            if (lr + 32 * i + 0 < rows && cs + lq < n)
-                c0 = cap_load_f32(M, (r0 + lr + 32 * i + 0) * n + cs + lq);
-            float v1 = 0.0f;
-            float c1 = 0.0f;
-            if (lr + 32 * i + 8 < rows && lq < nb && r0 + lr + 32 * i + 8 > k0 + lq)
-                v1 = cap_load_f32(M, (r0 + lr + 32 * i + 8) * n + k0 + lq);
-            if (lr + 32 * i + 8 < rows && lq < nb && r0 + lr + 32 * i + 8 == k0 + lq)
-                v1 = 1.0f;
-            if (lr + 32 * i + 8 < rows && cs + lq < n)
-                c1 = cap_load_f32(M, (r0 + lr + 32 * i + 8) * n + cs + lq);
-            float v2 = 0.0f;
-            float c2 = 0.0f;
-            if (lr + 32 * i + 16 < rows && lq < nb && r0 + lr + 32 * i + 16 > k0 + lq)
-                v2 = cap_load_f32(M, (r0 + lr + 32 * i + 16) * n + k0 + lq);
-            if (lr + 32 * i + 16 < rows && lq < nb && r0 + lr + 32 * i + 16 == k0 + lq)
-                v2 = 1.0f;
-            if (lr + 32 * i + 16 < rows && cs + lq < n)
-                c2 = cap_load_f32(M, (r0 + lr + 32 * i + 16) * n + cs + lq);
-            float v3 = 0.0f;
-            float c3 = 0.0f;
-            if (lr + 32 * i + 24 < rows && lq < nb && r0 + lr + 32 * i + 24 > k0 + lq)
-                v3 = cap_load_f32(M, (r0 + lr + 32 * i + 24) * n + k0 + lq);
-            if (lr + 32 * i + 24 < rows && lq < nb && r0 + lr + 32 * i + 24 == k0 + lq)
-                v3 = 1.0f;
-            if (lr + 32 * i + 24 < rows && cs + lq < n)
-                c3 = cap_load_f32(M, (r0 + lr + 32 * i + 24) * n + cs + lq);
-            smem_v[(lr + 32 * i + 0) * 33 + lq] = v0;
-            smem_c[(lr + 32 * i + 0) * 32 + lq] = c0;
-            smem_v[(lr + 32 * i + 8) * 33 + lq] = v1;
-            smem_c[(lr + 32 * i + 8) * 32 + lq] = c1;
-            smem_v[(lr + 32 * i + 16) * 33 + lq] = v2;
-            smem_c[(lr + 32 * i + 16) * 32 + lq] = c2;
-            smem_v[(lr + 32 * i + 24) * 33 + lq] = v3;
-            smem_c[(lr + 32 * i + 24) * 32 + lq] = c3;
+        cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, 36);
+        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 32);
+        for (int64_t e = t; e < 4096; e += 256) {
+            int64_t r = e / 32;
+            int64_t q = e % 32;
+            float v = smem_v[r * 36 + q];
+            int64_t d = r0 + r - k0 - q;
+            float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);
+            smem_v[r * 36 + q] = r < rows && q < nb ? u : 0.0f;
+            float c = smem_c[e];
+            smem_c[e] = r < rows && q < cols ? c : 0.0f;
         }
         rt_sync_threads();
         float a00 = smem_c[(rg + 0) * 32 + cg + 0];
@@ -252,10 +191,10 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
         float a32 = smem_c[(rg + 96) * 32 + cg + 16];
         float a33 = smem_c[(rg + 96) * 32 + cg + 24];
         for (int64_t q = 0; q < nb; q++) {
-            float u0 = smem_v[(rg + 0) * 33 + q];
-            float u1 = smem_v[(rg + 32) * 33 + q];
-            float u2 = smem_v[(rg + 64) * 33 + q];
-            float u3 = smem_v[(rg + 96) * 33 + q];
+            float u0 = smem_v[(rg + 0) * 36 + q];
+            float u1 = smem_v[(rg + 32) * 36 + q];
+            float u2 = smem_v[(rg + 64) * 36 + q];
+            float u3 = smem_v[(rg + 96) * 36 + q];
             float w0 = smem_w[q * 32 + cg + 0];
             float w1 = smem_w[q * 32 + cg + 8];
             float w2 = smem_w[q * 32 + cg + 16];
@@ -293,11 +232,6 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
         smem_c[(rg + 96) * 32 + cg + 8] = a31;
         smem_c[(rg + 96) * 32 + cg + 16] = a32;
         smem_c[(rg + 96) * 32 + cg + 24] = a33;
-        rt_sync_threads();
-        if (cs + lq < n) {
-            for (int64_t rr = lr; rr < rows; rr += 8)
-                cap_store_f32(M, (r0 + rr) * n + cs + lq, smem_c[rr * 32 + lq]);
-        }
-        rt_sync_threads();
+        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 32);
     }
 }
