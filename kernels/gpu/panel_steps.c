@@ -95,10 +95,17 @@ KERNEL void gpu_qr_steps_column(cap_t A, cap_t tau, cap_t Tw, cap_t D, int64_t n
     cap_t M = cap_offset_f32(A, b * n * n);
     cap_t Pv = D;
     cap_t Pp = cap_offset_f64(D, 2 * nbatch * 32);
-    /* the sums of step j: every block adds the row blocks' parts itself */
+    /* the sums of step j: every block adds the row blocks' parts itself, four loads in
+     * flight per thread (the loop would otherwise wait out one L2 round trip per part) */
+    int64_t pb = (par * nbatch + b) * nrb;
     double q = 0.0;
-    for (int64_t i = warp; i < nrb; i += 8)
-        q += cap_load_f64(Pp, ((par * nbatch + b) * nrb + i) * 32 + lane);
+    for (int64_t i = warp; i < nrb; i += 32) {
+        double p0 = cap_load_f64(Pp, (pb + i) * 32 + lane);
+        double p1 = i + 8 < nrb ? cap_load_f64(Pp, (pb + i + 8) * 32 + lane) : 0.0;
+        double p2 = i + 16 < nrb ? cap_load_f64(Pp, (pb + i + 16) * 32 + lane) : 0.0;
+        double p3 = i + 24 < nrb ? cap_load_f64(Pp, (pb + i + 24) * 32 + lane) : 0.0;
+        q += (p0 + p1) + (p2 + p3);
+    }
     smem_red[t] = q;
     if (t < 32)
         smem_pv[t] = cap_load_f64(Pv, (par * nbatch + b) * 32 + t);
