@@ -18,9 +18,14 @@ drops the reference to the tensor, and torch frees its own memory.
 A launch passes each buffer as a by-value ``cap_t`` built from the header at
 launch time, after taking the hold; after ``free()`` that snapshot has zero
 bounds and the "freed" tag, so any access in a later launch faults with
-reason ``freed``.  Launches are synchronous: ``launch`` returns after the
-kernel finished and raises :class:`CapabilityFault` for the first refused
-access of the launch.
+reason ``freed``.
+
+A launch is synchronous by default: ``launch`` returns after the kernel
+finished and raises :class:`CapabilityFault` for the first refused access.
+``launch(..., sync=False)`` only enqueues it: launches form a *sequence* on
+one stream that shares one device record (``rt_gpu_fault``), :func:`sync`
+waits once and raises the sequence's first fault.  The holds of a sequence's
+launches are dropped at that sync, so the lifetime rule above covers them.
 """
 
 from __future__ import annotations
@@ -387,10 +392,7 @@ class CudaKernel:
     info: KernelSig
     module: Any
     function: Any
-    fault_ptr: int
-    cancel_ptr: int
     cubin_bytes: int
-    lock: Any
 
     def registers(self) -> int:
         """Registers per thread of the compiled kernel."""
@@ -423,23 +425,72 @@ def compile(source: str, name: str | None = None, *, checked: bool = True, hoist
     drv.check(L.cuModuleLoadData(mod, cubin), "cuModuleLoadData")
     fn = f.new("CUfunction *")
     drv.check(L.cuModuleGetFunction(fn, mod[0], name.encode()), "cuModuleGetFunction")
-    ptr, size = f.new("CUdeviceptr *"), f.new("size_t *")
-    drv.check(L.cuModuleGetGlobal_v2(ptr, size, mod[0], b"__rt_fault"), "cuModuleGetGlobal")
-    fault_ptr = ptr[0]
-    drv.check(L.cuModuleGetGlobal_v2(ptr, size, mod[0], b"__rt_cancel"), "cuModuleGetGlobal")
-    return CudaKernel(name, source, checked, cs, cs.kernels[name], mod[0], fn[0], fault_ptr,
-                      ptr[0], len(cubin), threading.Lock())
+    return CudaKernel(name, source, checked, cs, cs.kernels[name], mod[0], fn[0], len(cubin))
+
+
+# ---------------------------------------------------------------------------
+# launch sequences
+# ---------------------------------------------------------------------------
+class _Sequence:
+    """The launches enqueued since the last sync, and what they hold.
+
+    One per process: every launch goes to the same stream and every checked
+    kernel gets the same device record (``rt_gpu_fault``, capabilities/abi.py),
+    so a fault of any launch stops all later ones.  ``lock`` (reentrant:
+    ``time_launch``'s ``before`` may launch) serialises enqueueing and syncing.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.launches: list[tuple[CudaKernel, list[str]]] = []  # per launch: kernel, buffer names
+        self.held: list[Any] = []   # collector holds of the pending launches
+        self.stuck: list[Any] = []  # holds of launches still running after a timeout's grace
+
+
+_seq = _Sequence()
+_RECORD_BYTES: list[int] = []
+
+
+def _record(dev: Any) -> int:
+    """The device address of the sequence record (allocated on first use, never freed)."""
+    if not dev.seq_record:
+        if not _RECORD_BYTES:
+            _RECORD_BYTES.append(_ffi().sizeof("rt_gpu_fault"))
+        p = drv.ffi().new("CUdeviceptr *")
+        drv.check(drv.lib().cuMemAlloc_v2(p, _RECORD_BYTES[0]), "cuMemAlloc")
+        drv.check(drv.lib().cuMemsetD8_v2(p[0], 0, _RECORD_BYTES[0]), "cuMemsetD8")
+        dev.seq_record = int(p[0])
+    return dev.seq_record
+
+
+def _reset_record(record: int) -> None:
+    """Clear the record (fault flag and cancel) before the first launch of a sequence.
+
+    Issued on the launch stream, so it is ordered after any kernel still running
+    from an earlier, timed-out sequence and before the launches that follow.
+    """
+    drv.check(drv.lib().cuMemsetD8_v2(record, 0, _ffi().sizeof("rt_gpu_fault")), "cuMemsetD8")
+
+
+def _read_record(record: int) -> Any:
+    f = _ffi()
+    rec = f.new("rt_gpu_fault *")
+    drv.check(drv.lib().cuMemcpyDtoH_v2(drv.ffi().cast("void *", int(f.cast("uintptr_t", rec))),
+                                        record, f.sizeof("rt_gpu_fault")), "cuMemcpyDtoH")
+    return rec
 
 
 class _Prepared:
-    """Kernel parameter storage for one launch (kept alive until it completes).
+    """Kernel parameter storage for one launch (kept alive until cuLaunchKernel returned).
 
     Keeps the buffers' names, not the handles: once a launch holds its
-    buffers, dropping the last handle is the collector's business.
+    buffers, dropping the last handle is the collector's business.  ``hidden``:
+    a checked kernel's two hidden parameters (sequence record, launch index),
+    see :func:`_hidden`.
     """
 
     def __init__(self, kernel: CudaKernel, caps: Sequence[DeviceCapability],
-                 args: Sequence[Any]):
+                 args: Sequence[Any], hidden: tuple[int, int] | None = None):
         info = kernel.info
         check_counts(info, len(caps), len(args), kernel.name)
         for c in caps:
@@ -461,8 +512,17 @@ class _Prepared:
                 v = f.new(ctype[field], value)
                 ai += 1
             self.keep.append(v)
-        self.params = drv.ffi().new("void *[]", [drv.ffi().cast("void *", int(f.cast(
-            "uintptr_t", v))) for v in self.keep] or [drv.ffi().NULL])
+        if hidden is not None:
+            self.keep.append(f.new("unsigned long long *", hidden[0]))
+            self.keep.append(f.new("int *", hidden[1]))
+        d = drv.ffi()
+        self.params = d.new("void *[]", [d.cast("void *", int(f.cast("uintptr_t", v)))
+                                         for v in self.keep] or [d.NULL])
+
+
+def _hidden(kernel: CudaKernel, record: int, index: int) -> tuple[int, int] | None:
+    """The hidden parameters a kernel takes: checked builds only (instrument_cuda.py)."""
+    return (record, index) if kernel.checked else None
 
 
 def _check_device_cap(c: Any) -> None:
@@ -505,20 +565,8 @@ def _launch_async(kernel: CudaKernel, prep: _Prepared, grid: int, block: int,
               "cuLaunchKernel")
 
 
-def _reset_flags(kernel: CudaKernel) -> None:
-    L = drv.lib()
-    drv.check(L.cuMemsetD8_v2(kernel.fault_ptr, 0, _ffi().sizeof("rt_gpu_fault")), "cuMemsetD8")
-    drv.check(L.cuMemsetD8_v2(kernel.cancel_ptr, 0, 4), "cuMemsetD8")
-
-
-def _read_fault(kernel: CudaKernel, names: Sequence[str]) -> CapabilityFault | None:
-    f = _ffi()
-    rec = f.new("rt_gpu_fault *")
-    drv.check(drv.lib().cuMemcpyDtoH_v2(drv.ffi().cast("void *", int(f.cast("uintptr_t", rec))),
-                                        kernel.fault_ptr, f.sizeof("rt_gpu_fault")),
-              "cuMemcpyDtoH")
-    if not rec.flag:
-        return None
+def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
+                       index: int | None) -> CapabilityFault:
     slot = rec.slot
     reason = FAULT_KINDS.get(rec.kind, f"fault-{rec.kind}")
     if reason == "division-by-zero":
@@ -532,71 +580,167 @@ def _read_fault(kernel: CudaKernel, names: Sequence[str]) -> CapabilityFault | N
         buf = arrays[-slot - 1] if 0 <= -slot - 1 < len(arrays) else None
     return CapabilityFault(reason, kernel=kernel.name, block=rec.block, thread=rec.thread,
                            buffer=buf, index=rec.index, access=abi.ACCESS.get(rec.access),
-                           line=rec.line or None, detail=fault_detail(reason, rec.index))
+                           line=rec.line or None, detail=fault_detail(reason, rec.index),
+                           launch_index=index)
 
 
-def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
-           args: Sequence[Any] = (), grid: int = 1, block: int = 128, shared_bytes: int = 0,
-           timeout: float | None = None) -> None:
-    """Run ``kernel`` on ``grid`` blocks of ``block`` threads and wait for it.
-
-    Raises CapabilityFault (first refused access: block, thread, index, buffer,
-    line) or KernelTimeout (deadline passed; blocks were cancelled at their
-    next pollcheck).  The buffers are collector roots (holds) until the
-    kernel has finished, whatever happens to their handles meanwhile.
-    """
-    caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
-    check_grid(grid, timeout)
+def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[Any], grid: int,
+             block: int, shared_bytes: int) -> None:
+    """Add one launch to the pending sequence (caller holds ``_seq.lock``)."""
     dev = drv.device()
     if not 1 <= block <= dev.max_threads:
         raise ValueError(f"block must be in 1..{dev.max_threads}")
-    _drain_all()
+    record = _record(dev)
     held = _hold_all(kernel, caps, args)
     try:
-        prep = _Prepared(kernel, caps, args)
-        del caps  # the launch holds the objects, not the handles
+        prep = _Prepared(kernel, caps, args, _hidden(kernel, record, len(_seq.launches)))
         if grid == 0:
-            return  # arguments checked; no block to run (as on the CPU)
-        with kernel.lock:  # the fault record is per module: one launch at a time
-            _reset_flags(kernel)
-            _launch_async(kernel, prep, grid, block, shared_bytes)
-            _wait(kernel, timeout)
-            fault = _read_fault(kernel, prep.names)
-    finally:
+            _unhold_all(held)  # arguments checked; no block to run (as on the CPU)
+            return
+        if not _seq.launches:
+            _reset_record(record)
+        _launch_async(kernel, prep, grid, block, shared_bytes)
+    except BaseException:
         _unhold_all(held)
-    if fault is not None:
-        raise fault
+        raise
+    _seq.launches.append((kernel, prep.names))
+    _seq.held.extend(held)
 
 
-def _wait(kernel: CudaKernel, timeout: float | None) -> None:
+def _sync_locked(timeout: float | None, sequence: bool = True) -> None:
+    """Wait for the pending launches, release their holds, raise their first fault
+    (``sequence=False``: the one launch of a synchronous ``launch``)."""
+    if _seq.stuck and _stream_idle():
+        _unhold_all(_seq.stuck)
+    if not _seq.launches:
+        return
+    launches, held = _seq.launches, _seq.held
+    _seq.launches, _seq.held = [], []
+    record = drv.device().seq_record
+    drained = False
+    try:
+        try:
+            timed_out, drained = _wait(record, timeout)
+        except drv.CudaError:
+            drained = True  # the context failed: none of its kernels runs any more
+            raise
+        # A copy on the launch stream would wait for a kernel that ignored the
+        # cancel: read the record only once the stream drained.
+        rec = _read_record(record) if drained else None
+    finally:
+        if drained:
+            _unhold_all(held)
+        else:  # a kernel may still use these buffers: keep them rooted until it ends
+            _seq.stuck.extend(held)
+    if rec is not None and rec.flag:
+        index = rec.launch if 0 <= rec.launch < len(launches) else len(launches) - 1
+        kernel, names = launches[index]
+        if rec.kind in (RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED):
+            raise KernelTimeout(kernel.name, timeout or 0.0)
+        raise _fault_from_record(rec, kernel, names, index if sequence else None)
+    if timed_out:  # no block recorded the cancel (or all had ended): name the sequence
+        first, last = launches[0][0].name, launches[-1][0].name
+        what = first if len(launches) == 1 else (
+            f"sequence of {len(launches)} launches ({first} .. {last})")
+        raise KernelTimeout(what, timeout or 0.0)
+
+
+def _stream_idle() -> bool:
+    rc = drv.lib().cuStreamQuery(drv.ffi().NULL)
+    if rc not in (drv.CUDA_SUCCESS, drv.CUDA_ERROR_NOT_READY):
+        drv.check(rc, "cuStreamQuery")
+    return rc == drv.CUDA_SUCCESS
+
+
+def _wait(record: int, timeout: float | None) -> tuple[bool, bool]:
+    """Wait for the launch stream; (deadline passed, stream drained)."""
     L, f = drv.lib(), drv.ffi()
     if timeout is None:
         drv.check(L.cuStreamSynchronize(f.NULL), "cuStreamSynchronize")
-        return
+        return False, True
     deadline = time.monotonic() + timeout
     sleep = 1e-5
     while True:
-        rc = L.cuStreamQuery(f.NULL)
-        if rc == drv.CUDA_SUCCESS:
-            return
-        if rc != drv.CUDA_ERROR_NOT_READY:
-            drv.check(rc, "cuStreamQuery")
+        if _stream_idle():
+            return False, True
         if time.monotonic() >= deadline:
             break
         time.sleep(sleep)
         sleep = min(sleep * 2, 2e-3)
     # Deadline: raise the cancel flag through the side stream (the launch stream is busy);
-    # every thread reads it at its next amortised pollcheck and exits.
+    # every thread reads it at its next amortised pollcheck and exits, and the
+    # launches still queued exit at entry.
     one = f.new("int *", 1)
-    drv.check(L.cuMemcpyHtoDAsync_v2(kernel.cancel_ptr, one, 4, drv.device().side_stream),
-              "cuMemcpyHtoDAsync")
-    drv.check(L.cuStreamSynchronize(drv.device().side_stream), "cuStreamSynchronize")
+    side = drv.device().side_stream
+    drv.check(L.cuMemcpyHtoDAsync_v2(record + _CANCEL_OFFSET, one, 4, side), "cuMemcpyHtoDAsync")
+    drv.check(L.cuStreamSynchronize(side), "cuStreamSynchronize")
     # Bounded wait for the blocks to notice (never block forever in C: a kernel
     # without pollchecks, e.g. stuck in a barrier it cannot leave, would hang us).
-    grace = time.monotonic() + 10.0
-    while L.cuStreamQuery(f.NULL) == drv.CUDA_ERROR_NOT_READY and time.monotonic() < grace:
+    grace = time.monotonic() + CANCEL_GRACE
+    while not _stream_idle():
+        if time.monotonic() >= grace:
+            return True, False
         time.sleep(1e-3)
-    raise KernelTimeout(kernel.name, timeout)
+    return True, True
+
+
+#: seconds a cancelled sequence gets to notice the cancel flag before sync gives up
+CANCEL_GRACE = 10.0
+_CANCEL_OFFSET = _ffi().offsetof("rt_gpu_fault", "cancel")
+RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED = abi.FAULT_CODE["TIMEOUT"], abi.FAULT_CODE["CANCELLED"]
+
+
+def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
+           args: Sequence[Any] = (), grid: int = 1, block: int = 128, shared_bytes: int = 0,
+           timeout: float | None = None, sync: bool = True) -> None:
+    """Run ``kernel`` on ``grid`` blocks of ``block`` threads.
+
+    ``sync=True`` (default): first sync the pending sequence (raising its
+    fault, if any, before this launch runs), then run the kernel and wait for
+    it.  Raises CapabilityFault (first refused access: block, thread, index,
+    buffer, line) or KernelTimeout (deadline passed; blocks were cancelled at
+    their next pollcheck).
+
+    ``sync=False``: enqueue the launch on the stream and return; :func:`sync`
+    waits for the sequence and raises its first fault.  A fault stops every
+    later checked launch of the sequence at its entry.  ``timeout`` belongs to
+    :func:`sync` then.  Argument errors (count, type, a freed handle) raise at
+    this call in both modes, before anything is enqueued.
+
+    The buffers are collector roots (holds) until the sync that covers the
+    launch, whatever happens to their handles meanwhile.
+    """
+    caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
+    check_grid(grid, timeout)
+    if not sync and timeout is not None:
+        raise ValueError("a sync=False launch takes no timeout: pass it to runtime.sync()")
+    with _seq.lock:
+        if sync:
+            _drain_all()
+            _sync_locked(timeout)
+        _enqueue(kernel, caps, args, grid, block, shared_bytes)
+        del caps  # the launch holds the objects, not the handles
+        if sync:
+            _sync_locked(timeout, sequence=False)
+
+
+def sync(timeout: float | None = None) -> None:
+    """Wait for every launch enqueued since the last sync and release their holds.
+
+    Raises the first fault of the sequence exactly as a synchronous launch
+    would (CapabilityFault with kernel, block, thread, index, buffer, line, and
+    ``launch_index``: the launch's position in the sequence), or KernelTimeout
+    when ``timeout`` seconds pass first (the running kernel is cancelled at its
+    next pollcheck, the queued ones exit at entry).  No-op without pending launches.
+    """
+    check_grid(0, timeout)
+    with _seq.lock:
+        _sync_locked(timeout)
+
+
+def pending() -> int:
+    """Launches enqueued since the last sync."""
+    return len(_seq.launches)
 
 
 def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
@@ -607,30 +751,33 @@ def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCap
 
     ``before`` (optional callable) runs before each launch outside the timed
     region, e.g. to restore the input that the kernel overwrites in place.
-    Raises CapabilityFault if any launch faulted.
+    Syncs the pending sequence first; raises CapabilityFault if any launch faulted.
     """
     caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
-    drv.device()
+    dev = drv.device()
     _drain_all()
     out = []
     start, end = drv.Event(), drv.Event()
-    held = _hold_all(kernel, caps, args)
-    try:
-        prep = _Prepared(kernel, caps, args)
-        with kernel.lock:
+    with _seq.lock:
+        _sync_locked(None)
+        record = _record(dev)
+        held = _hold_all(kernel, caps, args)
+        try:
+            prep = _Prepared(kernel, caps, args, _hidden(kernel, record, 0))
             for it in range(warmup + repeat):
                 if before is not None:
                     before()
-                _reset_flags(kernel)
+                    _sync_locked(None)  # ``before`` may have launched
+                _reset_record(record)
                 start.record()
                 _launch_async(kernel, prep, grid, block, shared_bytes)
                 end.record()
                 end.synchronize()
-                fault = _read_fault(kernel, prep.names)
-                if fault is not None:
-                    raise fault
+                rec = _read_record(record)
+                if rec.flag:
+                    raise _fault_from_record(rec, kernel, prep.names, None)
                 if it >= warmup:
                     out.append(start.elapsed_ms(end))
-    finally:
-        _unhold_all(held)
+        finally:
+            _unhold_all(held)
     return out
