@@ -291,12 +291,6 @@ GPU_FAULT_DECL = ("typedef struct rt_gpu_fault { int flag; int kind; int access;
                   "int thread; int slot; int launch; int cancel; } rt_gpu_fault;")
 
 
-def cffi_cap_cdef(owner: str = "unsigned long long tag;") -> str:
-    """cap_t as a cffi declaration (the GPU launcher fills it field by field)."""
-    return ("typedef struct { char *p; char *lo; unsigned long long rlen; "
-            f"unsigned long long wlen; {owner} }} rt_cap;")
-
-
 def write_header() -> None:
     """Rewrite cap_abi.h from this module."""
     HEADER_PATH.write_text(c_header())

@@ -31,10 +31,12 @@ launches are dropped at that sync, so the lifetime rule above covers them.
 from __future__ import annotations
 
 import atexit
+import ctypes
+import struct
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,7 +53,7 @@ from . import driver as drv
 from . import nvrtc
 from .instrument_cuda import FAULT_KINDS, CudaSource, instrument
 
-CAP_CDEF = abi.cffi_cap_cdef() + "\n" + abi.GPU_FAULT_DECL + "\n"
+RECORD_CDEF = abi.GPU_FAULT_DECL + "\n"
 TAG_FREED = abi.GPU_TAG_FREED
 #: numpy dtype name -> RT_DT code (capabilities/abi.py)
 _DT_CODES = {d.numpy: d.code for d in abi.DTYPES if d.numpy}
@@ -69,7 +71,7 @@ def _ffi():
             import cffi
 
             f = cffi.FFI()
-            f.cdef(CAP_CDEF)
+            f.cdef(RECORD_CDEF)
             _cffi["ffi"] = f
         return _cffi["ffi"]
 
@@ -393,6 +395,7 @@ class CudaKernel:
     module: Any
     function: Any
     cubin_bytes: int
+    param_block: Any = field(default=None, repr=False, compare=False)  # see _ParamBlock
 
     def registers(self) -> int:
         """Registers per thread of the compiled kernel."""
@@ -480,49 +483,80 @@ def _read_record(record: int) -> Any:
     return rec
 
 
-class _Prepared:
-    """Kernel parameter storage for one launch (kept alive until cuLaunchKernel returned).
+#: struct format of one parameter by kind: a cap_t by value (capabilities/abi.py
+#: CAP_WORDS, unsigned 64-bit words), the scalars, and the hidden parameters
+_PARAM_FORMAT = {"cap": f"{len(abi.CAP_WORDS)}Q", "int64": "q", "double": "d", "float": "f",
+                 "record": "Q", "launch": "i"}
 
-    Keeps the buffers' names, not the handles: once a launch holds its
-    buffers, dropping the last handle is the collector's business.  ``hidden``:
-    a checked kernel's two hidden parameters (sequence record, launch index),
-    see :func:`_hidden`.
+
+class _ParamBlock:
+    """A kernel's parameters packed into one buffer, laid out once per kernel.
+
+    cuLaunchKernel copies the parameters when it is called, so one block is
+    reused for every launch of the kernel (callers hold ``_seq.lock``; a
+    ``time_launch`` makes its own).  Every parameter starts on an 8-byte
+    boundary; the pointer array handed to the driver points at each.
+    Checked kernels take two hidden trailing parameters (sequence record,
+    launch index; runtime/cuda/instrument_cuda.py).
     """
 
-    def __init__(self, kernel: CudaKernel, caps: Sequence[DeviceCapability],
-                 args: Sequence[Any], hidden: tuple[int, int] | None = None):
-        info = kernel.info
-        check_counts(info, len(caps), len(args), kernel.name)
-        for c in caps:
-            _check_device_cap(c)
-        self.names = [c.name for c in caps]
-        f = _ffi()
-        ctype = {"i64": "long long *", "f64": "double *", "f32": "float *"}
-        self.keep = []
+    def __init__(self, kernel: Any):
+        self.kernel_name = kernel.name
+        self.kinds = [kind for _, kind in kernel.info.params]
+        self.info = kernel.info
+        self.n_caps = self.kinds.count("cap")
+        self.n_scalars = len(self.kinds) - self.n_caps
+        self.hidden = bool(getattr(kernel, "checked", False))
+        kinds = self.kinds + (["record", "launch"] if self.hidden else [])
+        fmt, offsets, off = "<", [], 0
+        for kind in kinds:
+            pad = -off % 8
+            fmt += f"{pad}x" if pad else ""
+            off += pad
+            offsets.append(off)
+            fmt += _PARAM_FORMAT[kind]
+            off += struct.calcsize("<" + _PARAM_FORMAT[kind])
+        self.struct = struct.Struct(fmt)
+        self.buf = bytearray(max(self.struct.size, 8))
+        d = drv.ffi()
+        self._cbuf = d.from_buffer(self.buf)
+        self.params = d.new("void *[]", [self._cbuf + o for o in offsets] or [d.NULL])
+
+    def pack(self, caps: Sequence[DeviceCapability], args: Sequence[Any], record: int = 0,
+             index: int = 0) -> list[str]:
+        """Write one launch's parameters; returns the buffers' names (fault reports).
+
+        The caller holds the buffers (:func:`_hold_all` checked them); a free()
+        since then leaves a snapshot with zero bounds and the freed tag.  Keeps
+        the names, not the handles: once a launch holds its buffers, dropping
+        the last handle is the collector's business.
+        """
+        if len(caps) != self.n_caps or len(args) != self.n_scalars:
+            check_counts(self.info, len(caps), len(args), self.kernel_name)
+        values: list[Any] = []
         ci = ai = 0
-        for pname, kind in info.params:
+        for (pname, _), kind in zip(self.info.params, self.kinds, strict=True):
             if kind == "cap":
-                v = f.new("rt_cap *")
-                v.p, v.lo, v.rlen, v.wlen, v.tag = (f.cast("char *", x) if k < 2 else x
-                                                    for k, x in
-                                                    enumerate(caps[ci].cap_value(ci)))
+                c = caps[ci]
+                values.extend(c.cap_value(ci))
                 ci += 1
             else:
-                field, value = scalar_arg(kind, args[ai], pname, kernel.name)
-                v = f.new(ctype[field], value)
+                slot, value = scalar_arg(kind, args[ai], pname, self.kernel_name)
+                if slot == "f32":  # C's double -> float conversion (inf past FLT_MAX)
+                    value = ctypes.c_float(value).value
+                values.append(value)
                 ai += 1
-            self.keep.append(v)
-        if hidden is not None:
-            self.keep.append(f.new("unsigned long long *", hidden[0]))
-            self.keep.append(f.new("int *", hidden[1]))
-        d = drv.ffi()
-        self.params = d.new("void *[]", [d.cast("void *", int(f.cast("uintptr_t", v)))
-                                         for v in self.keep] or [d.NULL])
+        if self.hidden:
+            values += (record, index)
+        self.struct.pack_into(self.buf, 0, *values)
+        return [c.name for c in caps]
 
 
-def _hidden(kernel: CudaKernel, record: int, index: int) -> tuple[int, int] | None:
-    """The hidden parameters a kernel takes: checked builds only (instrument_cuda.py)."""
-    return (record, index) if kernel.checked else None
+def _param_block(kernel: CudaKernel) -> _ParamBlock:
+    """The kernel's shared parameter block (made on its first launch)."""
+    if kernel.param_block is None:
+        kernel.param_block = _ParamBlock(kernel)
+    return kernel.param_block
 
 
 def _check_device_cap(c: Any) -> None:
@@ -532,14 +566,13 @@ def _check_device_cap(c: Any) -> None:
     c._check_live("launch")  # as on the CPU: refused before anything runs
 
 
-def _hold_all(kernel: CudaKernel, caps: Sequence[DeviceCapability],
-              args: Sequence[Any]) -> list[Any]:
+def _hold_all(caps: Sequence[DeviceCapability]) -> list[Any]:
     """Root every buffer of a launch (all or none); returns the held headers.
 
-    Taken before the bounds snapshot, so a free() racing with the launch either
-    is refused here or leaves a snapshot whose payload the hold keeps alive.
+    Taken before the bounds snapshot (:meth:`_ParamBlock.pack`, which checks
+    the counts), so a free() racing with the launch either is refused here or
+    leaves a snapshot whose payload the hold keeps alive.
     """
-    check_counts(kernel.info, len(caps), len(args), kernel.name)
     held: list[Any] = []
     try:
         for c in caps:
@@ -557,11 +590,11 @@ def _unhold_all(held: list[Any]) -> None:
     held.clear()
 
 
-def _launch_async(kernel: CudaKernel, prep: _Prepared, grid: int, block: int,
+def _launch_async(kernel: CudaKernel, params: _ParamBlock, grid: int, block: int,
                   shared_bytes: int) -> None:
     L, f = drv.lib(), drv.ffi()
     drv.check(L.cuLaunchKernel(kernel.function, int(grid), 1, 1, int(block), 1, 1,
-                               int(shared_bytes), f.NULL, prep.params, f.NULL),
+                               int(shared_bytes), f.NULL, params.params, f.NULL),
               "cuLaunchKernel")
 
 
@@ -590,20 +623,21 @@ def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[An
     dev = drv.device()
     if not 1 <= block <= dev.max_threads:
         raise ValueError(f"block must be in 1..{dev.max_threads}")
-    record = _record(dev)
-    held = _hold_all(kernel, caps, args)
+    record = dev.seq_record or _record(dev)
+    held = _hold_all(caps)
     try:
-        prep = _Prepared(kernel, caps, args, _hidden(kernel, record, len(_seq.launches)))
+        params = kernel.param_block or _param_block(kernel)
+        names = params.pack(caps, args, record, len(_seq.launches))
         if grid == 0:
             _unhold_all(held)  # arguments checked; no block to run (as on the CPU)
             return
         if not _seq.launches:
             _reset_record(record)
-        _launch_async(kernel, prep, grid, block, shared_bytes)
+        _launch_async(kernel, params, grid, block, shared_bytes)
     except BaseException:
         _unhold_all(held)
         raise
-    _seq.launches.append((kernel, prep.names))
+    _seq.launches.append((kernel, names))
     _seq.held.extend(held)
 
 
@@ -761,21 +795,22 @@ def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCap
     with _seq.lock:
         _sync_locked(None)
         record = _record(dev)
-        held = _hold_all(kernel, caps, args)
+        held = _hold_all(caps)
         try:
-            prep = _Prepared(kernel, caps, args, _hidden(kernel, record, 0))
+            params = _ParamBlock(kernel)  # its own: ``before`` may launch this kernel
+            names = params.pack(caps, args, record, 0)
             for it in range(warmup + repeat):
                 if before is not None:
                     before()
                     _sync_locked(None)  # ``before`` may have launched
                 _reset_record(record)
                 start.record()
-                _launch_async(kernel, prep, grid, block, shared_bytes)
+                _launch_async(kernel, params, grid, block, shared_bytes)
                 end.record()
                 end.synchronize()
                 rec = _read_record(record)
                 if rec.flag:
-                    raise _fault_from_record(rec, kernel, prep.names, None)
+                    raise _fault_from_record(rec, kernel, names, None)
                 if it >= warmup:
                     out.append(start.elapsed_ms(end))
         finally:
