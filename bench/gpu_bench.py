@@ -26,7 +26,8 @@ from .timing import geomean
 CONTEST_SHAPES: tuple[tuple[int, int], ...] = BATCHED["full"]
 
 
-def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -> dict:
+def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "auto"
+                ) -> dict:
     """Time checked, raw and torch.geqrf for one (batch, n)."""
     import kernels.gpu as g
     from runtime import cuda
@@ -41,10 +42,10 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -
     def restore() -> None:
         drv.check(drv.lib().cuMemcpyDtoD_v2(A.ptr, A0.ptr, A.nbytes), "cuMemcpyDtoD")
 
-    work = cuda.alloc_device(g.work_size(batch), np.float32, name="work")
-    scratch = cuda.alloc_device(g.scratch_size(batch, n), np.float32, name="scratch")
+    ws = g.Workspace.alloc(batch, n, prefix="")
     plan = g.launch_plan(batch, n, tall_rows)
-    row: dict = {"batch": batch, "n": n, "launches": len(plan), "tall_rows": tall_rows}
+    row: dict = {"batch": batch, "n": n, "launches": len(plan),
+                 "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows}
     outs = {}
     start, end = drv.Event(), drv.Event()
     for name, checked in (("checked", True), ("raw", False)):
@@ -54,7 +55,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -
             restore()
             drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
             start.record()
-            g.qr_launch(A, tau, work, scratch, n, checked=checked, tall_rows=tall_rows)
+            g.qr_launch(A, tau, ws, n, checked=checked, tall_rows=tall_rows)
             end.record()
             end.synchronize()
             if it:
@@ -67,12 +68,13 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -
     row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
     row["overhead"] = row["checked_ms"] / row["raw_ms"]
     restore()
-    row["profile_checked"] = _profile(g, A, tau, work, scratch, n, plan)
+    row["profile_checked"] = _profile(g, A, tau, ws, plan)
     row["checked_equals_raw"] = bool(
         np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
         and np.array_equal(outs["checked"][1].view(np.uint32), outs["raw"][1].view(np.uint32)))
-    for c in (A0, A, tau, work, scratch):
+    for c in (A0, A, tau):
         c.free()
+    ws.free()
     import kernels
 
     rep = kernels.check(a, outs["checked"][0], outs["checked"][1])
@@ -104,7 +106,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None = None) -
     return row
 
 
-def _profile(g, A, tau, work, scratch, n: int, plan: list) -> dict:
+def _profile(g, A, tau, ws, plan: list) -> dict:
     """One checked run, launch by launch: GPU ms per kernel (CUDA events around each
     launch) and the host wall time; their difference is the per-launch host cost
     (argument packing, fault-flag reset, stream sync, fault read-back)."""
@@ -118,7 +120,7 @@ def _profile(g, A, tau, work, scratch, n: int, plan: list) -> dict:
     drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
     t0 = time.perf_counter()
     for (s, e), step in zip(evs, plan, strict=True):
-        caps = g.caps_for(step, A, tau, work, scratch)
+        caps = ws.caps(step, A, tau)
         s.record()
         cuda.launch(ks[step.kernel], caps, args=step.args, grid=step.grid, block=step.block)
         e.record()
@@ -128,7 +130,7 @@ def _profile(g, A, tau, work, scratch, n: int, plan: list) -> dict:
     for (s, e), step in zip(evs, plan, strict=True):
         gpu[step.kernel] = gpu.get(step.kernel, 0.0) + s.elapsed_ms(e)
     return {"wall_ms": wall, "gpu_ms_by_kernel": gpu,
-            "panel_gpu_ms": sum(v for k, v in gpu.items() if k.startswith("panel")),
+            "panel_gpu_ms": sum(v for k, v in gpu.items() if not k.startswith("update")),
             "update_gpu_ms": sum(v for k, v in gpu.items() if k.startswith("update")),
             "launches": len(plan),
             "host_ms_per_launch": (wall - sum(gpu.values())) / len(plan)}
@@ -142,9 +144,12 @@ def main(argv: list[str] | None = None) -> Path:
                     help="repeats for n >= 4096 (each launch takes seconds there)")
     ap.add_argument("--shapes", default="", help="e.g. 20x32,40x176 (default: contest shapes)")
     ap.add_argument("--out", default="")
-    ap.add_argument("--tall-rows", type=int, default=None,
-                    help="use the tall-panel kernel for panels of more rows (default: never)")
+    ap.add_argument("--tall-rows", default="auto",
+                    help="factor panels of more rows by column steps: a number, 'none' "
+                         "or 'auto' (kernels.gpu.default_tall_rows)")
     ns = ap.parse_args(argv)
+    tall = ns.tall_rows if ns.tall_rows == "auto" else (
+        None if ns.tall_rows == "none" else int(ns.tall_rows))
     from runtime.cuda import driver as drv
 
     shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> Path:
                                        f"gpu-{_dt.date.today().isoformat()}.json")
     for b, n in shapes:
         rep = ns.repeat_large if n >= 4096 else ns.repeat
-        r = bench_shape(b, n, rep, ns.tall_rows)
+        r = bench_shape(b, n, rep, tall)
         r["repeat"] = rep
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive

@@ -85,18 +85,52 @@ def _t_from(taus: np.ndarray, G: np.ndarray, nb: int, size: int = 32) -> np.ndar
     return T
 
 
-def model_panel_tall(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int) -> np.ndarray:
-    """gpu_qr_panel_tall: 8-column sub-panels, block updates inside the panel, T from V^T V."""
-    for s0 in range(0, nb, 8):
-        ks, nbs = k0 + s0, min(8, nb - s0)
-        Ts = model_panel(M, tau, n, ks, nbs)[:8, :8]
-        if s0 + 8 < nb:
-            Vs = _v(M, ks, nbs)[:, :8]
-            C = M[ks:, ks + 8:k0 + nb]
-            W = (Ts.T @ (Vs.T @ C)).astype(np.float32)
-            M[ks:, ks + 8:k0 + nb] = (C - Vs @ W).astype(np.float32)
-    V = _v(M, k0, nb)
-    return _t_from(tau[k0:k0 + nb], (V.T @ V).astype(np.float32), nb)
+def model_steps(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int, batch: int,
+                nrb: int) -> np.ndarray:
+    """gpu_qr_steps_init + one gpu_qr_steps_column per column on one matrix (in place),
+    block by block: each row block adds the parts of the sums that the previous launch
+    left in the double buffer (indexed by column parity) and updates only its rows.
+    Returns the 32 x 32 T that the last launch forms from the y columns and tau."""
+    R = g.STEP_ROWS
+    Pv = np.zeros((2, 32))
+    Pp = np.zeros((2, nrb, 32))
+    Y = np.zeros((32, 32), np.float32)
+    cols = slice(k0, k0 + nb)
+    for rbi in range(nrb):                                # gpu_qr_steps_init
+        lo, hi = max(k0 + rbi * R, k0 + 1), min(k0 + (rbi + 1) * R, n)
+        x = M[lo:hi, k0].astype(np.float64)
+        Pp[0, rbi, :nb] = x @ M[lo:hi, cols].astype(np.float64)
+    Pv[0, :nb] = M[k0, cols]
+    for j in range(nb):                                   # gpu_qr_steps_column, j
+        kj, par, nxt = k0 + j, j % 2, 1 - j % 2
+        s, pv = Pp[par].sum(axis=0), Pv[par].copy()
+        alpha, xn2 = pv[j], s[j]
+        tk, beta, scale = 0.0, alpha, 0.0
+        if xn2 > 0:
+            beta = -np.copysign(np.sqrt(alpha * alpha + xn2), alpha)
+            tk = (beta - alpha) / beta
+            scale = 1.0 / (alpha - beta)
+        w = np.zeros(32, np.float32)
+        w[j + 1:nb] = (tk * (pv[j + 1:nb] + s[j + 1:nb] * scale)).astype(np.float32)
+        for rbi in range(nrb):
+            lo, hi = max(k0 + rbi * R, kj), min(k0 + (rbi + 1) * R, n)
+            if lo >= hi:
+                continue
+            x = M[lo:hi, kj].copy()
+            below = np.arange(lo, hi) > kj
+            v = x * np.float32(scale)
+            for c in range(j + 1, nb):
+                a = M[lo:hi, k0 + c]
+                M[lo:hi, k0 + c] = np.where(below, (a - v * w[c]).astype(np.float32), a - w[c])
+            M[lo:hi, kj] = np.where(below, v, np.float32(beta))
+            if j + 1 < nb:
+                x1 = np.where(np.arange(lo, hi) > kj + 1, M[lo:hi, kj + 1], 0).astype(np.float64)
+                Pp[nxt, rbi, :nb] = x1 @ M[lo:hi, cols].astype(np.float64)
+        if j + 1 < nb:
+            Pv[nxt, :nb] = M[kj + 1, cols]
+        Y[:j, j] = (pv[:j] + s[:j] * scale).astype(np.float32)
+        tau[kj] = np.float32(tk)
+    return _t_from(tau[k0:k0 + nb], Y, nb)
 
 
 def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int) -> None:
@@ -120,8 +154,8 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, n
                 T[b] = model_panel(H[b], tau[b], *step.args)
             elif step.kernel == "panel_small":
                 T[b] = model_panel(H[b], tau[b], *step.args)  # same arithmetic, in smem
-            elif step.kernel == "panel_tall":
-                T[b] = model_panel_tall(H[b], tau[b], *step.args)
+            elif step.kernel == "steps_init":
+                T[b] = model_steps(H[b], tau[b], *step.args)
             elif step.kernel == "update_apply":
                 model_update(H[b], T[b], *step.args[:3])
     return H, tau
@@ -132,8 +166,8 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, n
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100)])
 def test_plan_covers_each_column_once(batch: int, n: int) -> None:
-    plan = g.launch_plan(batch, n)
-    panels = [s for s in plan if s.kernel.startswith("panel")]
+    plan = g.launch_plan(batch, n, tall_rows=None)
+    panels = [s for s in plan if s.kernel.startswith("panel") or s.kernel == "steps_init"]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))
     kinds = [s.kernel for s in plan]
@@ -152,9 +186,36 @@ def test_plan_covers_each_column_once(batch: int, n: int) -> None:
             assert (s.kernel, s.block) == (
                 ("panel_small", g.SMALL_BLOCK) if rows <= g.SMALL_ROWS else
                 ("panel", g.PANEL_BLOCK))
-            if s.kernel != "panel_tall":  # the others are written for one block size
-                src = {"panel": g.PANEL_SOURCE, "panel_small": g.PANEL_SMALL_SOURCE}[s.kernel]
-                assert f"int64_t P = {s.block};" in src
+            src = {"panel": g.PANEL_SOURCE, "panel_small": g.PANEL_SMALL_SOURCE}[s.kernel]
+            assert f"int64_t P = {s.block};" in src  # written for one block size
+
+
+@pytest.mark.parametrize("batch,n", [(2, 4096), (8, 2048), (3, 130), (1, 65)])
+def test_plan_column_steps(batch: int, n: int) -> None:
+    """Panels taller than tall_rows: one init and one launch per column, over row blocks."""
+    plan = g.launch_plan(batch, n, tall_rows=64)
+    inits = [i for i, s in enumerate(plan) if s.kernel == "steps_init"]
+    assert inits and all(plan[i].args[1] < n - 64 for i in inits)
+    for i in inits:
+        n_, k0, nb, nbatch, nrb = plan[i].args
+        assert (n_, nbatch) == (n, batch) and nrb * g.STEP_ROWS >= n - k0 > (nrb - 1) * g.STEP_ROWS
+        cols = plan[i + 1:i + 1 + nb]
+        assert [s.args for s in cols] == [(n, k0, nb, batch, nrb, j) for j in range(nb)]
+        assert all(s.kernel == "steps_column" and s.grid == batch * nrb == plan[i].grid
+                   and s.block == g.STEP_BLOCK for s in cols)
+    # the kernels are written for 256 threads of 8 rows each in blocks of 64 rows
+    assert g.STEP_BLOCK // 32 * 8 == g.STEP_ROWS
+    assert "rlo = k0 + rbi * 64;" in g.PANEL_STEPS_SOURCE
+    need = max(2 * s.args[3] * 32 + 2 * s.args[3] * s.args[4] * 32 for s in plan
+               if s.kernel == "steps_init")
+    assert g.steps_size(batch, n) >= need
+
+
+def test_default_plan_uses_column_steps_for_small_batches() -> None:
+    for batch, n in CONTEST_SHAPES:
+        kinds = {s.kernel for s in g.launch_plan(batch, n)}
+        steps = batch <= g.STEPS_MAX_BATCH and n > g.STEPS_ROWS
+        assert ("steps_column" in kinds) == steps and ("panel" not in kinds or not steps)
 
 
 def test_plan_rejects_empty() -> None:
@@ -163,7 +224,7 @@ def test_plan_rejects_empty() -> None:
 
 
 @pytest.mark.parametrize("tall_rows", [None, 40])
-@pytest.mark.parametrize("batch,n", [(2, 32), (2, 40), (1, 96), (1, 130)])
+@pytest.mark.parametrize("batch,n", [(2, 32), (2, 40), (1, 96), (1, 130), (1, 200)])
 def test_model_of_the_kernels_passes_the_checker(batch: int, n: int, tall_rows: int) -> None:
     a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
     H, tau = model_qr(a, tall_rows)
@@ -182,7 +243,8 @@ def test_model_matches_lapack_compact_form() -> None:
 
 @pytest.mark.parametrize("name,src", [("gpu_qr_panel", g.PANEL_SOURCE),
                                       ("gpu_qr_panel_small", g.PANEL_SMALL_SOURCE),
-                                      ("gpu_qr_panel_tall", g.PANEL_TALL_SOURCE),
+                                      ("gpu_qr_steps_init", g.PANEL_STEPS_SOURCE),
+                                      ("gpu_qr_steps_column", g.PANEL_STEPS_SOURCE),
                                       ("gpu_qr_update_z", g.UPDATE_SOURCE),
                                       ("gpu_qr_update_apply", g.UPDATE_SOURCE)])
 def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
@@ -262,10 +324,19 @@ def test_contest_shape(batch: int, n: int) -> None:
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("batch,n", [(2, 300), (1, 1024)])
-def test_tall_panel_path(batch: int, n: int) -> None:
+@pytest.mark.parametrize("batch,n", [(2, 300), (1, 1024), (3, 65), (2, 130)])
+def test_column_steps_path(batch: int, n: int) -> None:
     _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32),
-                tall_rows=256)
+                tall_rows=1 if n < 200 else 256)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("kind", ["graded_rows", "near_rank_deficient", "zero_column", "huge",
+                                  "tiny"])
+def test_column_steps_stress(kind: str) -> None:
+    rng = np.random.default_rng(8)
+    _check_both(np.stack([_stress(kind, 200, rng) for _ in range(2)]), tall_rows=64)
 
 
 @gpu
@@ -306,16 +377,19 @@ def test_panel_launch_past_the_matrix_faults() -> None:
     a = np.random.default_rng(2).standard_normal((1, 32, 32)).astype(np.float32)
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device(32, np.float32, name="tau")
-    work = cuda.alloc_device(g.work_size(1), np.float32, name="work")
-    scratch = cuda.alloc_device(g.scratch_size(1, 32), np.float32, name="scratch")
+    ws = g.Workspace.alloc(1, 32, prefix="")
     with pytest.raises(CapabilityFault) as ei:
-        cuda.launch(g.blocked_kernels(True)["panel_tall"], [A, tau, work, scratch],
-                    args=(40, 0, 32), grid=1, block=g.TALL_BLOCK)
-    assert ei.value.kernel == "gpu_qr_panel_tall"
+        cuda.launch(g.blocked_kernels(True)["steps_column"], [A, tau, ws.work, ws.steps],
+                    args=(40, 0, 32, 1, 1, 0), grid=1, block=g.STEP_BLOCK)
+    assert ei.value.kernel == "gpu_qr_steps_column" and ei.value.buffer == "A"
     with pytest.raises(CapabilityFault) as ei:
-        cuda.launch(g.blocked_kernels(True)["panel"], [A, tau, work], args=(40, 0, 32),
+        cuda.launch(g.blocked_kernels(True)["panel"], [A, tau, ws.work], args=(40, 0, 32),
                     grid=1, block=g.PANEL_BLOCK)
     assert ei.value.kernel == "gpu_qr_panel" and ei.value.buffer == "A"
+    with pytest.raises(CapabilityFault) as ei:  # more row blocks than the sums buffer holds
+        cuda.launch(g.blocked_kernels(True)["steps_init"], [A, ws.steps],
+                    args=(32, 0, 32, 1, 64), grid=64, block=g.STEP_BLOCK)
+    assert ei.value.kernel == "gpu_qr_steps_init" and ei.value.buffer == "steps"
 
 
 @gpu

@@ -3,12 +3,13 @@
 Blocked Householder QR with compact WY, driven from the host as a sequence of
 checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
 
-1. a panel kernel (one block per matrix) factors the panel and forms its T
-   factor: ``gpu_qr_panel_small`` (kernels/gpu/panel_small.c, the panel in
-   shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel`` (kernels/
-   gpu/panel.c) above; ``gpu_qr_panel_tall`` (kernels/gpu/panel_tall.c, 8-column
-   sub-panels in a contiguous scratch area) on request (``tall_rows``) for the
-   panels of more rows than that;
+1. the panel is factored and its T factor formed, by one of
+   ``gpu_qr_panel_small`` (kernels/gpu/panel_small.c: one block per matrix, the
+   panel in shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel``
+   (kernels/gpu/panel.c: one block per matrix) above, or, for panels of more
+   than ``tall_rows`` rows, ``gpu_qr_steps_init`` and one ``gpu_qr_steps_column``
+   launch per column (kernels/gpu/panel_steps.c: blocks of ``STEP_ROWS`` rows,
+   so a batch of two 4096-row panels runs on 128 blocks, not 2);
 2. ``gpu_qr_update_z`` and ``gpu_qr_update_apply`` (kernels/gpu/update.c, one
    block per (matrix, 32-column strip, row block)) apply ``I - V T^T V^T`` to
    the trailing columns; the row blocks are cut so that the grid has at least
@@ -31,7 +32,7 @@ import numpy as np
 
 _HERE = Path(__file__).parent
 PANEL_SOURCE = (_HERE / "panel.c").read_text()
-PANEL_TALL_SOURCE = (_HERE / "panel_tall.c").read_text()
+PANEL_STEPS_SOURCE = (_HERE / "panel_steps.c").read_text()
 PANEL_SMALL_SOURCE = (_HERE / "panel_small.c").read_text()
 UPDATE_SOURCE = (_HERE / "update.c").read_text()
 
@@ -42,39 +43,58 @@ SMALL_ROWS = 256   #: panels with at most this many rows go to gpu_qr_panel_smal
 CHUNK = 128        #: rows per shared-memory chunk of the update kernels
 TARGET_BLOCKS = 264  #: two resident update blocks on each of the H200's 132 SMs
 #: Threads of each panel kernel: written into its source as P (constant loop steps).
-PANEL_BLOCK, SMALL_BLOCK, TALL_BLOCK = 512, 256, 512
+PANEL_BLOCK, SMALL_BLOCK = 512, 256
+#: gpu_qr_steps_*: 256 threads, 8 warps x 8 rows each (the constants of panel_steps.c).
+STEP_BLOCK, STEP_ROWS = 256, 64
 T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
 #: The update kernels' 4x4 register tiles fit in 128 registers (2 blocks per SM); the
 #: same limit for checked and raw builds, so the overhead comparison stays like for like.
 UPDATE_OPTIONS = ("--maxrregcount=128",)
 #: gpu_qr_panel runs 512 threads, so at most 128 registers each.
 PANEL_OPTIONS = ("--maxrregcount=128",)
-#: gpu_qr_panel_tall runs 512 threads, so at most 128 registers each.
-TALL_OPTIONS = ("--maxrregcount=128",)
 
 
 @dataclass(frozen=True)
 class Launch:
     """One step of the launch sequence: kernel name, grid, block and scalar args."""
 
-    kernel: str          # "panel", "panel_small", "panel_tall", "update_z", "update_apply"
+    kernel: str  # "panel", "panel_small", "steps_init", "steps_column", "update_z", "update_apply"
     grid: int
     block: int
     args: tuple[int, ...]
 
 
-def launch_plan(batch: int, n: int, tall_rows: int | None = None) -> list[Launch]:
+#: Batches up to this size factor panels of more than STEPS_ROWS rows by column steps
+#: (H200, bench/results/gpu-steps-profile-2026-12-03.json: kernel time of the panels of
+#: (2,4096) 64 ms by column steps vs 126 ms one block per matrix; a tie at (8,2048), and
+#: one block per matrix wins from batch 60 on, where the batch alone fills the GPU).
+STEPS_MAX_BATCH, STEPS_ROWS = 4, 256
+
+
+def default_tall_rows(batch: int) -> int | None:
+    """The panel height above which the plan uses column steps (None: never)."""
+    return STEPS_ROWS if batch <= STEPS_MAX_BATCH else None
+
+
+def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto") -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
 
-    Panels of more than ``tall_rows`` rows (default: none) use the tall-panel kernel.
+    Panels of more than ``tall_rows`` rows are factored by column-step launches
+    over row blocks (kernels/gpu/panel_steps.c); None: never; "auto":
+    :func:`default_tall_rows`.
     """
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
+    if tall_rows == "auto":
+        tall_rows = default_tall_rows(batch)
     plan = []
     for k0 in range(0, n, NB):
         nb, m = min(NB, n - k0), n - k0
         if tall_rows is not None and m > tall_rows:
-            plan.append(Launch("panel_tall", batch, TALL_BLOCK, (n, k0, nb)))
+            nrb = -(-m // STEP_ROWS)
+            plan.append(Launch("steps_init", batch * nrb, STEP_BLOCK, (n, k0, nb, batch, nrb)))
+            plan.extend(Launch("steps_column", batch * nrb, STEP_BLOCK,
+                               (n, k0, nb, batch, nrb, j)) for j in range(nb))
         elif m <= SMALL_ROWS:
             plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb)))
         else:
@@ -102,8 +122,10 @@ def blocked_kernels(checked: bool = True) -> dict[str, Any]:
                                   options=PANEL_OPTIONS),
             "panel_small": cuda.compile(PANEL_SMALL_SOURCE, "gpu_qr_panel_small",
                                         checked=checked),
-            "panel_tall": cuda.compile(PANEL_TALL_SOURCE, "gpu_qr_panel_tall", checked=checked,
-                                       options=TALL_OPTIONS),
+            "steps_init": cuda.compile(PANEL_STEPS_SOURCE, "gpu_qr_steps_init",
+                                       checked=checked),
+            "steps_column": cuda.compile(PANEL_STEPS_SOURCE, "gpu_qr_steps_column",
+                                         checked=checked),
             "update_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_z", checked=checked,
                                      options=UPDATE_OPTIONS),
             "update_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_apply",
@@ -116,39 +138,67 @@ def work_size(batch: int) -> int:
 
 
 def scratch_size(batch: int, n: int) -> int:
-    """Floats of the scratch buffer: the tall panel's n x 8 per matrix, or the update's
-    parts of Z (32 x 32 per block), whichever is larger (the row blocks do not depend
-    on tall_rows)."""
-    z = max((s.grid for s in launch_plan(batch, n) if s.kernel == "update_z"), default=0)
-    return max(batch * n * 8, z * T_SIZE)
+    """Floats of the scratch buffer: the update's parts of Z (32 x 32 per block; the
+    row blocks do not depend on tall_rows)."""
+    z = max((s.grid for s in launch_plan(batch, n, None) if s.kernel == "update_z"),
+            default=0)
+    return max(1, z * T_SIZE)
 
 
-def caps_for(step: Launch, A: Any, tau: Any, work: Any, scratch: Any) -> list[Any]:
-    """The capability arguments of one launch of the plan (``work``: T, ``scratch``:
-    the tall panel's sub-panels or the parts of Z)."""
-    return {"panel": [A, tau, work], "panel_small": [A, tau, work],
-            "panel_tall": [A, tau, work, scratch], "update_z": [A, scratch],
-            "update_apply": [A, work, scratch]}[step.kernel]
+def steps_size(batch: int, n: int) -> int:
+    """Doubles of the column-step buffer: two pivot rows and two sets of row-block
+    sums (double buffered by column parity) per matrix."""
+    return 2 * batch * 32 * (1 + -(-n // STEP_ROWS))
 
 
-def qr_launch(A: Any, tau: Any, work: Any, scratch: Any, n: int, *, checked: bool = True,
-              timeout: float | None = None, tall_rows: int | None = None) -> None:
+@dataclass
+class Workspace:
+    """The device buffers a factorization needs besides A and tau: ``work`` (T),
+    ``scratch`` (the update's parts of Z) and ``steps`` (the column steps' pivot
+    rows and sums)."""
+
+    work: Any
+    scratch: Any
+    steps: Any
+
+    @classmethod
+    def alloc(cls, batch: int, n: int, prefix: str = "qr.") -> Workspace:
+        from runtime import cuda
+
+        return cls(cuda.alloc_device(work_size(batch), np.float32, name=prefix + "work"),
+                   cuda.alloc_device(scratch_size(batch, n), np.float32,
+                                     name=prefix + "scratch"),
+                   cuda.alloc_device(steps_size(batch, n), np.float64, name=prefix + "steps"))
+
+    def caps(self, step: Launch, A: Any, tau: Any) -> list[Any]:
+        """The capability arguments of one launch of the plan."""
+        w, z, d = self.work, self.scratch, self.steps
+        return {"panel": [A, tau, w], "panel_small": [A, tau, w],
+                "steps_init": [A, d], "steps_column": [A, tau, w, d],
+                "update_z": [A, z], "update_apply": [A, w, z]}[step.kernel]
+
+    def free(self) -> None:
+        for c in (self.work, self.scratch, self.steps):
+            c.free()
+
+
+def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
+              timeout: float | None = None, tall_rows: int | None | str = "auto") -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
-    ``tau`` holds batch * n floats, ``work`` :func:`work_size` floats,
-    ``scratch`` :func:`scratch_size` floats.
+    ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc`.
     """
     from runtime import cuda
 
     batch = A.nbytes // (4 * n * n)
     ks = blocked_kernels(checked)
     for step in launch_plan(batch, n, tall_rows):
-        cuda.launch(ks[step.kernel], caps_for(step, A, tau, work, scratch), args=step.args,
+        cuda.launch(ks[step.kernel], ws.caps(step, A, tau), args=step.args,
                     grid=step.grid, block=step.block, timeout=timeout)
 
 
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
-       tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+       tall_rows: int | None | str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
@@ -160,15 +210,14 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
     batch, n, _ = a.shape
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
-    work = cuda.alloc_device(work_size(batch), np.float32, name="work")
-    scratch = cuda.alloc_device(scratch_size(batch, n), np.float32, name="scratch")
+    ws = Workspace.alloc(batch, n, prefix="")
     try:
-        qr_launch(A, tau, work, scratch, n, checked=checked, timeout=timeout,
-                  tall_rows=tall_rows)
+        qr_launch(A, tau, ws, n, checked=checked, timeout=timeout, tall_rows=tall_rows)
         return A.numpy(), tau.numpy()
     finally:
-        for c in (A, tau, work, scratch):
-            c.free()
+        ws.free()
+        A.free()
+        tau.free()
 
 
 def on_device(x: Any) -> bool:
@@ -212,13 +261,11 @@ def qr_device(A: Any, *, checked: bool = True, timeout: float | None = None) -> 
 
         drv.check(drv.lib().cuMemcpyDtoD_v2(H.ptr, A.ptr, A.nbytes), "cuMemcpyDtoD")
         T = cuda.alloc_device(shape[:-1], np.float32, name="qr.tau")
-    work = cuda.alloc_device(work_size(batch), np.float32, name="qr.work")
-    scratch = cuda.alloc_device(scratch_size(batch, n), np.float32, name="qr.scratch")
+    ws = Workspace.alloc(batch, n)
     try:
-        qr_launch(H, T, work, scratch, n, checked=checked, timeout=timeout)
+        qr_launch(H, T, ws, n, checked=checked, timeout=timeout)
     finally:
-        work.free()
-        scratch.free()
+        ws.free()
     if is_torch:
         H.free()
         T.free()
