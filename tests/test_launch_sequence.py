@@ -534,3 +534,28 @@ def test_fake_raw_kernels_take_no_hidden_parameters(fake: FakeDevice) -> None:
     assert "__rt_seq" not in raw.cuda.text and "RT_PROLOGUE(" not in raw.cuda.text.split(
         "kernel source follows")[1]
     assert "RT_PROLOGUE(__rt_seq, __rt_launch)" in lane.translate(PUT_SRC).text
+
+
+def test_fake_interrupt_while_waiting_cancels_and_keeps_the_holds(
+        fake: FakeDevice, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in sync(timeout): the sequence is cancelled as at a deadline, the
+    interrupt propagates, and the buffers stay held until the stream is idle."""
+    import time
+
+    spin = _fake_kernel(fake, PUT_SRC, "put", "spin")
+    after = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(4, np.float32, name="x")
+    runtime.launch(spin, [x], args=(0, 1.0), sync=False)
+    runtime.launch(after, [x], args=(1, 1.0), sync=False)
+
+    def interrupted(_s: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lane, "time", SimpleNamespace(monotonic=time.monotonic,
+                                                       sleep=interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        runtime.sync(timeout=30)
+    monkeypatch.setattr(lane, "time", time)
+    assert fake.record().cancel == 1 and _holds(x) == 2 and lane.pending() == 0
+    runtime.sync()  # the spinning kernel saw the cancel; the next launch exited at entry
+    assert fake.exited_at_entry == [(after.function, 1)] and _holds(x) == 0

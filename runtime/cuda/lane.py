@@ -694,20 +694,18 @@ def _wait(record: int, timeout: float | None) -> tuple[bool, bool]:
         return False, True
     deadline = time.monotonic() + timeout
     sleep = 1e-5
-    while True:
-        if _stream_idle():
-            return False, True
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(sleep)
-        sleep = min(sleep * 2, 2e-3)
-    # Deadline: raise the cancel flag through the side stream (the launch stream is busy);
-    # every thread reads it at its next amortised pollcheck and exits, and the
-    # launches still queued exit at entry.
-    one = f.new("int *", 1)
-    side = drv.device().side_stream
-    drv.check(L.cuMemcpyHtoDAsync_v2(record + _CANCEL_OFFSET, one, 4, side), "cuMemcpyHtoDAsync")
-    drv.check(L.cuStreamSynchronize(side), "cuStreamSynchronize")
+    try:
+        while True:
+            if _stream_idle():
+                return False, True
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(sleep)
+            sleep = min(sleep * 2, 2e-3)
+    except BaseException:  # Ctrl-C: stop the sequence as a deadline would (holds stay)
+        _cancel(record)
+        raise
+    _cancel(record)
     # Bounded wait for the blocks to notice (never block forever in C: a kernel
     # without pollchecks, e.g. stuck in a barrier it cannot leave, would hang us).
     grace = time.monotonic() + CANCEL_GRACE
@@ -722,6 +720,17 @@ def _wait(record: int, timeout: float | None) -> tuple[bool, bool]:
 CANCEL_GRACE = 10.0
 _CANCEL_OFFSET = _ffi().offsetof("rt_gpu_fault", "cancel")
 RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED = abi.FAULT_CODE["TIMEOUT"], abi.FAULT_CODE["CANCELLED"]
+
+
+def _cancel(record: int) -> None:
+    """Raise the record's cancel flag through the side stream (the launch stream is
+    busy): every thread reads it at its next amortised pollcheck and exits, and
+    the launches still queued exit at entry."""
+    L, f = drv.lib(), drv.ffi()
+    one = f.new("int *", 1)
+    side = drv.device().side_stream
+    drv.check(L.cuMemcpyHtoDAsync_v2(record + _CANCEL_OFFSET, one, 4, side), "cuMemcpyHtoDAsync")
+    drv.check(L.cuStreamSynchronize(side), "cuStreamSynchronize")
 
 
 def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
