@@ -4,11 +4,12 @@ Device capabilities are collector objects.  A :class:`DeviceCapability` is a
 Python handle on an ``rt_obj`` header in the collector's heap (gc/), exactly
 like a host :class:`capabilities.Capability`; only the payload lives on the
 GPU.  Its roots are the handle (a pin, dropped when the handle dies or at
-``free()``) and every launch in flight (``gc_hold``/``gc_unhold`` around the
-launch, as on the CPU lane).  The payload is released by the collector's
-sweep, never by Python reference counting: the sweep queues a record and
-:func:`drain_device_releases`, run on host threads (every device alloc and
-launch, ``runtime.gc_collect()``, interpreter exit; never the collector
+``free()``) and every launch in flight (a ``gc_hold`` taken at the launch and
+dropped by the sync that sees it finished, as on the CPU lane).  The payload
+is released by the collector's sweep, never by Python reference counting: the
+sweep queues a record and :func:`drain_device_releases`, run on host threads
+(every device alloc and synchronous launch, ``runtime.gc_collect()``,
+interpreter exit; never the collector
 thread), calls ``cuMemFree``.  So a payload is never released while a launch
 that holds it is in flight.  Memory from ``cuMemAlloc`` is a device object
 (``gc_wrap_device_pinned``: its bytes pace the collector); a wrapped torch
