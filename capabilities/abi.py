@@ -331,17 +331,18 @@ typedef struct cap_t {{
 """
 
 
-#: The GPU lane's fault record: the first refused access of a launch, written on
-#: the device, read by the host after the launch (C and C++, and a cffi cdef).
+#: The GPU lane's launch-sequence record: one device allocation owned by the
+#: runtime and passed to every checked kernel (a hidden trailing parameter), so
+#: the kernels of all modules share it.  ``flag`` is set by the first refused
+#: access (or the first block that sees ``cancel``) of the sequence; the other
+#: fields describe that event, ``launch`` being the index of its launch in the
+#: sequence.  Every kernel exits at entry while ``flag`` or ``cancel`` is set,
+#: so nothing after the first fault runs.  ``cancel`` is written by the host
+#: when a deadline passes.  The host resets the record when a sequence starts
+#: and reads it once at the sync (C and C++, and a cffi cdef).
 GPU_FAULT_DECL = ("typedef struct rt_gpu_fault { int flag; int kind; int access; int line; "
                   "long long block; long long index; long long elsize; long long offset; "
-                  "int thread; int slot; } rt_gpu_fault;")
-
-
-def cffi_cap_cdef(owner: str = "unsigned long long tag;") -> str:
-    """cap_t as a cffi declaration (the GPU launcher fills it field by field)."""
-    return ("typedef struct { char *p; char *lo; unsigned long long rlen; "
-            f"unsigned long long wlen; {owner} }} rt_cap;")
+                  "int thread; int slot; int launch; int cancel; } rt_gpu_fault;")
 
 
 def write_header() -> None:

@@ -4,18 +4,20 @@ Public API::
 
     kernel = runtime.compile(source, "name")          # VerifyError if unsafe
     runtime.launch(kernel, [cap_a, cap_b], args=(n, 2.0), grid=8, timeout=5.0)
+    runtime.launch(kernel, caps, args=..., sync=False)  # a launch sequence ...
+    runtime.sync(timeout=5.0)                           # ... ends here: first fault raised
     runtime.gc_collect(); runtime.gc_stats()
 """
 
 from .errors import CapabilityFault, CapqrError, CompileError, KernelTimeout, VerifyError
 from .heap import gc_collect, gc_set_enabled, gc_set_threshold, gc_stats
 from .kernel import Kernel, compile
-from .launch import launch
+from .launch import launch, pending, sync
 
 __all__ = [
     "CapabilityFault", "CapqrError", "CompileError", "KernelTimeout", "VerifyError",
     "Kernel", "compile", "launch", "gc_collect", "gc_stats", "gc_set_enabled",
-    "gc_set_threshold", "threads",
+    "gc_set_threshold", "pending", "sync", "threads",
 ]
 
 

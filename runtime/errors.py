@@ -35,7 +35,9 @@ class CapabilityFault(CapqrError):
     index), ``access`` (``"load"``/``"store"``), ``reason`` (``"out-of-bounds"``,
     ``"read-only"``, ``"freed"``, ``"no-bounds"``, ``"local-array"``,
     ``"alloc"``, ``"division-by-zero"``, ``"type"`` (numbers through a cap table or
-    slots through a number buffer)), ``line`` (kernel source line or None), ``thread`` (GPU only).
+    slots through a number buffer)), ``line`` (kernel source line or None), ``thread`` (GPU only),
+    ``launch_index`` (raised by ``runtime.sync()``: the faulting launch's position in the
+    sequence since the previous sync, 0-based; None for a synchronous launch).
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class CapabilityFault(CapqrError):
         line: int | None = None,
         thread: int | None = None,
         detail: str = "",
+        launch_index: int | None = None,
     ):
         self.reason = reason
         self.kernel = kernel
@@ -59,6 +62,7 @@ class CapabilityFault(CapqrError):
         self.access = access
         self.line = line
         self.thread = thread
+        self.launch_index = launch_index
         what = ""
         if access and buffer is not None and index is not None:
             what = f"{access} of {buffer!r}[{index}]"
@@ -75,6 +79,8 @@ class CapabilityFault(CapqrError):
                 where += f" thread {thread}"
             if line:
                 where += f" (line {line})"
+            if launch_index is not None:
+                where += f", launch {launch_index} of the sequence"
         msg = ", ".join(x for x in (what, where, detail) if x)
         super().__init__(f"{reason}: {msg}" if msg else reason)
 

@@ -1,7 +1,18 @@
-"""runtime.launch: run a kernel's blocks on the C worker pool."""
+"""runtime.launch: run a kernel's blocks on the C worker pool; launch sequences.
+
+``launch(..., sync=False)`` adds a launch to the lane's sequence and
+``sync()`` ends the sequence, raising its first fault.  On the GPU the
+launches are only enqueued (runtime/cuda/lane.py).  On the CPU a sync=False
+launch runs at once, but its fault is recorded instead of raised, the later
+sync=False launches are skipped while a fault is pending, and ``sync()``
+raises it: the same observable semantics, so one API (and its tests) works
+on both lanes.
+"""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -62,8 +73,23 @@ def _launch_classes() -> tuple[type, type, type]:
     return _classes
 
 
+class _CpuSequence:
+    """The CPU lane's sync=False launches since the last sync (one per process,
+    as on the GPU lane): how many, and the first fault among them."""
+
+    __slots__ = ("lock", "launches", "fault")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.launches = 0
+        self.fault: CapabilityFault | None = None
+
+
+_cpu_seq = _CpuSequence()
+
+
 def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), grid: int = 1,
-           timeout: float | None = None, **kw: Any) -> None:
+           timeout: float | None = None, sync: bool = True, **kw: Any) -> None:
     """Run ``grid`` blocks of ``kernel``; return when all have ended.
 
     Caps are matched in order to the kernel's ``cap_t`` parameters and
@@ -71,14 +97,26 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
     runs on a count/type mismatch, ``CapabilityFault`` if any block made a
     refused access (the access did not happen and all blocks stopped), and
     ``KernelTimeout`` when ``timeout`` seconds pass first.
+
+    ``sync=False`` adds the launch to a sequence instead: its fault (and on
+    the GPU, its waiting) is deferred to :func:`sync`, and once a launch of
+    the sequence faulted the later ones do not run.  ``timeout`` then belongs
+    to :func:`sync`.  Argument errors still raise here.  A ``sync=True``
+    launch first ends a pending sequence, raising its fault (this launch then
+    does not run).
     """
     capability, nobounds, cuda_kernel = _classes or _launch_classes()
     if isinstance(kernel, cuda_kernel):
         from . import cuda
 
-        return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, **kw)
+        return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, sync=sync, **kw)
     if kw:
         raise TypeError(f"unexpected launch options {sorted(kw)} for a CPU kernel")
+    if sync:
+        if _cpu_seq.launches:
+            _cpu_sync()
+    elif timeout is not None:
+        raise ValueError("a sync=False launch takes no timeout: pass it to runtime.sync()")
     sig = kernel.signature
     plan = _plan(sig)
     if isinstance(caps, (capability, nobounds)):
@@ -122,13 +160,70 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
                 else:
                     field, v = scalar_arg(kind, v, pname, kernel.name)
                     setattr(argv[i], field, v)
-        _run(kernel, argv, grid, timeout)
+        if sync:
+            _run(kernel, argv, grid, timeout)
+        elif grid:
+            _run_in_sequence(kernel, argv, grid)
     finally:
         for obj in held:
             lib.gc_unhold(obj)
 
 
-def _run(kernel: Any, argv: Any, grid: int, timeout: float | None) -> None:
+def _run_in_sequence(kernel: Any, argv: Any, grid: int) -> None:
+    """Run a sync=False launch now; record its fault for sync() instead of raising."""
+    seq = _cpu_seq
+    with seq.lock:
+        index = seq.launches
+        seq.launches += 1
+        if seq.fault is not None:
+            return  # an earlier launch of the sequence faulted: this one does not run
+    try:
+        _run(kernel, argv, grid, None, index)
+    except CapabilityFault as e:
+        with seq.lock:
+            if seq.fault is None:
+                seq.fault = e
+
+
+def _cpu_sync() -> None:
+    """End the CPU lane's sequence; raise its first fault."""
+    seq = _cpu_seq
+    with seq.lock:
+        fault, seq.fault, seq.launches = seq.fault, None, 0
+    if fault is not None:
+        raise fault
+
+
+def _gpu_lane() -> Any:
+    """The GPU lane's module if it was ever imported (sync never loads it)."""
+    return sys.modules.get(f"{__package__}.cuda.lane")
+
+
+def sync(timeout: float | None = None) -> None:
+    """End the pending launch sequences: wait for them and raise the first fault.
+
+    Waits for the GPU lane's enqueued launches (``timeout``: KernelTimeout,
+    the running kernel is cancelled and the queued ones do not run), then ends
+    the CPU lane's sequence.  The first fault of a sequence is raised exactly
+    as a synchronous launch raises it, with ``launch_index`` (its position in
+    the sequence).  If the GPU sequence raises, a CPU sequence stays pending
+    for the next sync.  Every hold taken by the sequences' launches is released.
+    """
+    check_grid(0, timeout)
+    lane = _gpu_lane()
+    if lane is not None:
+        lane.sync(timeout)
+    _cpu_sync()
+
+
+def pending() -> int:
+    """Launches (both lanes) added to a sequence since the last sync."""
+    lane = _gpu_lane()
+    return _cpu_seq.launches + (lane.pending() if lane is not None else 0)
+
+
+def _run(kernel: Any, argv: Any, grid: int, timeout: float | None,
+         launch_index: int | None = None) -> None:
     L = lib.rt_launch_start(ffi.cast("void *", kernel.entry_address), argv, grid)
     if L == ffi.NULL:
         raise MemoryError("capqr: cannot start launch")
@@ -160,11 +255,12 @@ def _run(kernel: Any, argv: Any, grid: int, timeout: float | None) -> None:
         raise KernelTimeout(kernel.name, timeout or 0.0, int(finished[0]))
     if kind == RT_FAULT_CANCELLED:
         raise KeyboardInterrupt
-    raise fault_from_record(kernel.name, rec)
+    raise fault_from_record(kernel.name, rec, launch_index)
 
 
-def fault_from_record(kernel_name: str, rec: Any) -> CapabilityFault:
-    """Build the exception for a C fault record."""
+def fault_from_record(kernel_name: str, rec: Any,
+                      launch_index: int | None = None) -> CapabilityFault:
+    """Build the exception for a C fault record (``launch_index``: in a sequence)."""
     reason = FAULT_REASONS.get(int(rec.kind), f"fault-{int(rec.kind)}")
     buf = ffi.string(rec.buffer).decode(errors="replace")
     access = ACCESS.get(int(rec.access))
@@ -174,4 +270,5 @@ def fault_from_record(kernel_name: str, rec: Any) -> CapabilityFault:
     return CapabilityFault(
         reason, kernel=kernel_name, block=int(rec.block), buffer=buf, index=int(rec.index),
         access=access, line=int(rec.line) or None,
-        thread=int(rec.thread) if int(rec.thread) >= 0 else None, detail=detail)
+        thread=int(rec.thread) if int(rec.thread) >= 0 else None, detail=detail,
+        launch_index=launch_index)

@@ -833,23 +833,35 @@ def test_device_capability_rules_hold_without_a_device() -> None:
 
 
 def test_gpu_scalar_args_checked_without_a_device() -> None:
-    """The GPU launcher's argument packing rejects what the CPU rejects (no GPU needed)."""
+    """The GPU launcher's argument packing rejects what the CPU rejects (no GPU needed),
+    and each parameter pointer handed to the driver reads back the packed value."""
     from types import SimpleNamespace
 
     from runtime.cuda import DeviceCapability
-    from runtime.cuda.lane import _Prepared
+    from runtime.cuda import driver as drv
+    from runtime.cuda.lane import _ParamBlock
     from runtime.parse import parse
     from runtime.verifier import verify
 
     sig = verify(parse(ARGS_SRC), target="cuda").kernels["put"]
-    k = SimpleNamespace(info=sig, name="put")
-    out = DeviceCapability(0, (3,), np.float64, "rw", owned=False)
+    k = SimpleNamespace(info=sig, name="put", checked=True)
+    block = _ParamBlock(k)
+    out = DeviceCapability(0x1000, (3,), np.float64, "rw", owned=False)
     for bad, exc in (((2.5, 1.0, 1.0), TypeError), ((True, 1.0, 1.0), TypeError),
                      ((2**63, 1.0, 1.0), OverflowError), ((1, 1.0), TypeError)):
         with pytest.raises(exc):
-            _Prepared(k, [out], bad)
-    p = _Prepared(k, [out], (np.int64(7), 2.5, 1.5))
-    assert [p.keep[1][0], p.keep[2][0], p.keep[3][0]] == [7, 2.5, 1.5]
+            block.pack([out], bad)
+    assert block.pack([out], (np.int64(7), 2.5, 1.5), record=0xABC0, index=41) == [out.name]
+    f = drv.ffi()
+
+    def at(i: int, ctype: str):
+        return f.cast(ctype + " *", block.params[i])[0]
+
+    assert [at(0, "unsigned long long"), at(1, "long long"), at(2, "double"), at(3, "float"),
+            at(4, "unsigned long long"), at(5, "int")] == [0x1000, 7, 2.5, 1.5, 0xABC0, 41]
+    assert f.sizeof(block.params) == 6 * f.sizeof("void *")  # 4 parameters + 2 hidden
+    cap = f.cast("unsigned long long *", block.params[0])
+    assert [cap[w] for w in range(5)] == [0x1000, 0x1000, 24, 24, 1]  # p lo rlen wlen tag
 
 
 SPIN_SRC = """

@@ -34,6 +34,7 @@ KERNEL void touch(cap_t x, int64_t n)
 }
 """
 MIB = 1 << 20
+FAKE_RECORD = 0x10_0000  # the launch-sequence record's address (not a payload)
 
 
 class FakeDriver:
@@ -64,7 +65,8 @@ class FakeDriver:
         return real_drv.ffi()
 
     def device(self) -> Any:
-        return SimpleNamespace(max_threads=1024, side_stream=None, arch="sm_90")
+        return SimpleNamespace(max_threads=1024, side_stream=None, arch="sm_90",
+                               seq_record=FAKE_RECORD)
 
     def check(self, rc: int, call: str) -> None:
         if rc:
@@ -121,8 +123,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def _kernel() -> lane.CudaKernel:
     cs = lane.translate(SRC)
-    return lane.CudaKernel("touch", SRC, True, cs, cs.kernels["touch"], None, None, 0, 0, 0,
-                           threading.Lock())
+    return lane.CudaKernel("touch", SRC, True, cs, cs.kernels["touch"], None, None, 0)
 
 
 def _launch_in_thread(fake: FakeDriver, k: lane.CudaKernel, caps: list, addresses: list[int],

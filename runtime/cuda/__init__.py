@@ -5,7 +5,8 @@ Public face (routed to by ``capabilities.alloc(..., device="cuda")``,
 and ``runtime.launch``):
 
 * :func:`alloc_device`, :func:`to_device`, :func:`wrap_device` -> :class:`DeviceCapability`
-* :func:`compile` -> :class:`CudaKernel`; :func:`launch`; :func:`time_launch`
+* :func:`compile` -> :class:`CudaKernel`; :func:`launch` (``sync=False`` enqueues);
+  :func:`sync` (waits for the sequence, raises its first fault); :func:`time_launch`
 * :func:`available` -> (bool, reason) — False on machines without a GPU.
 
 Importing this package never touches the driver; the first call that needs
@@ -22,6 +23,8 @@ from .lane import (
     alloc_device,
     compile,
     launch,
+    pending,
+    sync,
     time_launch,
     to_device,
     translate,
@@ -39,6 +42,8 @@ __all__ = [
     "compile",
     "instrument",
     "launch",
+    "pending",
+    "sync",
     "time_launch",
     "to_device",
     "translate",

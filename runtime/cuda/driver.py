@@ -203,6 +203,8 @@ class Device:
         s = f.new("CUstream *")
         check(L.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.side_stream = s[0]
+        # The launch-sequence record (device address), allocated by the lane on first use.
+        self.seq_record = 0
 
     def make_current(self) -> None:
         """Bind the primary context to the calling thread (contexts are per thread)."""

@@ -11,25 +11,39 @@ What the transformation does (pycparser AST in, CGenerator text out):
 * Subscripts of local arrays (``smem_*`` arrays live in ``__shared__``
   memory, the others per thread) are wrapped in ``rt_lidx(i, N, ID, LINE)``.
 * Each loop condition gets an amortised pollcheck ``RT_POLL(__rt_pc)`` (one
-  add, one test per iteration; the cancel flag in global memory is read every
-  1024th iteration), so a launch past its deadline can be cancelled.
+  add, one test per iteration; the sequence record's cancel and fault flags
+  are read every 1024th iteration), so a launch past its deadline can be
+  cancelled and the blocks of a faulted launch stop early.
 * A ``KERNEL`` becomes an ``extern "C" __global__`` wrapper that initialises
   the block's fault flag and calls the body, emitted as a device function so
-  that kernels may also be called as helpers.
+  that kernels may also be called as helpers.  In checked mode the wrapper has
+  two hidden trailing parameters, the sequence record (``rt_gpu_fault *``,
+  capabilities/abi.py) and the launch's index in its sequence, and exits at
+  entry when the record says the sequence already faulted or was cancelled.
+
+Launch sequences.  The record is one runtime-owned device allocation shared
+by every module; it reaches the kernels as a parameter rather than a module
+global set at load time because the launch index differs per launch and a
+parameter is the only per-launch channel that costs no extra stream
+operation (the pointer travels with it, so a module holds no hidden state).
+A fault of launch k therefore stops launches k+1, ... of the sequence at
+their entry, and the host reads the record once, at the sync.
 
 Fault protocol (why it cannot deadlock).  A failed check never performs the
-access.  The thread records the fault in the module-global ``__rt_fault``
-(first fault wins, by ``atomicCAS`` on its flag), sets the block-shared flag
+access.  The thread records the fault in the sequence record (first fault of
+the sequence wins, by ``atomicCAS`` on its flag), sets the block-shared flag
 ``__rt_bfault`` and executes PTX ``exit``.  The PTX ISA specifies that
 ``barrier.sync`` waits only for *non-exited* threads and that an exiting
 thread releases a barrier it was holding up, so the survivors' next
 ``rt_sync_threads()`` completes; right after that barrier every survivor sees
 the flag and exits too.  Survivors that meet no further barrier simply run to
-the end doing only checked accesses.  The host reads ``__rt_fault`` after
-synchronising and raises ``CapabilityFault``.
+the end doing only checked accesses (or stop at a pollcheck, which also
+reads the record's flag).  The host reads the record after synchronising and
+raises ``CapabilityFault``.
 
 Raw mode (``checked=False``) compiles the same AST with unchecked accessors,
-no pollchecks and a plain ``__syncthreads()``: the overhead baseline.
+no pollchecks, no entry check and no hidden parameters, and a plain
+``__syncthreads()``: the overhead baseline.
 """
 
 from __future__ import annotations
@@ -56,9 +70,9 @@ DEVICE_PRELUDE = r"""
 #pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
 
 /* cap_t, fault/dtype codes, RT_INB and rt_gpu_fault come from capabilities/abi.py. */
-__device__ struct rt_gpu_fault __rt_fault;   /* first fault of the launch (host reads it) */
-__device__ int __rt_cancel;                  /* set by the host when the deadline passed */
 __shared__ volatile int __rt_bfault;         /* this block: a thread faulted / cancelled */
+__shared__ rt_gpu_fault *__rt_bseq;          /* the sequence record (hidden kernel parameter) */
+__shared__ int __rt_blaunch;                 /* this launch's index in its sequence */
 
 static __device__ __forceinline__ float rt_h2f(unsigned short h)
 { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -99,11 +113,12 @@ static __device__ __noinline__ void rt_exit_block(int why)
 static __device__ __noinline__ void rt_record(int kind, int acc, int line, long long idx,
                                               long long S, long long off, int slot)
 {
-    if (atomicCAS(&__rt_fault.flag, 0, 1) == 0) {
-        __rt_fault.kind = kind; __rt_fault.access = acc; __rt_fault.line = line;
-        __rt_fault.block = (long long)blockIdx.x; __rt_fault.thread = (int)threadIdx.x;
-        __rt_fault.index = idx; __rt_fault.elsize = S; __rt_fault.offset = off;
-        __rt_fault.slot = slot;
+    rt_gpu_fault *r = __rt_bseq;
+    if (atomicCAS(&r->flag, 0, 1) == 0) {   /* first event of the whole sequence wins */
+        r->kind = kind; r->access = acc; r->line = line;
+        r->block = (long long)blockIdx.x; r->thread = (int)threadIdx.x;
+        r->index = idx; r->elsize = S; r->offset = off;
+        r->slot = slot; r->launch = __rt_blaunch;
         __threadfence();
     }
 }
@@ -127,11 +142,26 @@ static __device__ __noinline__ void rt_fault_local(long long i, int id, int line
 }
 static __device__ __noinline__ void rt_poll_slow(void)
 {
-    if (*(volatile int *)&__rt_cancel) rt_exit_block(2);
+    rt_gpu_fault *r = __rt_bseq;
+    if (*(volatile int *)&r->cancel) {      /* deadline: record which launch was running */
+        rt_record(RT_FAULT_TIMEOUT, 0, 0, 0, 0, 0, -1);
+        rt_exit_block(2);
+    }
+    if (*(volatile int *)&r->flag) rt_exit_block(2);   /* another block faulted */
 }
 #define RT_POLL(pc) ((((pc) += 1u) & 1023u) == 0u ? rt_poll_slow() : (void)0)
 #define RT_POLL_NOW() rt_poll_slow()      /* after a quiet (versioned, short) loop */
-#define RT_PROLOGUE() do { if (threadIdx.x == 0) __rt_bfault = 0; __syncthreads(); } while (0)
+/* Kernel entry: a launch whose sequence already faulted or was cancelled exits
+ * before touching memory (the record is sticky until the host resets it). */
+#define RT_PROLOGUE(seq, launch) do {                                                \
+        if (threadIdx.x == 0) {                                                      \
+            __rt_bseq = (seq);                                                       \
+            __rt_blaunch = (launch);                                                 \
+            __rt_bfault = *(volatile int *)&(seq)->flag | *(volatile int *)&(seq)->cancel; \
+        }                                                                            \
+        __syncthreads();                                                             \
+        if (__rt_bfault) return;                                                     \
+    } while (0)
 
 static __device__ __forceinline__ void rt_sync_threads(void)
 {
@@ -168,7 +198,6 @@ static __device__ __forceinline__ long long rt_lidx(long long i, long long n, in
 /* ============================ raw mode (baseline) ============================ */
 #define RT_POLL(pc) ((void)0)
 #define RT_POLL_NOW() ((void)0)
-#define RT_PROLOGUE() do { } while (0)
 static __device__ __forceinline__ void rt_sync_threads(void) { __syncthreads(); }
 static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
 { return i; }
@@ -396,6 +425,21 @@ class CudaSource:
     checked: bool = True
 
 
+#: Hidden trailing parameters of every checked kernel: the sequence record and
+#: the launch's index in the sequence (runtime/cuda/lane.py passes them).
+SEQ_PARAM, LAUNCH_PARAM = "__rt_seq", "__rt_launch"
+HIDDEN_PARAMS = f"rt_gpu_fault *{SEQ_PARAM}, int {LAUNCH_PARAM}"
+
+
+def _with_hidden_params(decl: str) -> str:
+    """``void k(cap_t x)`` -> ``void k(cap_t x, <hidden>)`` (``k()``/``k(void)``: hidden only)."""
+    head, _, params = decl.rpartition(")")[0].partition("(")
+    params = params.strip()
+    if params in ("", "void"):
+        return f"{head}({HIDDEN_PARAMS})"
+    return f"{head}({params}, {HIDDEN_PARAMS})"
+
+
 def _children_set(node: c_ast.Node, name: str, new: c_ast.Node) -> None:
     """Replace the child pycparser reports as ``name`` (``attr`` or ``attr[i]``)."""
     if "[" in name:
@@ -582,7 +626,11 @@ class _Instrumenter:
         inner = decl_txt.replace(name + "(", f"__rtk_{name}(", 1)
         out = f"static __device__ __forceinline__ {inner}\n{body}\n"
         argnames = ", ".join(n for n, _ in sig.params)
-        out += (f'extern "C" __global__ {decl_txt}\n{{\n  RT_PROLOGUE();\n'
+        prologue = ""
+        if self.checked:  # raw builds have neither the hidden parameters nor the entry check
+            decl_txt = _with_hidden_params(decl_txt)
+            prologue = f"  RT_PROLOGUE({SEQ_PARAM}, {LAUNCH_PARAM});\n"
+        out += (f'extern "C" __global__ {decl_txt}\n{{\n{prologue}'
                 f"  __rtk_{name}({argnames});\n}}\n")
         return out, sig
 

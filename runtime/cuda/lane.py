@@ -4,11 +4,12 @@ Device capabilities are collector objects.  A :class:`DeviceCapability` is a
 Python handle on an ``rt_obj`` header in the collector's heap (gc/), exactly
 like a host :class:`capabilities.Capability`; only the payload lives on the
 GPU.  Its roots are the handle (a pin, dropped when the handle dies or at
-``free()``) and every launch in flight (``gc_hold``/``gc_unhold`` around the
-launch, as on the CPU lane).  The payload is released by the collector's
-sweep, never by Python reference counting: the sweep queues a record and
-:func:`drain_device_releases`, run on host threads (every device alloc and
-launch, ``runtime.gc_collect()``, interpreter exit; never the collector
+``free()``) and every launch in flight (a ``gc_hold`` taken at the launch and
+dropped by the sync that sees it finished, as on the CPU lane).  The payload
+is released by the collector's sweep, never by Python reference counting: the
+sweep queues a record and :func:`drain_device_releases`, run on host threads
+(every device alloc and synchronous launch, ``runtime.gc_collect()``,
+interpreter exit; never the collector
 thread), calls ``cuMemFree``.  So a payload is never released while a launch
 that holds it is in flight.  Memory from ``cuMemAlloc`` is a device object
 (``gc_wrap_device_pinned``: its bytes pace the collector); a wrapped torch
@@ -18,18 +19,25 @@ drops the reference to the tensor, and torch frees its own memory.
 A launch passes each buffer as a by-value ``cap_t`` built from the header at
 launch time, after taking the hold; after ``free()`` that snapshot has zero
 bounds and the "freed" tag, so any access in a later launch faults with
-reason ``freed``.  Launches are synchronous: ``launch`` returns after the
-kernel finished and raises :class:`CapabilityFault` for the first refused
-access of the launch.
+reason ``freed``.
+
+A launch is synchronous by default: ``launch`` returns after the kernel
+finished and raises :class:`CapabilityFault` for the first refused access.
+``launch(..., sync=False)`` only enqueues it: launches form a *sequence* on
+one stream that shares one device record (``rt_gpu_fault``), :func:`sync`
+waits once and raises the sequence's first fault.  The holds of a sequence's
+launches are dropped at that sync, so the lifetime rule above covers them.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
+import struct
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,7 +54,7 @@ from . import driver as drv
 from . import nvrtc
 from .instrument_cuda import FAULT_KINDS, CudaSource, instrument
 
-CAP_CDEF = abi.cffi_cap_cdef() + "\n" + abi.GPU_FAULT_DECL + "\n"
+RECORD_CDEF = abi.GPU_FAULT_DECL + "\n"
 TAG_FREED = abi.GPU_TAG_FREED
 #: numpy dtype name -> RT_DT code (capabilities/abi.py)
 _DT_CODES = {d.numpy: d.code for d in abi.DTYPES if d.numpy}
@@ -64,7 +72,7 @@ def _ffi():
             import cffi
 
             f = cffi.FFI()
-            f.cdef(CAP_CDEF)
+            f.cdef(RECORD_CDEF)
             _cffi["ffi"] = f
         return _cffi["ffi"]
 
@@ -387,10 +395,8 @@ class CudaKernel:
     info: KernelSig
     module: Any
     function: Any
-    fault_ptr: int
-    cancel_ptr: int
     cubin_bytes: int
-    lock: Any
+    param_block: Any = field(default=None, repr=False, compare=False)  # see _ParamBlock
 
     def registers(self) -> int:
         """Registers per thread of the compiled kernel."""
@@ -423,46 +429,135 @@ def compile(source: str, name: str | None = None, *, checked: bool = True, hoist
     drv.check(L.cuModuleLoadData(mod, cubin), "cuModuleLoadData")
     fn = f.new("CUfunction *")
     drv.check(L.cuModuleGetFunction(fn, mod[0], name.encode()), "cuModuleGetFunction")
-    ptr, size = f.new("CUdeviceptr *"), f.new("size_t *")
-    drv.check(L.cuModuleGetGlobal_v2(ptr, size, mod[0], b"__rt_fault"), "cuModuleGetGlobal")
-    fault_ptr = ptr[0]
-    drv.check(L.cuModuleGetGlobal_v2(ptr, size, mod[0], b"__rt_cancel"), "cuModuleGetGlobal")
-    return CudaKernel(name, source, checked, cs, cs.kernels[name], mod[0], fn[0], fault_ptr,
-                      ptr[0], len(cubin), threading.Lock())
+    return CudaKernel(name, source, checked, cs, cs.kernels[name], mod[0], fn[0], len(cubin))
 
 
-class _Prepared:
-    """Kernel parameter storage for one launch (kept alive until it completes).
+# ---------------------------------------------------------------------------
+# launch sequences
+# ---------------------------------------------------------------------------
+class _Sequence:
+    """The launches enqueued since the last sync, and what they hold.
 
-    Keeps the buffers' names, not the handles: once a launch holds its
-    buffers, dropping the last handle is the collector's business.
+    One per process: every launch goes to the same stream and every checked
+    kernel gets the same device record (``rt_gpu_fault``, capabilities/abi.py),
+    so a fault of any launch stops all later ones.  ``lock`` (reentrant:
+    ``time_launch``'s ``before`` may launch) serialises enqueueing and syncing.
     """
 
-    def __init__(self, kernel: CudaKernel, caps: Sequence[DeviceCapability],
-                 args: Sequence[Any]):
-        info = kernel.info
-        check_counts(info, len(caps), len(args), kernel.name)
-        for c in caps:
-            _check_device_cap(c)
-        self.names = [c.name for c in caps]
-        f = _ffi()
-        ctype = {"i64": "long long *", "f64": "double *", "f32": "float *"}
-        self.keep = []
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.launches: list[tuple[CudaKernel, list[str]]] = []  # per launch: kernel, buffer names
+        self.held: list[Any] = []   # collector holds of the pending launches
+        self.stuck: list[Any] = []  # holds of launches still running after a timeout's grace
+
+
+_seq = _Sequence()
+_RECORD_BYTES: list[int] = []
+
+
+def _record(dev: Any) -> int:
+    """The device address of the sequence record (allocated on first use, never freed)."""
+    if not dev.seq_record:
+        if not _RECORD_BYTES:
+            _RECORD_BYTES.append(_ffi().sizeof("rt_gpu_fault"))
+        p = drv.ffi().new("CUdeviceptr *")
+        drv.check(drv.lib().cuMemAlloc_v2(p, _RECORD_BYTES[0]), "cuMemAlloc")
+        drv.check(drv.lib().cuMemsetD8_v2(p[0], 0, _RECORD_BYTES[0]), "cuMemsetD8")
+        dev.seq_record = int(p[0])
+    return dev.seq_record
+
+
+def _reset_record(record: int) -> None:
+    """Clear the record (fault flag and cancel) before the first launch of a sequence.
+
+    Issued on the launch stream, so it is ordered after any kernel still running
+    from an earlier, timed-out sequence and before the launches that follow.
+    """
+    drv.check(drv.lib().cuMemsetD8_v2(record, 0, _ffi().sizeof("rt_gpu_fault")), "cuMemsetD8")
+
+
+def _read_record(record: int) -> Any:
+    f = _ffi()
+    rec = f.new("rt_gpu_fault *")
+    drv.check(drv.lib().cuMemcpyDtoH_v2(drv.ffi().cast("void *", int(f.cast("uintptr_t", rec))),
+                                        record, f.sizeof("rt_gpu_fault")), "cuMemcpyDtoH")
+    return rec
+
+
+#: struct format of one parameter by kind: a cap_t by value (capabilities/abi.py
+#: CAP_WORDS, unsigned 64-bit words), the scalars, and the hidden parameters
+_PARAM_FORMAT = {"cap": f"{len(abi.CAP_WORDS)}Q", "int64": "q", "double": "d", "float": "f",
+                 "record": "Q", "launch": "i"}
+
+
+class _ParamBlock:
+    """A kernel's parameters packed into one buffer, laid out once per kernel.
+
+    cuLaunchKernel copies the parameters when it is called, so one block is
+    reused for every launch of the kernel (callers hold ``_seq.lock``; a
+    ``time_launch`` makes its own).  Every parameter starts on an 8-byte
+    boundary; the pointer array handed to the driver points at each.
+    Checked kernels take two hidden trailing parameters (sequence record,
+    launch index; runtime/cuda/instrument_cuda.py).
+    """
+
+    def __init__(self, kernel: Any):
+        self.kernel_name = kernel.name
+        self.kinds = [kind for _, kind in kernel.info.params]
+        self.info = kernel.info
+        self.n_caps = self.kinds.count("cap")
+        self.n_scalars = len(self.kinds) - self.n_caps
+        self.hidden = bool(getattr(kernel, "checked", False))
+        kinds = self.kinds + (["record", "launch"] if self.hidden else [])
+        fmt, offsets, off = "<", [], 0
+        for kind in kinds:
+            pad = -off % 8
+            fmt += f"{pad}x" if pad else ""
+            off += pad
+            offsets.append(off)
+            fmt += _PARAM_FORMAT[kind]
+            off += struct.calcsize("<" + _PARAM_FORMAT[kind])
+        self.struct = struct.Struct(fmt)
+        self.buf = bytearray(max(self.struct.size, 8))
+        d = drv.ffi()
+        self._cbuf = d.from_buffer(self.buf)
+        self.params = d.new("void *[]", [self._cbuf + o for o in offsets] or [d.NULL])
+
+    def pack(self, caps: Sequence[DeviceCapability], args: Sequence[Any], record: int = 0,
+             index: int = 0) -> list[str]:
+        """Write one launch's parameters; returns the buffers' names (fault reports).
+
+        The caller holds the buffers (:func:`_hold_all` checked them); a free()
+        since then leaves a snapshot with zero bounds and the freed tag.  Keeps
+        the names, not the handles: once a launch holds its buffers, dropping
+        the last handle is the collector's business.
+        """
+        if len(caps) != self.n_caps or len(args) != self.n_scalars:
+            check_counts(self.info, len(caps), len(args), self.kernel_name)
+        values: list[Any] = []
         ci = ai = 0
-        for pname, kind in info.params:
+        for (pname, _), kind in zip(self.info.params, self.kinds, strict=True):
             if kind == "cap":
-                v = f.new("rt_cap *")
-                v.p, v.lo, v.rlen, v.wlen, v.tag = (f.cast("char *", x) if k < 2 else x
-                                                    for k, x in
-                                                    enumerate(caps[ci].cap_value(ci)))
+                c = caps[ci]
+                values.extend(c.cap_value(ci))
                 ci += 1
             else:
-                field, value = scalar_arg(kind, args[ai], pname, kernel.name)
-                v = f.new(ctype[field], value)
+                slot, value = scalar_arg(kind, args[ai], pname, self.kernel_name)
+                if slot == "f32":  # C's double -> float conversion (inf past FLT_MAX)
+                    value = ctypes.c_float(value).value
+                values.append(value)
                 ai += 1
-            self.keep.append(v)
-        self.params = drv.ffi().new("void *[]", [drv.ffi().cast("void *", int(f.cast(
-            "uintptr_t", v))) for v in self.keep] or [drv.ffi().NULL])
+        if self.hidden:
+            values += (record, index)
+        self.struct.pack_into(self.buf, 0, *values)
+        return [c.name for c in caps]
+
+
+def _param_block(kernel: CudaKernel) -> _ParamBlock:
+    """The kernel's shared parameter block (made on its first launch)."""
+    if kernel.param_block is None:
+        kernel.param_block = _ParamBlock(kernel)
+    return kernel.param_block
 
 
 def _check_device_cap(c: Any) -> None:
@@ -472,14 +567,13 @@ def _check_device_cap(c: Any) -> None:
     c._check_live("launch")  # as on the CPU: refused before anything runs
 
 
-def _hold_all(kernel: CudaKernel, caps: Sequence[DeviceCapability],
-              args: Sequence[Any]) -> list[Any]:
+def _hold_all(caps: Sequence[DeviceCapability]) -> list[Any]:
     """Root every buffer of a launch (all or none); returns the held headers.
 
-    Taken before the bounds snapshot, so a free() racing with the launch either
-    is refused here or leaves a snapshot whose payload the hold keeps alive.
+    Taken before the bounds snapshot (:meth:`_ParamBlock.pack`, which checks
+    the counts), so a free() racing with the launch either is refused here or
+    leaves a snapshot whose payload the hold keeps alive.
     """
-    check_counts(kernel.info, len(caps), len(args), kernel.name)
     held: list[Any] = []
     try:
         for c in caps:
@@ -497,28 +591,16 @@ def _unhold_all(held: list[Any]) -> None:
     held.clear()
 
 
-def _launch_async(kernel: CudaKernel, prep: _Prepared, grid: int, block: int,
+def _launch_async(kernel: CudaKernel, params: _ParamBlock, grid: int, block: int,
                   shared_bytes: int) -> None:
     L, f = drv.lib(), drv.ffi()
     drv.check(L.cuLaunchKernel(kernel.function, int(grid), 1, 1, int(block), 1, 1,
-                               int(shared_bytes), f.NULL, prep.params, f.NULL),
+                               int(shared_bytes), f.NULL, params.params, f.NULL),
               "cuLaunchKernel")
 
 
-def _reset_flags(kernel: CudaKernel) -> None:
-    L = drv.lib()
-    drv.check(L.cuMemsetD8_v2(kernel.fault_ptr, 0, _ffi().sizeof("rt_gpu_fault")), "cuMemsetD8")
-    drv.check(L.cuMemsetD8_v2(kernel.cancel_ptr, 0, 4), "cuMemsetD8")
-
-
-def _read_fault(kernel: CudaKernel, names: Sequence[str]) -> CapabilityFault | None:
-    f = _ffi()
-    rec = f.new("rt_gpu_fault *")
-    drv.check(drv.lib().cuMemcpyDtoH_v2(drv.ffi().cast("void *", int(f.cast("uintptr_t", rec))),
-                                        kernel.fault_ptr, f.sizeof("rt_gpu_fault")),
-              "cuMemcpyDtoH")
-    if not rec.flag:
-        return None
+def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
+                       index: int | None) -> CapabilityFault:
     slot = rec.slot
     reason = FAULT_KINDS.get(rec.kind, f"fault-{rec.kind}")
     if reason == "division-by-zero":
@@ -532,71 +614,177 @@ def _read_fault(kernel: CudaKernel, names: Sequence[str]) -> CapabilityFault | N
         buf = arrays[-slot - 1] if 0 <= -slot - 1 < len(arrays) else None
     return CapabilityFault(reason, kernel=kernel.name, block=rec.block, thread=rec.thread,
                            buffer=buf, index=rec.index, access=abi.ACCESS.get(rec.access),
-                           line=rec.line or None, detail=fault_detail(reason, rec.index))
+                           line=rec.line or None, detail=fault_detail(reason, rec.index),
+                           launch_index=index)
+
+
+def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[Any], grid: int,
+             block: int, shared_bytes: int) -> None:
+    """Add one launch to the pending sequence (caller holds ``_seq.lock``)."""
+    dev = drv.device()
+    if not 1 <= block <= dev.max_threads:
+        raise ValueError(f"block must be in 1..{dev.max_threads}")
+    record = dev.seq_record or _record(dev)
+    held = _hold_all(caps)
+    try:
+        params = kernel.param_block or _param_block(kernel)
+        names = params.pack(caps, args, record, len(_seq.launches))
+        if grid == 0:
+            _unhold_all(held)  # arguments checked; no block to run (as on the CPU)
+            return
+        if not _seq.launches:
+            _reset_record(record)
+        _launch_async(kernel, params, grid, block, shared_bytes)
+    except BaseException:
+        _unhold_all(held)
+        raise
+    _seq.launches.append((kernel, names))
+    _seq.held.extend(held)
+
+
+def _sync_locked(timeout: float | None, sequence: bool = True) -> None:
+    """Wait for the pending launches, release their holds, raise their first fault
+    (``sequence=False``: the one launch of a synchronous ``launch``)."""
+    if _seq.stuck and _stream_idle():
+        _unhold_all(_seq.stuck)
+    if not _seq.launches:
+        return
+    launches, held = _seq.launches, _seq.held
+    _seq.launches, _seq.held = [], []
+    record = drv.device().seq_record
+    drained = False
+    try:
+        try:
+            timed_out, drained = _wait(record, timeout)
+        except drv.CudaError:
+            drained = True  # the context failed: none of its kernels runs any more
+            raise
+        # A copy on the launch stream would wait for a kernel that ignored the
+        # cancel: read the record only once the stream drained.
+        rec = _read_record(record) if drained else None
+    finally:
+        if drained:
+            _unhold_all(held)
+        else:  # a kernel may still use these buffers: keep them rooted until it ends
+            _seq.stuck.extend(held)
+    if rec is not None and rec.flag:
+        index = rec.launch if 0 <= rec.launch < len(launches) else len(launches) - 1
+        kernel, names = launches[index]
+        if rec.kind in (RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED):
+            raise KernelTimeout(kernel.name, timeout or 0.0)
+        raise _fault_from_record(rec, kernel, names, index if sequence else None)
+    if timed_out:  # no block recorded the cancel (or all had ended): name the sequence
+        first, last = launches[0][0].name, launches[-1][0].name
+        what = first if len(launches) == 1 else (
+            f"sequence of {len(launches)} launches ({first} .. {last})")
+        raise KernelTimeout(what, timeout or 0.0)
+
+
+def _stream_idle() -> bool:
+    rc = drv.lib().cuStreamQuery(drv.ffi().NULL)
+    if rc not in (drv.CUDA_SUCCESS, drv.CUDA_ERROR_NOT_READY):
+        drv.check(rc, "cuStreamQuery")
+    return rc == drv.CUDA_SUCCESS
+
+
+def _wait(record: int, timeout: float | None) -> tuple[bool, bool]:
+    """Wait for the launch stream; (deadline passed, stream drained)."""
+    L, f = drv.lib(), drv.ffi()
+    if timeout is None:
+        drv.check(L.cuStreamSynchronize(f.NULL), "cuStreamSynchronize")
+        return False, True
+    deadline = time.monotonic() + timeout
+    sleep = 1e-5
+    try:
+        while True:
+            if _stream_idle():
+                return False, True
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(sleep)
+            sleep = min(sleep * 2, 2e-3)
+    except BaseException:  # Ctrl-C: stop the sequence as a deadline would (holds stay)
+        _cancel(record)
+        raise
+    _cancel(record)
+    # Bounded wait for the blocks to notice (never block forever in C: a kernel
+    # without pollchecks, e.g. stuck in a barrier it cannot leave, would hang us).
+    grace = time.monotonic() + CANCEL_GRACE
+    while not _stream_idle():
+        if time.monotonic() >= grace:
+            return True, False
+        time.sleep(1e-3)
+    return True, True
+
+
+#: seconds a cancelled sequence gets to notice the cancel flag before sync gives up
+CANCEL_GRACE = 10.0
+_CANCEL_OFFSET = _ffi().offsetof("rt_gpu_fault", "cancel")
+RT_FAULT_TIMEOUT, RT_FAULT_CANCELLED = abi.FAULT_CODE["TIMEOUT"], abi.FAULT_CODE["CANCELLED"]
+
+
+def _cancel(record: int) -> None:
+    """Raise the record's cancel flag through the side stream (the launch stream is
+    busy): every thread reads it at its next amortised pollcheck and exits, and
+    the launches still queued exit at entry."""
+    L, f = drv.lib(), drv.ffi()
+    one = f.new("int *", 1)
+    side = drv.device().side_stream
+    drv.check(L.cuMemcpyHtoDAsync_v2(record + _CANCEL_OFFSET, one, 4, side), "cuMemcpyHtoDAsync")
+    drv.check(L.cuStreamSynchronize(side), "cuStreamSynchronize")
 
 
 def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
            args: Sequence[Any] = (), grid: int = 1, block: int = 128, shared_bytes: int = 0,
-           timeout: float | None = None) -> None:
-    """Run ``kernel`` on ``grid`` blocks of ``block`` threads and wait for it.
+           timeout: float | None = None, sync: bool = True) -> None:
+    """Run ``kernel`` on ``grid`` blocks of ``block`` threads.
 
-    Raises CapabilityFault (first refused access: block, thread, index, buffer,
-    line) or KernelTimeout (deadline passed; blocks were cancelled at their
-    next pollcheck).  The buffers are collector roots (holds) until the
-    kernel has finished, whatever happens to their handles meanwhile.
+    ``sync=True`` (default): first sync the pending sequence (raising its
+    fault, if any, before this launch runs), then run the kernel and wait for
+    it.  Raises CapabilityFault (first refused access: block, thread, index,
+    buffer, line) or KernelTimeout (deadline passed; blocks were cancelled at
+    their next pollcheck).
+
+    ``sync=False``: enqueue the launch on the stream and return; :func:`sync`
+    waits for the sequence and raises its first fault.  A fault stops every
+    later checked launch of the sequence at its entry.  ``timeout`` belongs to
+    :func:`sync` then.  Argument errors (count, type, a freed handle) raise at
+    this call in both modes, before anything is enqueued.
+
+    The buffers are collector roots (holds) until the sync that covers the
+    launch, whatever happens to their handles meanwhile.
     """
     caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
     check_grid(grid, timeout)
-    dev = drv.device()
-    if not 1 <= block <= dev.max_threads:
-        raise ValueError(f"block must be in 1..{dev.max_threads}")
-    _drain_all()
-    held = _hold_all(kernel, caps, args)
-    try:
-        prep = _Prepared(kernel, caps, args)
+    if not sync and timeout is not None:
+        raise ValueError("a sync=False launch takes no timeout: pass it to runtime.sync()")
+    with _seq.lock:
+        if sync:
+            _drain_all()
+            _sync_locked(timeout)
+        _enqueue(kernel, caps, args, grid, block, shared_bytes)
         del caps  # the launch holds the objects, not the handles
-        if grid == 0:
-            return  # arguments checked; no block to run (as on the CPU)
-        with kernel.lock:  # the fault record is per module: one launch at a time
-            _reset_flags(kernel)
-            _launch_async(kernel, prep, grid, block, shared_bytes)
-            _wait(kernel, timeout)
-            fault = _read_fault(kernel, prep.names)
-    finally:
-        _unhold_all(held)
-    if fault is not None:
-        raise fault
+        if sync:
+            _sync_locked(timeout, sequence=False)
 
 
-def _wait(kernel: CudaKernel, timeout: float | None) -> None:
-    L, f = drv.lib(), drv.ffi()
-    if timeout is None:
-        drv.check(L.cuStreamSynchronize(f.NULL), "cuStreamSynchronize")
-        return
-    deadline = time.monotonic() + timeout
-    sleep = 1e-5
-    while True:
-        rc = L.cuStreamQuery(f.NULL)
-        if rc == drv.CUDA_SUCCESS:
-            return
-        if rc != drv.CUDA_ERROR_NOT_READY:
-            drv.check(rc, "cuStreamQuery")
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(sleep)
-        sleep = min(sleep * 2, 2e-3)
-    # Deadline: raise the cancel flag through the side stream (the launch stream is busy);
-    # every thread reads it at its next amortised pollcheck and exits.
-    one = f.new("int *", 1)
-    drv.check(L.cuMemcpyHtoDAsync_v2(kernel.cancel_ptr, one, 4, drv.device().side_stream),
-              "cuMemcpyHtoDAsync")
-    drv.check(L.cuStreamSynchronize(drv.device().side_stream), "cuStreamSynchronize")
-    # Bounded wait for the blocks to notice (never block forever in C: a kernel
-    # without pollchecks, e.g. stuck in a barrier it cannot leave, would hang us).
-    grace = time.monotonic() + 10.0
-    while L.cuStreamQuery(f.NULL) == drv.CUDA_ERROR_NOT_READY and time.monotonic() < grace:
-        time.sleep(1e-3)
-    raise KernelTimeout(kernel.name, timeout)
+def sync(timeout: float | None = None) -> None:
+    """Wait for every launch enqueued since the last sync and release their holds.
+
+    Raises the first fault of the sequence exactly as a synchronous launch
+    would (CapabilityFault with kernel, block, thread, index, buffer, line, and
+    ``launch_index``: the launch's position in the sequence), or KernelTimeout
+    when ``timeout`` seconds pass first (the running kernel is cancelled at its
+    next pollcheck, the queued ones exit at entry).  No-op without pending launches.
+    """
+    check_grid(0, timeout)
+    with _seq.lock:
+        _sync_locked(timeout)
+
+
+def pending() -> int:
+    """Launches enqueued since the last sync."""
+    return len(_seq.launches)
 
 
 def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
@@ -607,30 +795,34 @@ def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCap
 
     ``before`` (optional callable) runs before each launch outside the timed
     region, e.g. to restore the input that the kernel overwrites in place.
-    Raises CapabilityFault if any launch faulted.
+    Syncs the pending sequence first; raises CapabilityFault if any launch faulted.
     """
     caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
-    drv.device()
+    dev = drv.device()
     _drain_all()
     out = []
     start, end = drv.Event(), drv.Event()
-    held = _hold_all(kernel, caps, args)
-    try:
-        prep = _Prepared(kernel, caps, args)
-        with kernel.lock:
+    with _seq.lock:
+        _sync_locked(None)
+        record = _record(dev)
+        held = _hold_all(caps)
+        try:
+            params = _ParamBlock(kernel)  # its own: ``before`` may launch this kernel
+            names = params.pack(caps, args, record, 0)
             for it in range(warmup + repeat):
                 if before is not None:
                     before()
-                _reset_flags(kernel)
+                    _sync_locked(None)  # ``before`` may have launched
+                _reset_record(record)
                 start.record()
-                _launch_async(kernel, prep, grid, block, shared_bytes)
+                _launch_async(kernel, params, grid, block, shared_bytes)
                 end.record()
                 end.synchronize()
-                fault = _read_fault(kernel, prep.names)
-                if fault is not None:
-                    raise fault
+                rec = _read_record(record)
+                if rec.flag:
+                    raise _fault_from_record(rec, kernel, names, None)
                 if it >= warmup:
                     out.append(start.elapsed_ms(end))
-    finally:
-        _unhold_all(held)
+        finally:
+            _unhold_all(held)
     return out

@@ -1,0 +1,561 @@
+"""Launch sequences: ``runtime.launch(..., sync=False)`` then ``runtime.sync()``.
+
+Part 1 runs the CPU lane, whose sequences have the GPU's observable semantics:
+a fault in the middle stops the rest, ``sync()`` raises the first fault
+exactly, a ``sync=True`` launch raises a pending fault first, nothing stays
+held.  The oracle is the buffers themselves (canary values a skipped launch
+would have written), not the runtime's counters.
+
+Part 2 runs the GPU lane's host side on a fake driver that plays the device:
+it executes the queued launches in stream order at the sync, honours the
+sticky record the way the device prelude does (a launch whose record says
+"faulted" or "cancelled" exits at entry) and writes fault records through the
+hidden parameters the lane passes.  It checks what the host owns: one
+synchronisation per sequence, the launch index -> kernel/buffer mapping of
+the reported fault, holds kept until the sync (also after a timeout whose
+kernel does not stop), cancellation through the shared cancel flag.  The
+device half of the protocol is checked on a GPU by tests/test_gpu_async.py.
+"""
+
+from __future__ import annotations
+
+import gc as pygc
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import capabilities
+import runtime
+from runtime import CapabilityFault, KernelTimeout
+from runtime.cuda import driver as real_drv
+from runtime.cuda import lane
+
+PUT_SRC = """
+KERNEL void put(cap_t x, int64_t i, float v)
+{
+    cap_store_f32(x, i, v);
+}
+"""
+PUT_LINE = 4
+# A second module: a sequence crosses kernels of different sources.
+COPY_SRC = """
+KERNEL void copy(cap_t dst, cap_t src, int64_t i)
+{
+    float v = cap_load_f32(src, i);
+    cap_store_f32(dst, i, v);
+}
+"""
+COPY_LINE = 4
+
+
+@pytest.fixture(autouse=True)
+def _no_pending_sequence():
+    """Each test starts and ends without a pending sequence on either lane."""
+    assert runtime.pending() == 0
+    yield
+    try:
+        runtime.sync()
+    finally:
+        assert runtime.pending() == 0
+
+
+def _holds(cap: Any) -> int:
+    """Collector holds on the buffer's header (launches that root it)."""
+    from runtime.core import lib
+
+    return int(lib.gc_find_id(cap.id).holds)
+
+
+# ---------------------------------------------------------------------------
+# Part 1: the CPU lane
+
+
+@pytest.fixture(scope="module")
+def kernels() -> SimpleNamespace:
+    return SimpleNamespace(put=runtime.compile(PUT_SRC, "put"),
+                           copy=runtime.compile(COPY_SRC, "copy"))
+
+
+def test_fault_in_the_middle_stops_the_rest_and_sync_reports_the_first(kernels) -> None:
+    put, copy = kernels.put, kernels.copy
+    x = capabilities.wrap(np.zeros(4, np.float32), name="x")
+    src = capabilities.wrap(np.arange(4, dtype=np.float32), perms="r", name="src")
+    canary = capabilities.wrap(np.zeros(4, np.float32), name="canary")
+    runtime.launch(put, [x], args=(0, 1.0), sync=False)             # 0: runs
+    runtime.launch(copy, [x, src], args=(1,), sync=False)           # 1: runs (other module)
+    runtime.launch(copy, [x, src], args=(6,), sync=False)           # 2: faults: src[6]
+    runtime.launch(put, [src], args=(0, 5.0), sync=False)           # 3: would fault read-only
+    runtime.launch(put, [canary], args=(2, 7.0), sync=False)        # 4: would write the canary
+    assert runtime.pending() == 5
+    with pytest.raises(CapabilityFault) as e:
+        runtime.sync()
+    f = e.value
+    assert (f.reason, f.kernel, f.buffer, f.index, f.access, f.block, f.line, f.launch_index) == (
+        "out-of-bounds", "copy", "src", 6, "load", 0, COPY_LINE, 2)
+    assert "launch 2 of the sequence" in str(f)
+    np.testing.assert_array_equal(x.numpy(), [1, 1, 0, 0])   # launches 0 and 1 ran
+    np.testing.assert_array_equal(canary.numpy(), 0)          # launch 4 did not
+    np.testing.assert_array_equal(src.numpy(), [0, 1, 2, 3])
+    assert runtime.pending() == 0
+    assert _holds(x) == _holds(src) == _holds(canary) == 0
+    runtime.sync()  # the fault was reported once: the next sync has nothing to raise
+
+
+def test_sequence_without_fault_runs_everything(kernels) -> None:
+    x = capabilities.wrap(np.zeros(64, np.float32), name="x")
+    for i in range(64):
+        runtime.launch(kernels.put, [x], args=(i, float(i)), sync=False)
+    assert runtime.pending() == 64
+    runtime.sync()
+    np.testing.assert_array_equal(x.numpy(), np.arange(64, dtype=np.float32))
+    assert runtime.pending() == 0 and _holds(x) == 0
+
+
+def test_sync_launch_raises_the_pending_fault_first(kernels) -> None:
+    """A sync=True launch ends a pending sequence: its fault is raised and the
+    new launch does not run; the launch after that runs normally."""
+    x = capabilities.wrap(np.zeros(4, np.float32), name="x")
+    canary = capabilities.wrap(np.zeros(4, np.float32), name="canary")
+    runtime.launch(kernels.put, [x], args=(-1, 1.0), sync=False)
+    with pytest.raises(CapabilityFault) as e:
+        runtime.launch(kernels.put, [canary], args=(0, 9.0))
+    assert (e.value.buffer, e.value.index, e.value.launch_index) == ("x", -1, 0)
+    np.testing.assert_array_equal(canary.numpy(), 0)
+    assert runtime.pending() == 0
+    runtime.launch(kernels.put, [canary], args=(0, 9.0))
+    assert canary.numpy()[0] == 9.0
+
+
+def test_a_sync_launch_fault_is_not_a_sequence_fault(kernels) -> None:
+    x = capabilities.wrap(np.zeros(4, np.float32), name="x")
+    with pytest.raises(CapabilityFault) as e:
+        runtime.launch(kernels.put, [x], args=(4, 1.0))
+    assert e.value.launch_index is None and "sequence" not in str(e.value)
+    assert runtime.pending() == 0
+
+
+def test_argument_errors_raise_at_the_call_even_with_a_fault_pending(kernels) -> None:
+    x = capabilities.wrap(np.zeros(4, np.float32), name="x")
+    gone = capabilities.wrap(np.zeros(4, np.float32), name="gone")
+    gone.free()
+    runtime.launch(kernels.put, [x], args=(8, 1.0), sync=False)  # faults: pending
+    with pytest.raises(TypeError):
+        runtime.launch(kernels.put, [x], args=(1,), sync=False)
+    with pytest.raises(TypeError):
+        runtime.launch(kernels.put, [x], args=(1.5, 1.0), sync=False)
+    with pytest.raises(CapabilityFault) as e:
+        runtime.launch(kernels.put, [gone], args=(0, 1.0), sync=False)
+    assert (e.value.reason, e.value.access) == ("freed", "launch")
+    with pytest.raises(ValueError, match="runtime.sync"):
+        runtime.launch(kernels.put, [x], args=(0, 1.0), sync=False, timeout=1.0)
+    with pytest.raises(ValueError):
+        runtime.sync(timeout=0)
+    assert _holds(x) == 0
+    with pytest.raises(CapabilityFault) as e:
+        runtime.sync()
+    assert (e.value.index, e.value.launch_index) == (8, 0)
+
+
+def test_grid_zero_is_not_a_launch_of_the_sequence(kernels) -> None:
+    x = capabilities.wrap(np.zeros(4, np.float32), name="x")
+    runtime.launch(kernels.put, [x], args=(9, 1.0), grid=0, sync=False)
+    runtime.launch(kernels.put, [x], args=(5, 1.0), sync=False)
+    assert runtime.pending() == 1
+    with pytest.raises(CapabilityFault) as e:
+        runtime.sync()
+    assert (e.value.index, e.value.launch_index) == (5, 0)
+
+
+def test_sync_without_pending_launches_is_a_no_op() -> None:
+    runtime.sync()
+    runtime.sync(timeout=1.0)
+    assert runtime.pending() == 0
+
+
+def test_readme_launch_sequence_example_runs() -> None:
+    """The README's "Launch sequences" example, run as written."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## Launch sequences", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README-launch-sequences", "exec"), {})
+
+
+# ---------------------------------------------------------------------------
+# Part 2: the GPU lane's host side on a fake device
+
+RECORD = "rt_gpu_fault"
+
+
+class FakeDevice:
+    """The driver entry points the lane calls, playing a GPU with one stream.
+
+    Launches queue up at cuLaunchKernel and execute, in order, when the host
+    synchronises or queries the stream.  ``behaviour[function](launch)``
+    decides what a launch does: None (runs and ends), a dict of fault fields
+    (it records them as the device prelude's rt_record would), "spin" (runs
+    until the record's cancel flag is set, then records a timeout) or
+    "stuck" (ignores the cancel flag until ``unstick()``).
+    """
+
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_NOT_READY = 600
+    CudaError = real_drv.CudaError
+    CudaUnavailable = real_drv.CudaUnavailable
+
+    def __init__(self) -> None:
+        self.mem: dict[int, bytearray] = {}   # address -> bytes (allocated, not freed)
+        self.freed: list[int] = []
+        self._next = 0x7F00_0000_0000
+        self.queue: list[SimpleNamespace] = []
+        self.ran: list[tuple[str, int]] = []      # (function, launch index) that executed
+        self.exited_at_entry: list[tuple[str, int]] = []
+        self.behaviour: dict[str, Any] = {}
+        self.params: dict[str, list[str]] = {}    # function -> kinds of its user parameters
+        self.calls: dict[str, int] = {}
+        self.stuck = True
+        self.dev = SimpleNamespace(max_threads=1024, side_stream="side", arch="sm_90",
+                                   seq_record=0)
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    # -- module functions ------------------------------------------------------
+    def lib(self) -> FakeDevice:
+        return self
+
+    def ffi(self) -> Any:
+        return real_drv.ffi()
+
+    def device(self) -> Any:
+        return self.dev
+
+    def check(self, rc: int, call: str) -> None:
+        if rc:
+            raise real_drv.CudaError(call, rc, "FAKE", "fake driver error")
+
+    # -- memory ------------------------------------------------------------------
+    def _find(self, address: int) -> tuple[bytearray, int]:
+        for base, buf in self.mem.items():
+            if base <= address < base + max(len(buf), 1):
+                return buf, address - base
+        raise AssertionError(f"access to unallocated device address 0x{address:x}")
+
+    def record(self) -> Any:
+        return lane._ffi().from_buffer(f"{RECORD} *", self.mem[self.dev.seq_record])
+
+    def cuMemAlloc_v2(self, p: Any, n: int) -> int:
+        p[0] = self._next
+        self.mem[self._next] = bytearray(n)
+        self._next += (n + 0xFFFF) & ~0xFFFF
+        return 0
+
+    def cuMemFree_v2(self, address: int) -> int:
+        assert address in self.mem, f"cuMemFree of 0x{address:x}: not allocated"
+        del self.mem[address]
+        self.freed.append(address)
+        return 0
+
+    def cuMemsetD8_v2(self, address: int, value: int, n: int) -> int:
+        """Ordered on the launch stream, as on the device: runs after the queued kernels."""
+        if address == self.dev.seq_record:
+            self._count("memset record")
+        self._find(address)
+        self.queue.append(SimpleNamespace(memset=(address, value, n)))
+        return 0
+
+    def cuMemcpyDtoH_v2(self, dst: Any, src: int, n: int) -> int:
+        self._count("dtoh")
+        assert not self.queue, "the host read device memory before the stream drained"
+        buf, off = self._find(src)
+        real_drv.ffi().memmove(dst, bytes(buf[off:off + n]), n)
+        return 0
+
+    def cuMemcpyHtoDAsync_v2(self, dst: int, src: Any, n: int, stream: Any) -> int:
+        assert stream == "side", "the cancel flag must bypass the busy launch stream"
+        buf, off = self._find(dst)
+        buf[off:off + n] = real_drv.ffi().buffer(real_drv.ffi().cast("char *", src), n)[:]
+        return 0
+
+    # -- launches and the stream -------------------------------------------------
+    def cuLaunchKernel(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                       shared: int, stream: Any, params: Any, extra: Any) -> int:
+        self._count("launch")
+        f = real_drv.ffi()
+        kinds = self.params[fn]
+        n = len(kinds)
+        hidden = (int(f.cast("unsigned long long *", params[n])[0]),
+                  int(f.cast("int *", params[n + 1])[0]))
+        caps = [int(f.cast("unsigned long long *", params[i])[0])  # rt_cap.p
+                for i, kind in enumerate(kinds) if kind == "cap"]
+        self.queue.append(SimpleNamespace(fn=fn, record=hidden[0], index=hidden[1], caps=caps,
+                                          grid=gx, started=False))
+        return 0
+
+    def _step(self) -> bool:
+        """Run the queue as far as it goes; True when it drained."""
+        while self.queue:
+            launch = self.queue[0]
+            if hasattr(launch, "memset"):
+                address, value, n = launch.memset
+                buf, off = self._find(address)
+                buf[off:off + n] = bytes([value]) * n
+                self.queue.pop(0)
+                continue
+            assert launch.record == self.dev.seq_record, "a kernel got another record"
+            for p in launch.caps:  # every payload a queued kernel uses is still allocated
+                self._find(p)
+            rec = self.record()
+            if not launch.started and (rec.flag or rec.cancel):  # the prologue: exit at entry
+                self.exited_at_entry.append((launch.fn, launch.index))
+                self.queue.pop(0)
+                continue
+            launch.started = True
+            what = self.behaviour.get(launch.fn)
+            if what in ("spin", "stuck"):
+                if what == "stuck" and self.stuck:
+                    return False
+                if what == "spin" and not rec.cancel:
+                    return False
+                what = {"kind": abi_code("TIMEOUT"), "slot": -1}
+            elif callable(what):
+                what = what(launch)
+            self.ran.append((launch.fn, launch.index))
+            if what:
+                rec.flag = 1
+                rec.launch = launch.index
+                rec.access = 0
+                for k, v in what.items():
+                    setattr(rec, k, v)
+            self.queue.pop(0)
+        return True
+
+    def cuStreamSynchronize(self, stream: Any) -> int:
+        if stream == "side":
+            return 0
+        self._count("synchronize")
+        assert self._step(), "cuStreamSynchronize on a kernel that never ends"
+        return 0
+
+    def cuStreamQuery(self, stream: Any) -> int:
+        self._count("query")
+        return 0 if self._step() else self.CUDA_ERROR_NOT_READY
+
+
+def abi_code(name: str) -> int:
+    from capabilities import abi
+
+    return abi.FAULT_CODE[name]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
+    d = FakeDevice()
+    monkeypatch.setattr(lane, "drv", d)
+    monkeypatch.setattr(lane, "CANCEL_GRACE", 0.2)
+    yield d
+    d.stuck = False
+    lane.sync()
+    assert not lane._seq.stuck and not lane._seq.held
+    pygc.collect()
+    for _ in range(6):
+        runtime.gc_collect()
+        if not lane.device_payloads_owned():
+            break
+    assert set(d.mem) <= {d.dev.seq_record}, "device payloads leaked"
+
+
+def _fake_kernel(fake: FakeDevice, src: str, name: str, behaviour: Any = None,
+                 checked: bool = True) -> lane.CudaKernel:
+    cs = lane.translate(src, checked=checked)
+    fn = f"{name}@{len(fake.params)}"  # one function handle per "module"
+    fake.params[fn] = [kind for _, kind in cs.kernels[name].params]
+    fake.behaviour[fn] = behaviour
+    return lane.CudaKernel(name, src, checked, cs, cs.kernels[name], None, fn, 0)
+
+
+def _oob(slot: int, index: int, line: int, block: int = 0, thread: int = 0,
+         access: int = 2) -> dict:
+    return {"kind": abi_code("OOB"), "slot": slot, "index": index, "line": line,
+            "block": block, "thread": thread, "access": access}
+
+
+def test_fake_one_sync_per_sequence(fake: FakeDevice) -> None:
+    """1000 launches, one record reset, no host synchronisation until sync()."""
+    k = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(4, np.float32, name="x")
+    for i in range(1000):
+        runtime.launch(k, [x], args=(i % 4, 1.0), grid=2, block=32, sync=False)
+    assert fake.calls.get("launch") == 1000 and len(fake.queue) == 1000 + 3  # + 3 memsets
+    assert fake.calls.get("synchronize", 0) == fake.calls.get("query", 0) == 0
+    assert fake.calls.get("dtoh", 0) == 0
+    assert fake.calls["memset record"] == 1  # reset once, when the sequence started
+    assert _holds(x) == 1000 and lane.pending() == 1000
+    runtime.sync()
+    assert [i for _, i in fake.ran] == list(range(1000))
+    assert fake.calls["synchronize"] == 1 and fake.calls["dtoh"] == 1
+    assert _holds(x) == 0 and lane.pending() == 0
+
+
+def test_fake_fault_in_the_middle_across_modules(fake: FakeDevice) -> None:
+    """Three launches of two modules: the second faults, the third exits at entry,
+    and sync names the second launch's kernel and buffer (its own argument names)."""
+    put = _fake_kernel(fake, PUT_SRC, "put")
+    copy = _fake_kernel(fake, COPY_SRC, "copy", lambda launch: _oob(1, 6, COPY_LINE, 3, 17, 1))
+    a = lane.alloc_device(4, np.float32, name="a")
+    b = lane.alloc_device(4, np.float32, name="b")
+    canary = lane.alloc_device(4, np.float32, name="canary")
+    runtime.launch(put, [a], args=(0, 1.0), sync=False)
+    runtime.launch(copy, [a, b], args=(6,), grid=4, sync=False)
+    runtime.launch(put, [canary], args=(0, 1.0), sync=False)
+    assert (_holds(a), _holds(b), _holds(canary)) == (2, 1, 1)
+    with pytest.raises(CapabilityFault) as e:
+        runtime.sync()
+    f = e.value
+    assert (f.reason, f.kernel, f.buffer, f.index, f.access, f.block, f.thread, f.line,
+            f.launch_index) == ("out-of-bounds", "copy", "b", 6, "load", 3, 17, COPY_LINE, 1)
+    assert fake.ran == [(put.function, 0), (copy.function, 1)]
+    assert fake.exited_at_entry == [(put.function, 2)]
+    assert (_holds(a), _holds(b), _holds(canary)) == (0, 0, 0)
+
+
+def test_fake_next_sequence_starts_clean(fake: FakeDevice) -> None:
+    """The record is reset when the next sequence starts: its launches run."""
+    bad = _fake_kernel(fake, PUT_SRC, "put", lambda launch: _oob(0, 9, PUT_LINE))
+    good = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(4, np.float32, name="x")
+    runtime.launch(bad, [x], args=(9, 1.0), sync=False)
+    with pytest.raises(CapabilityFault):
+        runtime.sync()
+    runtime.launch(good, [x], args=(0, 1.0), sync=False)
+    runtime.launch(good, [x], args=(1, 1.0), sync=False)
+    runtime.sync()
+    assert fake.ran[-2:] == [(good.function, 0), (good.function, 1)]
+
+
+def test_fake_sync_launch_raises_the_pending_fault_first(fake: FakeDevice) -> None:
+    bad = _fake_kernel(fake, PUT_SRC, "put", lambda launch: _oob(0, 9, PUT_LINE))
+    good = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(4, np.float32, name="x")
+    runtime.launch(bad, [x], args=(9, 1.0), sync=False)
+    with pytest.raises(CapabilityFault) as e:
+        runtime.launch(good, [x], args=(0, 1.0))
+    assert (e.value.index, e.value.launch_index) == (9, 0)
+    assert fake.calls["launch"] == 1  # the synchronous launch was not issued
+    runtime.launch(good, [x], args=(0, 1.0))  # and the one after it runs alone
+    assert fake.ran[-1] == (good.function, 0) and _holds(x) == 0
+
+
+def test_fake_free_and_drop_mid_sequence_keep_the_payload(fake: FakeDevice) -> None:
+    """free() and dropping the last handle after enqueueing: the payload stays
+    allocated (the fake asserts it at execution) until the sync released the holds."""
+    k = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(4, np.float32, name="x")
+    y = lane.alloc_device(4, np.float32, name="y")
+    px, py = x.ptr, y.ptr
+    runtime.launch(k, [x], args=(0, 1.0), sync=False)
+    runtime.launch(k, [y], args=(0, 1.0), sync=False)
+    x.free()
+    with pytest.raises(CapabilityFault) as e:  # a freed handle is refused at the call
+        runtime.launch(k, [x], args=(0, 1.0), sync=False)
+    assert e.value.reason == "freed"
+    del y
+    pygc.collect()
+    for _ in range(3):
+        runtime.gc_collect()
+    assert px in fake.mem and py in fake.mem
+    runtime.sync()  # executes both launches: the fake checks their payloads exist
+    for _ in range(3):
+        runtime.gc_collect()
+    assert px not in fake.mem and py not in fake.mem
+
+
+def test_fake_timeout_cancels_the_sequence(fake: FakeDevice) -> None:
+    """sync(timeout) raises KernelTimeout naming the launch that was running; it
+    stopped at a pollcheck and the launches after it exit at entry."""
+    put = _fake_kernel(fake, PUT_SRC, "put")
+    spin = _fake_kernel(fake, COPY_SRC, "copy", "spin")
+    x = lane.alloc_device(4, np.float32, name="x")
+    runtime.launch(put, [x], args=(0, 1.0), sync=False)
+    runtime.launch(spin, [x, x], args=(0,), sync=False)
+    runtime.launch(put, [x], args=(1, 1.0), sync=False)
+    with pytest.raises(KernelTimeout) as e:
+        runtime.sync(timeout=0.1)
+    assert (e.value.kernel, e.value.timeout) == ("copy", 0.1)
+    assert fake.ran == [(put.function, 0), (spin.function, 1)]
+    assert fake.exited_at_entry == [(put.function, 2)]
+    assert _holds(x) == 0
+
+
+def test_fake_kernel_ignoring_the_cancel_keeps_its_holds(fake: FakeDevice) -> None:
+    """A kernel still running after the cancel grace: KernelTimeout, but its
+    buffers stay rooted until a later sync finds the stream idle."""
+    stuck = _fake_kernel(fake, PUT_SRC, "put", "stuck")
+    x = lane.alloc_device(4, np.float32, name="x")
+    px = x.ptr
+    runtime.launch(stuck, [x], args=(0, 1.0), sync=False)
+    with pytest.raises(KernelTimeout) as e:
+        runtime.sync(timeout=0.05)
+    assert e.value.kernel == "put"
+    x.free()
+    del x
+    pygc.collect()
+    for _ in range(3):
+        runtime.gc_collect()
+    assert px in fake.mem, "payload released under a kernel that still runs"
+    runtime.sync()  # still running: the holds stay
+    assert px in fake.mem and lane._seq.stuck
+    fake.stuck = False
+    runtime.sync()
+    assert not lane._seq.stuck
+    for _ in range(3):
+        runtime.gc_collect()
+    assert px not in fake.mem
+
+
+def test_fake_raw_kernels_take_no_hidden_parameters(fake: FakeDevice) -> None:
+    """Raw builds stay free of the sequence check: no hidden parameters, no entry check."""
+    raw = _fake_kernel(fake, PUT_SRC, "put", checked=False)
+    x = lane.alloc_device(4, np.float32, name="x")
+    slots = []
+
+    def launch_kernel(fn: Any, *a: Any) -> int:
+        slots.append(real_drv.ffi().sizeof(a[-2]) // real_drv.ffi().sizeof("void *"))
+        return 0
+
+    fake.cuLaunchKernel = launch_kernel
+    runtime.launch(raw, [x], args=(0, 1.0), sync=False)
+    runtime.sync()
+    assert slots == [3]  # x, i, v
+    assert "__rt_seq" not in raw.cuda.text and "RT_PROLOGUE(" not in raw.cuda.text.split(
+        "kernel source follows")[1]
+    assert "RT_PROLOGUE(__rt_seq, __rt_launch)" in lane.translate(PUT_SRC).text
+
+
+def test_fake_interrupt_while_waiting_cancels_and_keeps_the_holds(
+        fake: FakeDevice, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in sync(timeout): the sequence is cancelled as at a deadline, the
+    interrupt propagates, and the buffers stay held until the stream is idle."""
+    import time
+
+    spin = _fake_kernel(fake, PUT_SRC, "put", "spin")
+    after = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(4, np.float32, name="x")
+    runtime.launch(spin, [x], args=(0, 1.0), sync=False)
+    runtime.launch(after, [x], args=(1, 1.0), sync=False)
+
+    def interrupted(_s: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lane, "time", SimpleNamespace(monotonic=time.monotonic,
+                                                       sleep=interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        runtime.sync(timeout=30)
+    monkeypatch.setattr(lane, "time", time)
+    assert fake.record().cancel == 1 and _holds(x) == 2 and lane.pending() == 0
+    runtime.sync()  # the spinning kernel saw the cancel; the next launch exited at entry
+    assert fake.exited_at_entry == [(after.function, 1)] and _holds(x) == 0
