@@ -411,14 +411,17 @@ def load_gpu_file(path: Path, rerun: bool = False) -> list[dict[str, Any]]:
         d = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
+    if not isinstance(d, dict) or "shapes" not in d:
+        return []  # not a gpu_bench result
     d["_file"], d["_rerun"] = _rel(path), rerun
     return [d]
 
 
 def load_gpu(results_dir: Path) -> list[dict[str, Any]]:
     """The newest full-run bench/results/gpu-*.json (written by bench/gpu_bench.py), if any."""
-    files = sorted(f for f in results_dir.glob("gpu-*.json") if not f.stem.endswith("-quick"))
-    return load_gpu_file(files[-1]) if files else []
+    runs = [r for f in results_dir.glob("gpu-*.json") if not f.stem.endswith("-quick")
+            for r in load_gpu_file(f)]
+    return [max(runs, key=lambda r: r.get("date", ""))] if runs else []
 
 
 def write(res: dict[str, Any], out_dir: Path) -> dict[str, Path]:
