@@ -16,9 +16,11 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
    ``TARGET_BLOCKS`` blocks where the matrix allows.
 
 The result is LAPACK's compact form (as ``scipy.linalg.qr(mode='raw')`` in
-row-major orientation, like kernels.qr).  Every launch is a normal
-``runtime.cuda.launch``: it waits for the kernel and raises the first
-CapabilityFault, so a fault stops the sequence at the launch that made it.
+row-major orientation, like kernels.qr).  The plan runs as one launch sequence
+(``runtime.cuda.launch(..., sync=False)`` per step, one ``runtime.cuda.sync``
+at the end): no host sync between launches; a fault makes every later kernel
+of the sequence exit at entry, and the sync raises it with the launch that
+made it (``launch_index``).
 """
 
 from __future__ import annotations
@@ -47,8 +49,10 @@ PANEL_BLOCK, SMALL_BLOCK = 512, 256
 #: gpu_qr_steps_*: 256 threads, 8 warps x 8 rows each (the constants of panel_steps.c).
 STEP_BLOCK, STEP_ROWS = 256, 64
 T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
-#: The update kernels' 4x4 register tiles fit in 128 registers (2 blocks per SM); the
-#: same limit for checked and raw builds, so the overhead comparison stays like for like.
+#: Register caps of the update kernels, the same for checked and raw builds so the
+#: overhead comparison stays like for like: update_z fits 64 without spilling in either
+#: build (4 blocks per SM; ptxas -v, NVRTC 13, sm_90), update_apply needs 128 (2 per SM).
+UPDATE_Z_OPTIONS = ("--maxrregcount=64",)
 UPDATE_OPTIONS = ("--maxrregcount=128",)
 #: gpu_qr_panel runs 512 threads, so at most 128 registers each.
 PANEL_OPTIONS = ("--maxrregcount=128",)
@@ -127,7 +131,7 @@ def blocked_kernels(checked: bool = True) -> dict[str, Any]:
             "steps_column": cuda.compile(PANEL_STEPS_SOURCE, "gpu_qr_steps_column",
                                          checked=checked),
             "update_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_z", checked=checked,
-                                     options=UPDATE_OPTIONS),
+                                     options=UPDATE_Z_OPTIONS),
             "update_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_apply",
                                          checked=checked, options=UPDATE_OPTIONS)}
 
@@ -187,6 +191,8 @@ def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
     ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc`.
+    One launch sequence, synced at the end (``timeout``: for the whole sequence;
+    a sequence the caller left pending is synced with it).
     """
     from runtime import cuda
 
@@ -194,7 +200,8 @@ def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
     ks = blocked_kernels(checked)
     for step in launch_plan(batch, n, tall_rows):
         cuda.launch(ks[step.kernel], ws.caps(step, A, tau), args=step.args,
-                    grid=step.grid, block=step.block, timeout=timeout)
+                    grid=step.grid, block=step.block, sync=False)
+    cuda.sync(timeout)
 
 
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
