@@ -300,12 +300,18 @@ def _gpu_md(gpu: list[dict[str, Any]]) -> list[str]:
         body = [[f"({r['batch']},{r['n']})", f"{r.get('checked_ms', float('nan')):.3f}",
                  f"{r.get('raw_ms', float('nan')):.3f}", fmt_x(r.get("overhead"), 3),
                  f"{r['torch_geqrf_ms']:.3f}" if _fin(r.get("torch_geqrf_ms")) else "n/a",
-                 fmt_x(r.get("speedup_vs_torch"))] for r in g.get("shapes", [])]
+                 fmt_x(r.get("speedup_vs_torch")),
+                 f"{r['checked_tflops']:.2f}" if _fin(r.get("checked_tflops")) else "n/a"]
+                for r in g.get("shapes", [])]
         out += _table(["shape", "checked ms", "raw ms", "checked/raw", "torch.geqrf ms",
-                       "speedup vs torch"], body)
+                       "speedup vs torch", "checked TFLOP/s"], body)
+        ceil = g.get("ceilings_tflops") or {}
         out += [f"Geomean checked/raw {fmt_x(g.get('geomean_overhead'), 3)}"
                 + (f", geomean speedup vs torch.geqrf {fmt_x(g['geomean_speedup_vs_torch'])}"
-                   if _fin(g.get("geomean_speedup_vs_torch")) else ""), ""]
+                   if _fin(g.get("geomean_speedup_vs_torch")) else "")
+                + (f"; ceilings: fp32 SIMT {ceil['fp32_simt']} TFLOP/s, fp16 tensor cores "
+                   f"{ceil['fp16_tensor']} TFLOP/s ({ceil.get('source', '')})" if ceil else ""),
+                ""]
     return out
 
 
