@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One session on a GPU machine: the GPU tests, the GPU bench and the many-core CPU bench,
+# each under its own time limit, logs and JSON to $OUT (default bench/results/device).
+# Usage: OUT=/some/dir bash bench/device_run.sh
+# The fake-driver tests (tests/test_launch_sequence.py, tests/test_gc_device.py) are not
+# run here: they swap the driver module under a process that holds real device buffers.
+set -u
+OUT=${OUT:-bench/results/device}
+mkdir -p "$OUT"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nproc; uptime; } \
+    > "$OUT/machine.txt" 2>&1
+timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_gpu_async.py tests/test_gpu_qr.py tests/test_gpu_builtins.py tests/test_gpu.py \
+    tests/test_conformance.py > "$OUT/gpu-tests.txt" 2>&1
+echo "rc=$?" >> "$OUT/gpu-tests.txt"
+tail -3 "$OUT/gpu-tests.txt"
+timeout "${GPU_BENCH_S:-240}" python3 -m bench.gpu_bench --repeat "${REPEAT:-3}" \
+    --repeat-large "${REPEAT:-3}" --out "$OUT/gpu-bench.json" > "$OUT/gpu-bench.txt" 2>&1
+tail -9 "$OUT/gpu-bench.txt"
+timeout "${CPU_BENCH_S:-150}" python3 -m bench.qr_parallel --out "$OUT" \
+    > "$OUT/cpu-parallel.txt" 2>&1
+tail -12 "$OUT/cpu-parallel.txt"
