@@ -67,10 +67,11 @@ def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
 
 
 def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
-    """Workspace elements: per block (qrt) or per matrix, two slots (qrt_step)."""
+    """Workspace elements (P, T, a column X): per block (qrt) or per matrix, two slots
+    (qrt_step)."""
     if steps:
-        return batch * (2 * (m * nb + nb * nb) + nb)
-    return grid * (m * nb + nb * nb + nb)
+        return batch * 2 * (m * nb + nb * nb + m)
+    return grid * (m * nb + nb * nb + m)
 
 
 def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: bool,
