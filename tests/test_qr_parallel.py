@@ -195,13 +195,13 @@ def test_panel_tiny_and_zero_columns():
         assert np.abs(np.diag(H[0])).min() > 0  # not flushed to zero
 
 
-# A store one column past the panel in the copy back to A: for every panel but
-# the last it lands inside the matrix (silent, as any in-bounds bug is); the
-# last panel's last row writes one element past the buffer.  In the step
-# sequence that panel is factored by a look-ahead item late in the run.
-_COPY_BACK = ("        for (int64_t p = 0; p < jb; p++)\n"
-              "            cap_store_f32(A, (j + t) * n + j + p,")
-_COPY_BACK_PLANTED = _COPY_BACK.replace("p < jb", "p <= jb")
+# A store one column past the panel in the look-ahead item's copy back to A:
+# for every panel but the last it lands inside the matrix (silent, as any
+# in-bounds bug is); the last panel's last row writes one element past the
+# buffer.  That panel is factored late in the step sequence.
+_COPY_BACK = ("                    for (int64_t p = 0; p < jbn; p++)\n"
+              "                        cap_store_f32(A, (j + t) * n + jn + p,")
+_COPY_BACK_PLANTED = _COPY_BACK.replace("p < jbn", "p <= jbn")
 
 
 def _mutate(monkeypatch, old: str, new: str) -> None:

@@ -283,17 +283,35 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
         int64_t cur = j >= 0 ? (j / nb) % 2 : 0;
         cap_t Pc = cap_offset_f32(base, cur * slot);
         cap_t Tc = cap_offset_f32(Pc, m * nb);
+        /* V of panel j: row t (matrix row j + t) at Vc[t * nb]; panels after
+         * the first start nb rows into their slot (see the look-ahead item). */
+        cap_t Vc = cap_offset_f32(Pc, j > 0 ? nb * nb : 0);
         if (tile < 0) {
             cap_t Pn = cap_offset_f32(base, ((jn / nb) % 2) * slot);
             cap_t Tn = cap_offset_f32(Pn, m * nb);
-            if (j >= 0)
-                larfb_tile(Pc, nb, jb, Tc, nb, A, n, j, jn, jbn, m - j);
-            factor_panel(A, m, n, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k),
-                         cap_offset_f32(Tn, nb * nb));
+            cap_t X = cap_offset_f32(Tn, nb * nb);
+            if (j < 0) {
+                factor_panel(A, m, n, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k), X);
+            } else {
+                /* Copy the next panel's columns from row j down into the slot
+                 * once, apply panel j to them there and factor rows jn.. of
+                 * them in place (panel j is full: jn = j + nb), then copy all
+                 * of it back: two strided passes over A instead of four. */
+                int64_t mr = m - j;
+                for (int64_t t = 0; t < mr; t++)
+                    for (int64_t p = 0; p < jbn; p++)
+                        cap_store_f32(Pn, t * nb + p, cap_load_f32(A, (j + t) * n + jn + p));
+                larfb_tile(Vc, nb, jb, Tc, nb, Pn, nb, 0, 0, jbn, mr);
+                panel_qr(cap_offset_f32(Pn, nb * nb), nb, mr - nb, jbn,
+                         cap_offset_f32(tau, b * k + jn), Tn, nb, jn + jbn < n ? 1 : 0, X);
+                for (int64_t t = 0; t < mr; t++)
+                    for (int64_t p = 0; p < jbn; p++)
+                        cap_store_f32(A, (j + t) * n + jn + p, cap_load_f32(Pn, t * nb + p));
+            }
         } else {
             int64_t c0 = cs + tile * tw;
             int64_t cw = n - c0 < tw ? n - c0 : tw;
-            larfb_tile(Pc, nb, jb, Tc, nb, A, n, j, c0, cw, m - j);
+            larfb_tile(Vc, nb, jb, Tc, nb, A, n, j, c0, cw, m - j);
         }
     }
 }
