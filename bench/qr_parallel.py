@@ -174,25 +174,40 @@ def scaling(quick: bool, rounds: int = 3) -> list[dict[str, Any]]:
 
 
 # Single-core costs of the two kinds of step items, in the dialect, through the
-# checked pipeline like the kernels themselves (what = 0: factor a panel of nb
-# columns with m rows; what = 1: update one 64-wide tile with such a panel).
+# checked pipeline like the kernels themselves: what = 0 is qrt_step's look-ahead
+# item (the next nb columns, m rows, copied into the slot, updated by a panel,
+# factored below its first nb rows, copied back), what = 1 one 64-wide tile
+# update with such a panel.
 _PROFILE_KERNEL = """
 KERNEL void prof_item_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, int64_t nb,
                           int64_t what, int64_t reps)
 {
-    cap_t T = cap_offset_f32(work, m * nb);
+    cap_t V = work;
+    cap_t T = cap_offset_f32(V, m * nb);
+    cap_t Pn = cap_offset_f32(T, nb * nb + m);
+    cap_t Tn = cap_offset_f32(Pn, m * nb);
+    cap_t X = cap_offset_f32(Tn, nb * nb);
     for (int64_t r = 0; r < reps; r++) {
-        if (what == 0)
-            factor_panel(a, m, n, 0, nb, work, nb, T, tau, cap_offset_f32(T, nb * nb));
-        else
-            larfb_tile(work, nb, nb, T, nb, a, n, 0, nb, 64, m);
+        if (what == 0) {
+            for (int64_t t = 0; t < m; t++)
+                for (int64_t p = 0; p < nb; p++)
+                    cap_store_f32(Pn, t * nb + p, cap_load_f32(a, t * n + nb + p));
+            larfb_tile(V, nb, nb, T, nb, Pn, nb, 0, 0, nb, m);
+            panel_qr(cap_offset_f32(Pn, nb * nb), nb, m - nb, nb, cap_offset_f32(tau, nb), Tn,
+                     nb, 1, X);
+            for (int64_t t = 0; t < m; t++)
+                for (int64_t p = 0; p < nb; p++)
+                    cap_store_f32(a, t * n + nb + p, cap_load_f32(Pn, t * nb + p));
+        } else {
+            larfb_tile(V, nb, nb, T, nb, a, n, 0, 2 * nb, 64, m);
+        }
     }
 }
 """
 
 
 def _item_costs(n: int, nb: int, rows: list[int]) -> dict[int, tuple[float, float]]:
-    """{rows: (panel factorisation s, 64-wide tile update s)} on one worker (fastest of 5)."""
+    """{rows: (look-ahead item s, 64-wide tile update s)} on one worker (fastest of 5)."""
     import capabilities
     import runtime
     from kernels import sources
@@ -200,18 +215,18 @@ def _item_costs(n: int, nb: int, rows: list[int]) -> dict[int, tuple[float, floa
     k = runtime.compile(sources.source("qrt") + _PROFILE_KERNEL, "prof_item_f32")
     out = {}
     for mr in rows:
-        a = np.random.default_rng(mr).standard_normal((mr, n), dtype=np.float32)
+        a = np.random.default_rng(mr).standard_normal((mr, max(n, 3 * nb)), dtype=np.float32)
         ac = capabilities.wrap(a, name="a")
-        tc = capabilities.alloc((nb,), np.float32)
-        wc = capabilities.alloc((mr * nb + nb * nb + mr,), np.float32)
+        tc = capabilities.alloc((2 * nb,), np.float32)
+        wc = capabilities.alloc((2 * (mr * nb + nb * nb + mr),), np.float32)
         reps = max(1, int(4096 / mr))
         best = []
         for what in (0, 1):
-            runtime.launch(k, [ac, tc, wc], args=(mr, n, nb, what, 1), grid=1)
+            runtime.launch(k, [ac, tc, wc], args=(mr, a.shape[1], nb, what, 1), grid=1)
             ts = []
             for _ in range(5):
                 t0 = time.perf_counter()
-                runtime.launch(k, [ac, tc, wc], args=(mr, n, nb, what, reps), grid=1)
+                runtime.launch(k, [ac, tc, wc], args=(mr, a.shape[1], nb, what, reps), grid=1)
                 ts.append((time.perf_counter() - t0) / reps)
             best.append(min(ts))
         out[mr] = (best[0], best[1])
@@ -247,15 +262,16 @@ def model(n: int, nb: int, workers: int, costs: dict[int, tuple[float, float]],
 
     from kernels import parallel
 
-    total = _interp(costs, n, 0) + launch_s  # j = -1: the first panel
-    chain = _interp(costs, n, 0)
+    # j = -1: the first panel alone (the item without its update)
+    first = max(_interp(costs, n, 0) - _interp(costs, n, 1), 0.5 * _interp(costs, n, 0))
+    total = first + launch_s
+    chain = first
     work = chain
     for j in range(0, n, nb):
         mr, jn = n - j, j + nb
         items = []
         if jn < n:
-            items.append(_interp(costs, mr, 1) * _narrow(min(nb, n - jn))
-                         + _interp(costs, mr - nb, 0) * min(nb, n - jn) / nb)
+            items.append(_interp(costs, mr, 0) * min(nb, n - jn) / nb)
             chain += items[0]
         cs = jn + nb if jn < n else j + nb
         for c0 in range(cs, n, parallel.TW_MAX):
@@ -297,7 +313,8 @@ def profile(quick: bool) -> list[dict[str, Any]]:
         inside = sum(s for _, _, s in trace)
         steps = [s for _, _, s in trace]
         row = {"n": n, "nb": nb, "workers": w, "launch_s": launch,
-               "item_cost_s": {str(k): {"panel": v[0], "tile64": v[1]} for k, v in costs.items()},
+               "item_cost_s": {str(k): {"lookahead_item": v[0], "tile64": v[1]}
+                               for k, v in costs.items()},
                "model": pred,
                "traced": {"wall_s": wall, "gflops": qr_flops(n, n) / wall / 1e9,
                           "launches": len(trace), "inside_launches_s": inside,
@@ -306,9 +323,9 @@ def profile(quick: bool) -> list[dict[str, Any]]:
                           "step_s_max": max(steps) if steps else 0}}
         rows_out.append(row)
         p_n, t_n = costs[n]
-        print(f"profile n={n} nb={nb}: one worker: panel {p_n * 1e3:.2f} ms, 64-wide tile "
-              f"{t_n * 1e3:.2f} ms at {n} rows (panel item = tile + panel: "
-              f"{(p_n + t_n) / t_n:.1f} tiles)", flush=True)
+        print(f"profile n={n} nb={nb}: one worker at {n} rows: look-ahead item (update + "
+              f"factor the next panel) {p_n * 1e3:.2f} ms, 64-wide tile {t_n * 1e3:.2f} ms "
+              f"(item = {p_n / t_n:.1f} tiles)", flush=True)
         for t, m in pred.items():
             print(f"    model {t:>3} workers: {m['time_s'] * 1e3:8.1f} ms {m['gflops']:7.1f} GF/s "
                   f"(critical path {m['critical_path_s'] * 1e3:.1f} ms, work / workers "
