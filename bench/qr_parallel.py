@@ -1,14 +1,22 @@
 """``python -m bench.qr_parallel``: checked capqr QR (default variant) vs scipy sgeqrf on the
-CPU, core scaling for one n=4096 matrix, checked/raw of the parallel kernels, launch cost.
+CPU, core scaling for one n=4096 matrix, a step profile of the parallel schedule, checked/raw
+of the parallel kernels, launch cost.
 
-One command for any host (a few minutes on 2 cores, well under 4 on 16):
+One command for any host (a few minutes on 2 cores, about 3 on 16):
 
     python -m bench.qr_parallel [--quick] [--out bench/results]
 
 writes ``cpu-parallel-<date>-<host>.json`` and prints the tables.  capqr and
 scipy run interleaved in this process (same load for both); each row has the
 median and the fastest run.  Scaling runs one subprocess per worker count
-(CAPQR_THREADS sizes the pool once per process).
+(CAPQR_THREADS sizes the pool once per process), in interleaved rounds.
+
+The step profile says where the time of one matrix goes: the single-core
+cost of a panel item (update of the next panel's columns, then its
+factorisation: the critical path) and of a 64-wide tile at a few row
+counts, a model of the step sequence from those costs (each launch's items
+dealt to W workers in order, plus the launch cost) for 1, 2 and all workers,
+and a traced run on all workers (launches, time inside them, host gaps).
 """
 
 from __future__ import annotations
@@ -118,25 +126,41 @@ print(json.dumps({"threads": runtime.threads(), "times_s": ts}))
 """
 
 
-def scaling(quick: bool) -> list[dict[str, Any]]:
-    """GF/s of one n x n matrix with 1, 2 and all workers (one subprocess each)."""
+def _scale_run(n: int, threads: int, reps: int) -> dict[str, Any]:
+    env = dict(os.environ, CAPQR_THREADS=str(threads))
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", _SCALE_SCRIPT, str(n), str(reps)],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        return {"error": p.stderr[-500:]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def scaling(quick: bool, rounds: int = 3) -> list[dict[str, Any]]:
+    """GF/s of one n x n matrix with 1, 2 and all workers: one subprocess per
+    worker count and round, the counts interleaved round by round."""
     n = SCALING_N["quick" if quick else "full"]
     cores = os.cpu_count() or 1
+    counts = sorted({1, min(2, cores), cores})
+    times: dict[int, list[float]] = {t: [] for t in counts}
+    errors: dict[int, str] = {}
+    for r in range(1 if quick else rounds):
+        for threads in counts[r % len(counts):] + counts[:r % len(counts)]:
+            res = _scale_run(n, threads, 1)
+            if "error" in res:
+                errors[threads] = res["error"]
+            else:
+                times[threads] += res["times_s"]
     out = []
-    for threads in sorted({1, min(2, cores), cores}):
-        env = dict(os.environ, CAPQR_THREADS=str(threads))
-        root = Path(__file__).resolve().parents[1]
-        env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-        p = subprocess.run([sys.executable, "-c", _SCALE_SCRIPT, str(n), "1" if quick else "3"],
-                           cwd=root, env=env, capture_output=True, text=True, timeout=900)
-        if p.returncode != 0:
-            out.append({"threads": threads, "error": p.stderr[-500:]})
+    for threads in counts:
+        ts = times[threads]
+        if not ts:
+            out.append({"threads": threads, "error": errors.get(threads, "no run")})
             continue
-        r = json.loads(p.stdout.strip().splitlines()[-1])
-        ts = r["times_s"]
         med = float(np.median(ts))
-        out.append({"threads": r["threads"], "n": n, "median_s": med, "min_s": min(ts),
-                    "gflops": qr_flops(n, n) / med / 1e9,
+        out.append({"threads": threads, "n": n, "median_s": med, "min_s": min(ts),
+                    "times_s": ts, "gflops": qr_flops(n, n) / med / 1e9,
                     "gflops_best": qr_flops(n, n) / min(ts) / 1e9})
     base = next((r for r in out if r.get("threads") == 1 and "gflops" in r), None)
     for r in out:
@@ -145,8 +169,174 @@ def scaling(quick: bool) -> list[dict[str, Any]]:
             r["efficiency_best"] = r["gflops_best"] / (r["threads"] * base["gflops_best"])
         print(f"scaling n={n}: {r.get('threads')} workers {r.get('gflops', float('nan')):6.1f} "
               f"GF/s (best {r.get('gflops_best', float('nan')):6.1f}), efficiency "
-              f"{r.get('efficiency', float('nan')):.2f}", flush=True)
+              f"{r.get('efficiency', float('nan')):.2f} (goal >= 0.8)", flush=True)
     return out
+
+
+# Single-core costs of the two kinds of step items, in the dialect, through the
+# checked pipeline like the kernels themselves: what = 0 is qrt_step's look-ahead
+# item (the next nb columns, m rows, copied into the slot, updated by a panel,
+# factored below its first nb rows, copied back), what = 1 one 64-wide tile
+# update with such a panel.
+_PROFILE_KERNEL = """
+KERNEL void prof_item_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, int64_t nb,
+                          int64_t what, int64_t reps)
+{
+    cap_t V = work;
+    cap_t T = cap_offset_f32(V, m * nb);
+    cap_t Pn = cap_offset_f32(T, nb * nb + m);
+    cap_t Tn = cap_offset_f32(Pn, m * nb);
+    cap_t X = cap_offset_f32(Tn, nb * nb);
+    for (int64_t r = 0; r < reps; r++) {
+        if (what == 0) {
+            for (int64_t t = 0; t < m; t++)
+                for (int64_t p = 0; p < nb; p++)
+                    cap_store_f32(Pn, t * nb + p, cap_load_f32(a, t * n + nb + p));
+            larfb_tile(V, nb, nb, T, nb, Pn, nb, 0, 0, nb, m);
+            panel_qr(cap_offset_f32(Pn, nb * nb), nb, m - nb, nb, cap_offset_f32(tau, nb), Tn,
+                     nb, 1, X);
+            for (int64_t t = 0; t < m; t++)
+                for (int64_t p = 0; p < nb; p++)
+                    cap_store_f32(a, t * n + nb + p, cap_load_f32(Pn, t * nb + p));
+        } else {
+            larfb_tile(V, nb, nb, T, nb, a, n, 0, 2 * nb, 64, m);
+        }
+    }
+}
+"""
+
+
+def _item_costs(n: int, nb: int, rows: list[int]) -> dict[int, tuple[float, float]]:
+    """{rows: (look-ahead item s, 64-wide tile update s)} on one worker (fastest of 5)."""
+    import capabilities
+    import runtime
+    from kernels import sources
+
+    k = runtime.compile(sources.source("qrt") + _PROFILE_KERNEL, "prof_item_f32")
+    out = {}
+    for mr in rows:
+        a = np.random.default_rng(mr).standard_normal((mr, max(n, 3 * nb)), dtype=np.float32)
+        ac = capabilities.wrap(a, name="a")
+        tc = capabilities.alloc((2 * nb,), np.float32)
+        wc = capabilities.alloc((2 * (mr * nb + nb * nb + mr),), np.float32)
+        reps = max(1, int(4096 / mr))
+        best = []
+        for what in (0, 1):
+            runtime.launch(k, [ac, tc, wc], args=(mr, a.shape[1], nb, what, 1), grid=1)
+            ts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                runtime.launch(k, [ac, tc, wc], args=(mr, a.shape[1], nb, what, reps), grid=1)
+                ts.append((time.perf_counter() - t0) / reps)
+            best.append(min(ts))
+        out[mr] = (best[0], best[1])
+        for c in (ac, tc, wc):
+            c.free()
+    return out
+
+
+def _interp(costs: dict[int, tuple[float, float]], mr: int, which: int) -> float:
+    """Cost at mr rows: piecewise linear between measured row counts, proportional below."""
+    xs = sorted(costs)
+    if mr <= xs[0]:
+        return costs[xs[0]][which] * mr / xs[0]
+    for lo, hi in zip(xs, xs[1:], strict=False):
+        if mr <= hi:
+            f = (mr - lo) / (hi - lo)
+            return costs[lo][which] * (1 - f) + costs[hi][which] * f
+    return costs[xs[-1]][which] * mr / xs[-1]
+
+
+def _narrow(cw: int) -> float:
+    """A cw-wide tile's cost in 64-wide tiles (tile.c packs V whatever the width:
+    measured on one core, cw = 16 costs about 0.65 of a full tile, cw = 32 0.8)."""
+    return 0.5 + 0.5 * cw / 64
+
+
+def model(n: int, nb: int, workers: int, costs: dict[int, tuple[float, float]],
+          launch_s: float) -> dict[str, float]:
+    """Time of the step sequence for one n x n matrix on ``workers``: each launch's items
+    (kernels/parallel.py's order: the panel item, then the tiles) go to the worker that
+    frees first; a launch ends with its last item, plus ``launch_s``."""
+    import heapq
+
+    from kernels import parallel
+
+    # j = -1: the first panel alone (the item without its update)
+    first = max(_interp(costs, n, 0) - _interp(costs, n, 1), 0.5 * _interp(costs, n, 0))
+    total = first + launch_s
+    chain = first
+    work = chain
+    for j in range(0, n, nb):
+        mr, jn = n - j, j + nb
+        items = []
+        if jn < n:
+            items.append(_interp(costs, mr, 0) * min(nb, n - jn) / nb)
+            chain += items[0]
+        cs = jn + nb if jn < n else j + nb
+        for c0 in range(cs, n, parallel.TW_MAX):
+            items.append(_interp(costs, mr, 1) * _narrow(min(64, n - c0)))
+        if not items:
+            continue
+        free = [0.0] * workers
+        for it in items:
+            heapq.heappush(free, heapq.heappop(free) + it)
+        total += max(free) + launch_s
+        work += sum(items)
+    return {"time_s": total, "gflops": qr_flops(n, n) / total / 1e9, "critical_path_s": chain,
+            "work_s": work}
+
+
+def profile(quick: bool) -> list[dict[str, Any]]:
+    """Where one matrix's time goes: item costs, the schedule model for 1, 2 and all
+    workers, and a traced run on all workers."""
+    import runtime
+    from kernels import parallel
+
+    sizes = (384,) if quick else (1024, 2048, 4096)
+    w = runtime.threads()
+    launch = launch_cost().get(f"grid={w}", {}).get("us_min", 50.0) * 1e-6
+    rows_out = []
+    for n in sizes:
+        nb = parallel.default_nb(n, n)
+        costs = _item_costs(n, nb, sorted({n, max(nb + 1, n // 2), max(nb + 1, n // 4),
+                                           max(nb + 1, n // 8)}))
+        pred = {str(t): model(n, nb, t, costs, launch) for t in sorted({1, min(2, w), w})}
+        a = _input(1, n)
+        h = np.array(a[None])
+        tau = np.zeros((1, n), np.float32)
+        trace: list = []
+        parallel.run(np.array(h), tau.copy(), "float32", nb, parallel.TW_MAX, True, None, None)
+        t0 = time.perf_counter()
+        parallel.run(h, tau, "float32", nb, parallel.TW_MAX, True, None, None, trace=trace)
+        wall = time.perf_counter() - t0
+        inside = sum(s for _, _, s in trace)
+        steps = [s for _, _, s in trace]
+        row = {"n": n, "nb": nb, "workers": w, "launch_s": launch,
+               "item_cost_s": {str(k): {"lookahead_item": v[0], "tile64": v[1]}
+                               for k, v in costs.items()},
+               "model": pred,
+               "traced": {"wall_s": wall, "gflops": qr_flops(n, n) / wall / 1e9,
+                          "launches": len(trace), "inside_launches_s": inside,
+                          "host_gaps_s": wall - inside, "step_s_first": steps[0] if steps else 0,
+                          "step_s_median": float(np.median(steps)) if steps else 0,
+                          "step_s_max": max(steps) if steps else 0}}
+        rows_out.append(row)
+        p_n, t_n = costs[n]
+        print(f"profile n={n} nb={nb}: one worker at {n} rows: look-ahead item (update + "
+              f"factor the next panel) {p_n * 1e3:.2f} ms, 64-wide tile {t_n * 1e3:.2f} ms "
+              f"(item = {p_n / t_n:.1f} tiles)", flush=True)
+        for t, m in pred.items():
+            print(f"    model {t:>3} workers: {m['time_s'] * 1e3:8.1f} ms {m['gflops']:7.1f} GF/s "
+                  f"(critical path {m['critical_path_s'] * 1e3:.1f} ms, work / workers "
+                  f"{m['work_s'] / int(t) * 1e3:.1f} ms)", flush=True)
+        tr = row["traced"]
+        print(f"    traced {w:>3} workers: {tr['wall_s'] * 1e3:8.1f} ms {tr['gflops']:7.1f} GF/s; "
+              f"{tr['launches']} launches, {tr['inside_launches_s'] * 1e3:.1f} ms inside them, "
+              f"{tr['host_gaps_s'] * 1e3:.2f} ms between; step first/median/max "
+              f"{tr['step_s_first'] * 1e3:.2f}/{tr['step_s_median'] * 1e3:.2f}/"
+              f"{tr['step_s_max'] * 1e3:.2f} ms", flush=True)
+    return rows_out
 
 
 def overhead(quick: bool) -> list[dict[str, Any]]:
@@ -200,7 +390,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--quick", action="store_true", help="tiny shapes, one repeat (smoke)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output directory")
     ap.add_argument("--skip", action="append", default=[],
-                    choices=("peers", "scaling", "overhead", "launch"))
+                    choices=("peers", "scaling", "profile", "overhead", "launch"))
     ap.add_argument("--shapes", default="",
                     help='comma-free list of shape labels, e.g. "n=1024 (8,2048)" (default: all)')
     ap.add_argument("--min-repeats", type=int, default=MIN_REPEATS,
@@ -219,6 +409,8 @@ def main(argv: list[str] | None = None) -> Path:
         res["checked_over_raw"] = overhead(ns.quick)
     if "scaling" not in ns.skip:
         res["scaling"] = scaling(ns.quick)
+    if "profile" not in ns.skip:
+        res["profile"] = profile(ns.quick)
     res["meta"]["loadavg_end"] = machine.loadavg()
     res["elapsed_s"] = time.perf_counter() - t0
     out = Path(ns.out)

@@ -67,18 +67,24 @@ def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
 
 
 def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
-    """Workspace elements: per block (qrt) or per matrix, two slots (qrt_step)."""
+    """Workspace elements (P, T, a column X): per block (qrt) or per matrix, two slots
+    (qrt_step)."""
     if steps:
-        return batch * (2 * (m * nb + nb * nb) + nb)
-    return grid * (m * nb + nb * nb + nb)
+        return batch * 2 * (m * nb + nb * nb + m)
+    return grid * (m * nb + nb * nb + m)
 
 
 def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: bool,
-        grid: int | None, timeout: float | None, steps: bool | None = None) -> None:
+        grid: int | None, timeout: float | None, steps: bool | None = None,
+        trace: list[tuple[int, int, float]] | None = None) -> None:
     """Factor ``h`` (batch x m x n, C order, ``dtype``) in place; tau receives the scales.
 
     ``steps`` forces the launch sequence (True) or one block per matrix
-    (False); None decides by batch size and worker count.
+    (False); None decides by batch size and worker count.  ``timeout`` covers
+    the whole sequence: a launch gets what is left of it, no launch starts
+    after it has passed, and the KernelTimeout names the sequence's timeout.
+    ``trace``, when given, receives (panel j, blocks, seconds) per launch
+    (j = -1: the first panel; one entry with j = -2 for a one-launch run).
     """
     import capabilities
     import runtime
@@ -94,10 +100,14 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     hc = capabilities.wrap(h, name="qr.a")
     tc = capabilities.wrap(tau, name="qr.tau")
     work = capabilities.alloc((work_elems(batch, m, nb, steps, g),), h.dtype, name="qr.work")
+    clock = time.perf_counter
     try:
         if not steps:
+            t0 = clock()
             runtime.launch(kmat, [hc, tc, work], args=(batch, m, n, nb), grid=g,
                            timeout=timeout)
+            if trace is not None:
+                trace.append((-2, g, clock() - t0))
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         caps = [hc, tc, work]
@@ -105,9 +115,19 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
             items = step_items(batch, m, n, nb, j, tw)
             if items == 0:
                 continue
-            left = None if deadline is None else max(1e-6, deadline - time.monotonic())
-            runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw),
-                           grid=items if grid is None else max(1, min(int(grid), items)),
-                           timeout=left)
+            left = None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise runtime.KernelTimeout(kstep.name, timeout)
+            blocks = items if grid is None else max(1, min(int(grid), items))
+            t0 = clock()
+            try:
+                runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw), grid=blocks,
+                               timeout=left)
+            except runtime.KernelTimeout as e:
+                raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
+            if trace is not None:
+                trace.append((j, blocks, clock() - t0))
     finally:
         work.free()

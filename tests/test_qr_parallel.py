@@ -162,3 +162,128 @@ def test_planted_overflow_of_a_full_tile_is_caught_in_the_local_array(planted):
     assert f.reason == "local-array" and f.buffer == "cp" and f.index == 64
     assert f.kernel == "qrt_f32"
     assert sources.locate("qrt", f.line)[0] == "tile.c"
+
+
+# ---------------------------------------------------------------------------
+# the panel factorisation (panel_qr in qrt.c) on inputs that take its side paths
+
+
+@pytest.mark.parametrize("shape,nb", [((1, 130, 130), 64), ((2, 70, 200), 64), ((1, 1000, 40), 64),
+                                      ((3, 67, 67), 64), ((1, 9, 9), 64), ((2, 65, 1), 64)])
+def test_panel_shapes_pass_the_checker(shape, nb):
+    """Panels of 64 with a short last panel, tall and wide, n < nb, one column."""
+    a3 = _rand(shape, seed=sum(shape))
+    for steps in (False, True):
+        H, tau = _run(a3, steps, nb=nb)
+        rep = check(a3, H, tau)
+        assert rep.ok, (steps, str(rep))
+
+
+def test_panel_tiny_and_zero_columns():
+    """Tiny columns take xLARFG's rescaling loop; columns already zero below the
+    diagonal give tau = 0 (H = I) and leave the matrix as it is."""
+    a3 = _rand((3, 150, 120), seed=4)
+    a3[0] *= np.float32(1e-36)          # beta below safmin: rescaled, like LAPACK
+    a3[1][:, 5] = 0.0                  # a zero column inside the first panel
+    a3[2] = np.triu(a3[2])             # every column zero below its diagonal
+    for steps in (False, True):
+        H, tau = _run(a3, steps, nb=32)
+        rep = check(a3, H, tau)
+        assert rep.ok, (steps, str(rep))
+        assert tau[1, 5] == 0.0
+        assert not tau[2].any() and H[2].tobytes() == a3[2].tobytes()
+        assert np.abs(np.diag(H[0])).min() > 0  # not flushed to zero
+
+
+# A store one column past the panel in the look-ahead item's copy back to A:
+# for every panel but the last it lands inside the matrix (silent, as any
+# in-bounds bug is); the last panel's last row writes one element past the
+# buffer.  That panel is factored late in the step sequence.
+_COPY_BACK = ("                    for (int64_t p = 0; p < jbn; p++)\n"
+              "                        cap_store_f32(A, (j + t) * n + jn + p,")
+_COPY_BACK_PLANTED = _COPY_BACK.replace("p < jbn", "p <= jbn")
+
+
+def _mutate(monkeypatch, old: str, new: str) -> None:
+    real = sources.source
+
+    def mutated(family: str, dtype: str = "float32") -> str:
+        text = real(family, dtype)
+        if family == "qrt":
+            assert text.count(old) == 1
+            text = text.replace(old, new)
+        return text
+
+    parallel._kernels.cache_clear()
+    monkeypatch.setattr(sources, "source", mutated)
+
+
+@pytest.fixture
+def restore_kernels():
+    yield
+    parallel._kernels.cache_clear()
+
+
+def test_planted_fault_in_a_late_step_is_reported_exactly(monkeypatch, restore_kernels):
+    _mutate(monkeypatch, _COPY_BACK, _COPY_BACK_PLANTED)
+    batch, m, n = 2, 150, 150
+    a3 = _rand((batch, m, n), seed=9)
+    trace: list = []
+    with pytest.raises(runtime.CapabilityFault) as ei:
+        h = np.array(a3)
+        parallel.run(h, np.zeros((batch, n), np.float32), "float32", 32, 64, True, None, None,
+                     steps=True, trace=trace)
+    f = ei.value
+    assert f.reason == "out-of-bounds" and f.access == "store" and f.buffer == "qr.a"
+    assert f.index == m * n  # row m - 1, column n of the last matrix
+    assert f.kernel == "qrt_step_f32"
+    assert sources.locate("qrt", f.line)[0] == "qrt.c"
+    # panels 0, 32, ..., 128: the last one is factored in step j = 96; the
+    # launches before it completed and none ran after it
+    assert [j for j, _, _ in trace] == [-1, 0, 32, 64]
+
+
+# Every item of step j = 64 spins until tau[0] holds a value it never holds.
+_ITEMS = "    int64_t items = batch * (npan + ntiles);\n"
+_SPIN = _ITEMS + ("    while (j == 64 && cap_load_f32(tau, 0) != 12345.0f)\n"
+                  "        items = items + 1;\n")
+
+
+def test_timeout_in_the_middle_of_the_sequence(monkeypatch, restore_kernels):
+    _mutate(monkeypatch, _ITEMS, _SPIN)
+    a3 = _rand((1, 200, 200), seed=10)
+    trace: list = []
+    with pytest.raises(runtime.KernelTimeout) as ei:
+        parallel.run(np.array(a3), np.zeros((1, 200), np.float32), "float32", 32, 64, True,
+                     None, 1.0, steps=True, trace=trace)
+    assert ei.value.kernel == "qrt_step_f32" and ei.value.timeout == 1.0
+    assert [j for j, _, _ in trace] == [-1, 0, 32]
+    monkeypatch.undo()
+    parallel._kernels.cache_clear()
+    H, tau = qr(a3[0])  # the pool is still usable
+    assert check(a3[0], H, tau).ok
+
+
+class _SteppingClock:
+    """time.monotonic advancing 10 s per call; perf_counter real."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.perf_counter = __import__("time").perf_counter
+
+    def monotonic(self) -> float:
+        self.now += 10.0
+        return self.now
+
+
+def test_no_launch_starts_after_the_sequence_deadline(monkeypatch):
+    """Each launch finishes well inside its share, but the clock says the
+    deadline passed before the third: it is not started."""
+    monkeypatch.setattr(parallel, "time", _SteppingClock())
+    a3 = _rand((1, 200, 200), seed=12)
+    trace: list = []
+    with pytest.raises(runtime.KernelTimeout) as ei:
+        parallel.run(np.array(a3), np.zeros((1, 200), np.float32), "float32", 32, 64, True,
+                     None, 25.0, steps=True, trace=trace)
+    assert ei.value.kernel == "qrt_step_f32" and ei.value.timeout == 25.0
+    assert [j for j, _, _ in trace] == [-1, 0]

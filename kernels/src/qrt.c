@@ -21,36 +21,193 @@
  * nb:  panel width, clamped to 1..64.
  */
 
-/* Factor A[j:m, j:j+jb] (leading dimension n): copy it to P (leading
- * dimension nb; contiguous rows stream through cache), xGEQR2 there, copy it
- * back, tau into TAU[j:j+jb], and (when columns follow) T of the block
- * reflector into T (leading dimension nb).  wrow: nb floats of scratch. */
-static void factor_panel(cap_t A, int64_t m, int64_t n, int64_t j, int64_t jb,
-                         cap_t P, int64_t nb, cap_t T, cap_t TAU, cap_t wrow)
+/* ||X[0:len]||_2 of a contiguous vector, scaled by the largest magnitude like
+ * nrm2_col (a NaN propagates), with eight partial maxima and sums so that
+ * both passes vectorise; the lanes are combined in a fixed order. */
+static float nrm2_vec(cap_t X, int64_t len)
 {
-    int64_t mr = m - j;
-    for (int64_t t = 0; t < mr; t++) {
-        int64_t ra = (j + t) * n + j;
-        int64_t rp = t * nb;
-        for (int64_t p = 0; p < jb; p++)
-            cap_store_f32(P, rp + p, cap_load_f32(A, ra + p));
+    float am[8];
+    float sq[8];
+    int64_t n8 = len / 8;
+    for (int64_t l = 0; l < 8; l++) {
+        am[l] = 0.0f;
+        sq[l] = 0.0f;
     }
-    for (int64_t p = 0; p < jb; p++) {
-        float tp = larfg_col(P, nb, p, p, mr);
-        cap_store_f32(TAU, j + p, tp);
-        larf_left(P, nb, p, p, mr, p + 1, jb, tp, wrow);
+    for (int64_t i = 0; i < n8; i++)
+        for (int64_t l = 0; l < 8; l++) {
+            float x = fabsf(cap_load_f32(X, 8 * i + l));
+            am[l] = (x > am[l] || x != x) ? x : am[l];
+        }
+    float amax = 0.0f;
+    for (int64_t l = 0; l < 8; l++)
+        if (am[l] > amax || am[l] != am[l])
+            amax = am[l];
+    for (int64_t i = 8 * n8; i < len; i++) {
+        float x = fabsf(cap_load_f32(X, i));
+        if (x > amax || x != x)
+            amax = x;
     }
-    for (int64_t t = 0; t < mr; t++) {
-        int64_t ra = (j + t) * n + j;
-        int64_t rp = t * nb;
-        for (int64_t p = 0; p < jb; p++)
-            cap_store_f32(A, ra + p, cap_load_f32(P, rp + p));
+    if (amax == 0.0f || !isfinite(amax))
+        return amax;
+    for (int64_t i = 0; i < n8; i++)
+        for (int64_t l = 0; l < 8; l++) {
+            float y = cap_load_f32(X, 8 * i + l) / amax;
+            sq[l] = fmaf(y, y, sq[l]);
+        }
+    float s = 0.0f;
+    for (int64_t l = 0; l < 8; l++)
+        s = s + sq[l];
+    for (int64_t i = 8 * n8; i < len; i++) {
+        float y = cap_load_f32(X, i) / amax;
+        s = fmaf(y, y, s);
     }
-    if (j + jb < n)
-        larft(P, nb, 0, 0, jb, mr, cap_offset_f32(TAU, j), T, nb);
+    return amax * sqrtf(s);
 }
 
-/* work: grid * (m*nb + nb*nb + nb) elements (P, T, a scratch row per block). */
+/* xLARFG on column p of the packed panel (rows p..mr-1), as larfg_col does it,
+ * but the column below the diagonal is gathered once into the contiguous
+ * scratch X (one strided pass instead of three) and scattered back scaled. */
+static float panel_larfg(cap_t P, int64_t ldp, int64_t p, int64_t mr, cap_t X)
+{
+    int64_t len = mr - p - 1;
+    if (len <= 0)
+        return 0.0f;
+    float alpha = cap_load_f32(P, p * ldp + p);
+    for (int64_t i = 0; i < len; i++)
+        cap_store_f32(X, i, cap_load_f32(P, (p + 1 + i) * ldp + p));
+    float xnorm = nrm2_vec(X, len);
+    if (xnorm == 0.0f)
+        return 0.0f;
+    float beta = -copysignf(hypotf(alpha, xnorm), alpha);
+    float safmin = 1.17549435e-38f / 5.96046448e-08f;
+    int64_t knt = 0;
+    if (fabsf(beta) < safmin) {
+        float rsafmn = 1.0f / safmin;
+        while (fabsf(beta) < safmin && knt < 20) {
+            knt++;
+            for (int64_t i = 0; i < len; i++)
+                cap_store_f32(X, i, rsafmn * cap_load_f32(X, i));
+            beta = beta * rsafmn;
+            alpha = alpha * rsafmn;
+        }
+        xnorm = nrm2_vec(X, len);
+        beta = -copysignf(hypotf(alpha, xnorm), alpha);
+    }
+    float tau = (beta - alpha) / beta;
+    float scale = 1.0f / (alpha - beta);
+    for (int64_t i = 0; i < len; i++)
+        cap_store_f32(P, (p + 1 + i) * ldp + p, scale * cap_load_f32(X, i));
+    for (int64_t k = 0; k < knt; k++)
+        beta = beta * safmin;
+    cap_store_f32(P, p * ldp + p, beta);
+    return tau;
+}
+
+/* xGEQR2 + xLARFT on the packed panel P (mr x jb, row t at P[t * ldp + p],
+ * jb <= 64, ldp <= 64): tau into TAU[0:jb], T into T (leading dimension ldt)
+ * when want_t.  Every sweep runs along rows (unit stride, vectorised):
+ * reflector p's first sweep forms w[c] = v_p^T P[:, c] for every column c
+ * of the panel at once; for c > p that is what H_p needs, for c < p it is
+ * the Gram entry v_p^T v_c that xLARFT needs (column c < p is final and
+ * v_p is zero above row p), so T costs no extra pass over V.  The second
+ * sweep applies H_p to the columns right of p only. */
+static void panel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, cap_t T,
+                     int64_t ldt, int64_t want_t, cap_t X)
+{
+    float w[64];
+    float g[64][64];
+    if (jb > 64)
+        jb = 64;
+    for (int64_t p = 0; p < jb; p++) {
+        float tp = panel_larfg(P, ldp, p, mr, X);
+        cap_store_f32(TAU, p, tp);
+        /* Rows below p go four at a time (one w update per four rows); the
+         * sums keep the order of t, as one row at a time would. */
+        int64_t r1 = p + 1;
+        int64_t nq = (mr - r1) / 4;
+        int64_t rest = r1 + 4 * nq;
+        for (int64_t c = 0; c < jb; c++)
+            w[c] = cap_load_f32(P, p * ldp + c);
+        for (int64_t q = 0; q < nq; q++) {
+            float v0 = cap_load_f32(P, (r1 + 4 * q) * ldp + p);
+            float v1 = cap_load_f32(P, (r1 + 4 * q + 1) * ldp + p);
+            float v2 = cap_load_f32(P, (r1 + 4 * q + 2) * ldp + p);
+            float v3 = cap_load_f32(P, (r1 + 4 * q + 3) * ldp + p);
+            for (int64_t c = 0; c < jb; c++)
+                w[c] = fmaf(v3, cap_load_f32(P, (r1 + 4 * q + 3) * ldp + c),
+                            fmaf(v2, cap_load_f32(P, (r1 + 4 * q + 2) * ldp + c),
+                                 fmaf(v1, cap_load_f32(P, (r1 + 4 * q + 1) * ldp + c),
+                                      fmaf(v0, cap_load_f32(P, (r1 + 4 * q) * ldp + c), w[c]))));
+        }
+        for (int64_t t = rest; t < mr; t++) {
+            float vt = cap_load_f32(P, t * ldp + p);
+            for (int64_t c = 0; c < jb; c++)
+                w[c] = fmaf(vt, cap_load_f32(P, t * ldp + c), w[c]);
+        }
+        for (int64_t q = 0; q < p; q++)
+            g[p][q] = w[q];
+        if (tp == 0.0f)
+            continue;
+        for (int64_t c = r1; c < jb; c++) {
+            w[c] = tp * w[c];
+            cap_store_f32(P, p * ldp + c, cap_load_f32(P, p * ldp + c) - w[c]);
+        }
+        for (int64_t q = 0; q < nq; q++) {
+            float v0 = cap_load_f32(P, (r1 + 4 * q) * ldp + p);
+            float v1 = cap_load_f32(P, (r1 + 4 * q + 1) * ldp + p);
+            float v2 = cap_load_f32(P, (r1 + 4 * q + 2) * ldp + p);
+            float v3 = cap_load_f32(P, (r1 + 4 * q + 3) * ldp + p);
+            for (int64_t c = r1; c < jb; c++) {
+                float wc = w[c];
+                cap_store_f32(P, (r1 + 4 * q) * ldp + c,
+                              fmaf(-v0, wc, cap_load_f32(P, (r1 + 4 * q) * ldp + c)));
+                cap_store_f32(P, (r1 + 4 * q + 1) * ldp + c,
+                              fmaf(-v1, wc, cap_load_f32(P, (r1 + 4 * q + 1) * ldp + c)));
+                cap_store_f32(P, (r1 + 4 * q + 2) * ldp + c,
+                              fmaf(-v2, wc, cap_load_f32(P, (r1 + 4 * q + 2) * ldp + c)));
+                cap_store_f32(P, (r1 + 4 * q + 3) * ldp + c,
+                              fmaf(-v3, wc, cap_load_f32(P, (r1 + 4 * q + 3) * ldp + c)));
+            }
+        }
+        for (int64_t t = rest; t < mr; t++) {
+            float vt = cap_load_f32(P, t * ldp + p);
+            for (int64_t c = r1; c < jb; c++)
+                cap_store_f32(P, t * ldp + c, fmaf(-vt, w[c], cap_load_f32(P, t * ldp + c)));
+        }
+    }
+    if (!want_t)
+        return;
+    /* T[0:p, p] = -tau_p T[0:p, 0:p] G[p][0:p] (xLARFT, forward, columnwise). */
+    for (int64_t p = 0; p < jb; p++) {
+        float tp = cap_load_f32(TAU, p);
+        for (int64_t q = 0; q < p; q++) {
+            float s = 0.0f;
+            for (int64_t s_i = q; s_i < p; s_i++)
+                s = fmaf(cap_load_f32(T, q * ldt + s_i), g[p][s_i], s);
+            cap_store_f32(T, q * ldt + p, tp == 0.0f ? 0.0f : -tp * s);
+        }
+        cap_store_f32(T, p * ldt + p, tp);
+    }
+}
+
+/* Factor A[j:m, j:j+jb] (leading dimension n): copy it to P (leading
+ * dimension nb; contiguous rows stream through cache), factor it there
+ * (panel_qr), copy it back, tau into TAU[j:j+jb], and (when columns follow)
+ * T of the block reflector into T (leading dimension nb). */
+static void factor_panel(cap_t A, int64_t m, int64_t n, int64_t j, int64_t jb,
+                         cap_t P, int64_t nb, cap_t T, cap_t TAU, cap_t X)
+{
+    int64_t mr = m - j;
+    for (int64_t t = 0; t < mr; t++)
+        for (int64_t p = 0; p < jb; p++)
+            cap_store_f32(P, t * nb + p, cap_load_f32(A, (j + t) * n + j + p));
+    panel_qr(P, nb, mr, jb, cap_offset_f32(TAU, j), T, nb, j + jb < n ? 1 : 0, X);
+    for (int64_t t = 0; t < mr; t++)
+        for (int64_t p = 0; p < jb; p++)
+            cap_store_f32(A, (j + t) * n + j + p, cap_load_f32(P, t * nb + p));
+}
+
+/* work: grid * (m*nb + nb*nb + m) elements (P, T and a column X per block). */
 KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
                     int64_t nb)
 {
@@ -59,16 +216,16 @@ KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, in
         nb = 1;
     if (nb > 64)
         nb = 64;
-    int64_t wsz = m * nb + nb * nb + nb;
+    int64_t wsz = m * nb + nb * nb + m;
     cap_t P = cap_offset_f32(work, rt_block_idx() * wsz);
     cap_t T = cap_offset_f32(P, m * nb);
-    cap_t wrow = cap_offset_f32(T, nb * nb);
+    cap_t X = cap_offset_f32(T, nb * nb);
     for (int64_t b = rt_block_idx(); b < batch; b += rt_grid_dim()) {
         cap_t A = cap_offset_f32(a, b * m * n);
         cap_t TAU = cap_offset_f32(tau, b * k);
         for (int64_t j = 0; j < k; j += nb) {
             int64_t jb = k - j < nb ? k - j : nb;
-            factor_panel(A, m, n, j, jb, P, nb, T, TAU, wrow);
+            factor_panel(A, m, n, j, jb, P, nb, T, TAU, X);
             for (int64_t c0 = j + jb; c0 < n; c0 += 64) {
                 int64_t cw = n - c0 < 64 ? n - c0 : 64;
                 larfb_tile(P, nb, jb, T, nb, A, n, j, c0, cw, m - j);
@@ -82,7 +239,7 @@ KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, in
  * j >= 0 (panel j factored, its V and T in workspace slot (j / nb) % 2):
  * items are, per matrix, the next panel (update + factor into the other
  * slot) if there is one, then the remaining columns in tiles of tw (1..64).
- * work: batch * (2 * (m*nb + nb*nb) + nb) elements, one region per matrix
+ * work: batch * 2 * (m*nb + nb*nb + m) elements, one region per matrix
  * (items of a matrix run on different blocks and share its slots).
  */
 KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
@@ -97,8 +254,8 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
         tw = 1;
     if (tw > 64)
         tw = 64;
-    int64_t slot = m * nb + nb * nb;
-    int64_t wsz = 2 * slot + nb;
+    int64_t slot = m * nb + nb * nb + m;
+    int64_t wsz = 2 * slot;
     int64_t jb = 0;
     int64_t jn = 0;
     if (j >= 0) {
@@ -126,17 +283,35 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
         int64_t cur = j >= 0 ? (j / nb) % 2 : 0;
         cap_t Pc = cap_offset_f32(base, cur * slot);
         cap_t Tc = cap_offset_f32(Pc, m * nb);
+        /* V of panel j: row t (matrix row j + t) at Vc[t * nb]; panels after
+         * the first start nb rows into their slot (see the look-ahead item). */
+        cap_t Vc = cap_offset_f32(Pc, j > 0 ? nb * nb : 0);
         if (tile < 0) {
             cap_t Pn = cap_offset_f32(base, ((jn / nb) % 2) * slot);
             cap_t Tn = cap_offset_f32(Pn, m * nb);
-            if (j >= 0)
-                larfb_tile(Pc, nb, jb, Tc, nb, A, n, j, jn, jbn, m - j);
-            factor_panel(A, m, n, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k),
-                         cap_offset_f32(base, 2 * slot));
+            cap_t X = cap_offset_f32(Tn, nb * nb);
+            if (j < 0) {
+                factor_panel(A, m, n, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k), X);
+            } else {
+                /* Copy the next panel's columns from row j down into the slot
+                 * once, apply panel j to them there and factor rows jn.. of
+                 * them in place (panel j is full: jn = j + nb), then copy all
+                 * of it back: two strided passes over A instead of four. */
+                int64_t mr = m - j;
+                for (int64_t t = 0; t < mr; t++)
+                    for (int64_t p = 0; p < jbn; p++)
+                        cap_store_f32(Pn, t * nb + p, cap_load_f32(A, (j + t) * n + jn + p));
+                larfb_tile(Vc, nb, jb, Tc, nb, Pn, nb, 0, 0, jbn, mr);
+                panel_qr(cap_offset_f32(Pn, nb * nb), nb, mr - nb, jbn,
+                         cap_offset_f32(tau, b * k + jn), Tn, nb, jn + jbn < n ? 1 : 0, X);
+                for (int64_t t = 0; t < mr; t++)
+                    for (int64_t p = 0; p < jbn; p++)
+                        cap_store_f32(A, (j + t) * n + jn + p, cap_load_f32(Pn, t * nb + p));
+            }
         } else {
             int64_t c0 = cs + tile * tw;
             int64_t cw = n - c0 < tw ? n - c0 : tw;
-            larfb_tile(Pc, nb, jb, Tc, nb, A, n, j, c0, cw, m - j);
+            larfb_tile(Vc, nb, jb, Tc, nb, A, n, j, c0, cw, m - j);
         }
     }
 }

@@ -9,10 +9,11 @@
  * T upper triangular jb x jb at T[q * ldt + p]; C the tile of A with
  * cw <= 64 columns, element (t, l) at A[(r0 + t) * ld + c0 + l].  jb <= 64.
  *
- * The work is done in local arrays of constant shape so that every hot loop
- * has constant trip counts over memory no buffer can alias: 64-row chunks of
- * C and V are packed into cp / vp (zero-padded; a zero row or column adds
- * exact zeros), and both GEMMs are rank-4 updates of 64-wide rows in L1
+ * The work is done in local arrays of constant shape, so the hot loops run
+ * over memory no buffer can alias: 64-row chunks of C and V are packed into
+ * cp / vp (zero-padded to the tile width rounded up to 8 and to jb rounded
+ * up to 4; a zero row or column adds exact zeros), and both GEMMs are rank-4
+ * updates of rows of that width in L1
  * (W rows += four rows of C times their V entries; C rows -= four rows of W
  * times theirs): per 8-wide vector, 4 or 6 loads and 2 stores feed 8 fmaf,
  * which gcc turns into AVX2 FMAs.  Both passes add products with explicit
@@ -39,8 +40,15 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
         jh = 32;
     if (jq > 16)
         jq = 16;
-    for (int64_t p = 0; p < 64; p++)
-        for (int64_t l = 0; l < 64; l++)
+    /* Only the columns of the tile (rounded up to a vector of 8) and the rows
+     * of V (rounded up to the quads of step 3) are worked on, so a narrow tile
+     * or a short panel costs in proportion. */
+    int64_t jbp = 4 * jq;
+    int64_t cwp = (cw + 7) / 8 * 8;
+    if (cwp > 64)
+        cwp = 64;
+    for (int64_t p = 0; p < jbp; p++)
+        for (int64_t l = 0; l < cwp; l++)
             w[p][l] = 0.0f;
     /* Step 1: W = V^T C, accumulated over 64-row chunks. */
     for (int64_t t0 = 0; t0 < mr; t0 += 64) {
@@ -49,22 +57,22 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
             int64_t rc = (r0 + t0 + tt) * ld + c0;
             for (int64_t l = 0; l < cw; l++)
                 cp[tt][l] = cap_load_f32(A, rc + l);
-            for (int64_t l = cw; l < 64; l++)
+            for (int64_t l = cw; l < cwp; l++)
                 cp[tt][l] = 0.0f;
             int64_t t = t0 + tt;
             int64_t pe = t < jb ? t : jb;
             int64_t rv = t * ldp;
             for (int64_t p = 0; p < pe; p++)
                 vp[tt][p] = cap_load_f32(P, rv + p);
-            for (int64_t p = pe; p < 64; p++)
+            for (int64_t p = pe; p < jbp; p++)
                 vp[tt][p] = 0.0f;
             if (t < jb)
                 vp[tt][t] = 1.0f;
         }
         for (int64_t tt = kc; tt < 64; tt++) {
-            for (int64_t l = 0; l < 64; l++)
+            for (int64_t l = 0; l < cwp; l++)
                 cp[tt][l] = 0.0f;
-            for (int64_t p = 0; p < 64; p++)
+            for (int64_t p = 0; p < jbp; p++)
                 vp[tt][p] = 0.0f;
         }
         /* Indices are written as 4u + i and 2q + r with clamped trip counts,
@@ -82,7 +90,7 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                 float v21 = vp[4 * u + 2][2 * q + 1];
                 float v30 = vp[4 * u + 3][2 * q];
                 float v31 = vp[4 * u + 3][2 * q + 1];
-                for (int64_t l = 0; l < 64; l++) {
+                for (int64_t l = 0; l < cwp; l++) {
                     float x0 = cp[4 * u][l];
                     float x1 = cp[4 * u + 1][l];
                     float x2 = cp[4 * u + 2][l];
@@ -98,11 +106,11 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
     /* Step 2: W := T^T W; row p needs rows q <= p, so go from the bottom up. */
     for (int64_t p = jb - 1; p >= 0; p--) {
         float tpp = cap_load_f32(T, p * ldt + p);
-        for (int64_t l = 0; l < 64; l++)
+        for (int64_t l = 0; l < cwp; l++)
             w[p][l] *= tpp;
         for (int64_t q = 0; q < p; q++) {
             float tq = cap_load_f32(T, q * ldt + p);
-            for (int64_t l = 0; l < 64; l++)
+            for (int64_t l = 0; l < cwp; l++)
                 w[p][l] = fmaf(tq, w[q][l], w[p][l]);
         }
     }
@@ -113,22 +121,22 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
             int64_t rc = (r0 + t0 + tt) * ld + c0;
             for (int64_t l = 0; l < cw; l++)
                 cp[tt][l] = cap_load_f32(A, rc + l);
-            for (int64_t l = cw; l < 64; l++)
+            for (int64_t l = cw; l < cwp; l++)
                 cp[tt][l] = 0.0f;
             int64_t t = t0 + tt;
             int64_t pe = t < jb ? t : jb;
             int64_t rv = t * ldp;
             for (int64_t p = 0; p < pe; p++)
                 vp[tt][p] = cap_load_f32(P, rv + p);
-            for (int64_t p = pe; p < 64; p++)
+            for (int64_t p = pe; p < jbp; p++)
                 vp[tt][p] = 0.0f;
             if (t < jb)
                 vp[tt][t] = 1.0f;
         }
         for (int64_t tt = kc; tt < 64; tt++) {
-            for (int64_t l = 0; l < 64; l++)
+            for (int64_t l = 0; l < cwp; l++)
                 cp[tt][l] = 0.0f;
-            for (int64_t p = 0; p < 64; p++)
+            for (int64_t p = 0; p < jbp; p++)
                 vp[tt][p] = 0.0f;
         }
         int64_t kh = (kc + 1) / 2;
@@ -144,7 +152,7 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                 float v11 = vp[2 * h + 1][4 * q + 1];
                 float v12 = vp[2 * h + 1][4 * q + 2];
                 float v13 = vp[2 * h + 1][4 * q + 3];
-                for (int64_t l = 0; l < 64; l++) {
+                for (int64_t l = 0; l < cwp; l++) {
                     float x0 = w[4 * q][l];
                     float x1 = w[4 * q + 1][l];
                     float x2 = w[4 * q + 2][l];
