@@ -31,6 +31,28 @@ def int_literal(node: c_ast.Node | None) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class TileCall:
+    """A verified ``cap_tile_OP_T(c, off, ld, rows, cols, arr, aoff, ald)`` call, as both
+    lowerings need it: the operation, the element type and the array's flat length."""
+
+    op: str       # "load" or "store"
+    dtype: str    # "f32" or "f64"
+    array: str
+    flat_len: int
+
+
+def tile_call(name: str, args: list[c_ast.Node], arrays: dict[str, Any]) -> TileCall:
+    """Split a tile builtin's name and size its array (``arrays``: name -> dimensions)."""
+    op, t = name[len("cap_tile_"):].split("_")
+    arr = args[5]
+    assert isinstance(arr, c_ast.ID), "the verifier admits only array names here"
+    n = 1
+    for d in arrays[arr.name]:
+        n *= d
+    return TileCall(op, t, arr.name, n)
+
+
 def pure_expr(node: c_ast.Node) -> bool:
     """No side effects and cannot fault: safe to evaluate early or twice."""
     if isinstance(node, (c_ast.ID, c_ast.Constant)):

@@ -28,7 +28,7 @@ from pycparser import c_ast
 
 from capabilities import abi
 
-from .astutil import CapTyping, Generator, StmtExpr, node_fields, pure_lvalue
+from .astutil import CapTyping, Generator, StmtExpr, node_fields, pure_lvalue, tile_call
 from .hoist import (
     QUIET_LOOPS,
     PollPoint,
@@ -237,14 +237,9 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
     def _lower_tile(self, name: str, args: list[c_ast.Node], line: c_ast.Node) -> c_ast.Node:
         """cap_tile_OP_T(c, off, ld, rows, cols, arr, aoff, ald) -> rt_tile_OP_T with the
         array's flat length and name (its bounds check and fault report)."""
-        op, t = name[len("cap_tile_"):].split("_")
-        arr = args[5]
-        assert isinstance(arr, c_ast.ID), "the verifier admits only array names here"
-        n = 1
-        for d in self.arrays[arr.name]:
-            n *= d
-        return _call(f"rt_tile_{op}_{t}", _id("__rt"), *args[:5], arr, _const(n),
-                     c_ast.Constant("string", f'"{arr.name}"'), args[6], args[7], line)
+        tc = tile_call(name, args, self.arrays)
+        return _call(f"rt_tile_{tc.op}_{tc.dtype}", _id("__rt"), *args[:6], _const(tc.flat_len),
+                     c_ast.Constant("string", f'"{tc.array}"'), args[6], args[7], line)
 
 
 def _creates_objects(ast: c_ast.FileAST) -> bool:

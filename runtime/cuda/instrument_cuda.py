@@ -55,7 +55,7 @@ from pycparser import c_ast
 
 from capabilities import abi
 
-from ..astutil import Generator
+from ..astutil import Generator, tile_call
 from ..hoist import QUIET_LOOPS, PollPoint, UncheckedCall, UncheckedRef, hoist_function
 from ..parse import is_user_node
 from ..verifier import TILE_FUNCS, WARP_FUNCS, KernelSig, VerifiedSource
@@ -569,13 +569,9 @@ class _Rewriter:
     def tile(self, name: str, args: list[c_ast.Node], line: int, coord) -> c_ast.Node:
         """cap_tile_OP_T(c, off, ld, rows, cols, arr, aoff, ald) -> rt_tile_OP_T with the
         shared array's flat length and fault id."""
-        op, t = name[len("cap_tile_"):].split("_")
-        arr = args[5]
-        assert isinstance(arr, c_ast.ID), "the verifier admits only array names here"
-        n = 1
-        for d in self.arrays[arr.name]:
-            n *= d
-        return _call(f"rt_tile_{op}_{t}", args[:6] + [_int(n), _int(self.o.array_id(arr.name))]
+        tc = tile_call(name, args, self.arrays)
+        return _call(f"rt_tile_{tc.op}_{tc.dtype}",
+                     args[:6] + [_int(tc.flat_len), _int(self.o.array_id(tc.array))]
                      + args[6:8] + [_int(line)], coord)
 
 
