@@ -134,6 +134,7 @@ class _Ctx:
     on several threads)."""
 
     arrays: dict[str, tuple[int, ...]]  # local array name -> dims (from the verifier)
+    types: dict[str, int] = field(default_factory=dict)  # integer variable -> bits (0: mixed)
     counter: int = 0                    # numbers the guard variables __h<k>_*
     table: Versioning = field(default_factory=Versioning)
     inner: dict[int, _Inner] = field(default_factory=dict)  # versioned innermost loops by id
@@ -149,7 +150,7 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> V
     runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
     for both lanes).
     """
-    ctx = _Ctx(arrays)
+    ctx = _Ctx(arrays, _int_types(func))
     _walk(func.body, ctx)
     return ctx.table
 
@@ -387,9 +388,12 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     step_ids = set() if isinstance(step, int) else _ids(step)
     if var in changed or changed & (_ids(b_expr) | _ids(a_expr) | step_ids):
         return None
+    # Offsets the body computes from the counter (int64_t a0 = (r + 4*q) * ld;)
+    # are expanded into the indices that use them, so those stay affine in var.
+    defs = _body_defs(loop.stmt, changed, ctx.types)
     # Candidate accesses anywhere in the body (conditional ones too: the guard
     # only selects the copy, it never faults).
-    accesses: list[c_ast.FuncCall] = []
+    accesses: list[tuple[c_ast.FuncCall, c_ast.Node]] = []  # (access, expanded index)
 
     class V(c_ast.NodeVisitor):
         def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
@@ -400,11 +404,12 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             if t not in _ELEM or n.args is None or len(n.args.exprs) < 2:
                 return
             cap, idx = n.args.exprs[0], n.args.exprs[1]
-            if not isinstance(cap, c_ast.ID) or cap.name in changed:
+            if not isinstance(cap, c_ast.ID) or cap.name in changed or not pure_expr(idx):
                 return
-            if not pure_expr(idx) or not _affine(idx, var) or (_ids(idx) - {var}) & changed:
+            idx = _expand(idx, defs)
+            if not _affine(idx, var) or (_ids(idx) - {var}) & changed:
                 return
-            accesses.append(n)
+            accesses.append((n, idx))
 
         def visit_For(self, n: c_ast.Node) -> None:
             return None  # accesses in inner loops belong to their own versioning
@@ -414,7 +419,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
 
     V().visit(loop.stmt)
     # Local-array subscripts: a[E1][E2]... where every E is pure and affine.
-    subs: list[tuple[c_ast.ArrayRef, int]] = []
+    subs: list[tuple[c_ast.ArrayRef, c_ast.Node, int]] = []
 
     class A(c_ast.NodeVisitor):
         def visit_ArrayRef(self, n: c_ast.ArrayRef) -> None:
@@ -423,10 +428,12 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             for depth, ref in enumerate(chain):
                 self.visit(ref.subscript)
                 idx = ref.subscript
-                if (dims is not None and depth < len(dims) and cur.name not in changed
-                        and pure_expr(idx) and _affine(idx, var)
-                        and not ((_ids(idx) - {var}) & changed)):
-                    subs.append((ref, dims[depth]))
+                if not (dims is not None and depth < len(dims) and cur.name not in changed
+                        and pure_expr(idx)):
+                    continue
+                idx = _expand(idx, defs)
+                if _affine(idx, var) and not ((_ids(idx) - {var}) & changed):
+                    subs.append((ref, idx, dims[depth]))
 
         def visit_For(self, n: c_ast.Node) -> None:
             return None
@@ -435,7 +442,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         visit_QuietFor = visit_QuietWhile = visit_QuietDoWhile = visit_For
 
     A().visit(loop.stmt)
-    folds = [] if innermost else _foldable(loop.stmt, var, changed, ctx)
+    folds = [] if innermost else _foldable(loop.stmt, var, changed, defs, ctx)
     if not innermost and not accesses and not subs and not folds:
         return None
     # Even with nothing to hoist, a countable innermost loop gets the
@@ -452,19 +459,19 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     terms: list[_Term] = []
     seen: set[str] = set()
     gen = c_generator.CGenerator()
-    for n in accesses:
+    for n, idx in accesses:
         name = n.name.name
         store = 1 if name.startswith("cap_store_") else 0
         t = name.rsplit("_", 1)[1]
-        cap, idx = n.args.exprs[0], n.args.exprs[1]
+        cap = n.args.exprs[0]
         key = f"{store}|{t}|{cap.name}|{gen.visit(idx)}"
         if key not in seen:
             seen.add(key)
             terms.append(_Term(copy.deepcopy(idx), cap.name, ELEM_SIZE[t], store))
         n.__class__ = UncheckedCall
         covered.append(n)
-    for ref, dim in subs:
-        terms.append(_Term(copy.deepcopy(ref.subscript), None, dim, 0))
+    for ref, idx, dim in subs:
+        terms.append(_Term(copy.deepcopy(idx), None, dim, 0))
         ref.__class__ = UncheckedRef
         covered.append(ref)
     guard_terms = [_range_term(term, var, span) for term in terms]
@@ -486,11 +493,11 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     # every iteration of the nest, and this loop's fast copy runs their fast
     # copies with no guard of their own.  Their checked copies stay in `slow`.
     hoisted: list[c_ast.Node] = []
-    for box, inner in folds:
+    for box, inner, inner_terms in folds:
         hoisted += inner.span.decls(inner.span.is_int())
         box_ok: c_ast.Node = c_ast.ID(inner.span.hok)
         inner_ok: c_ast.Node = _const(1)
-        for term in inner.terms:
+        for term in inner_terms:
             g = _box_term(term, var, span, inner.var, inner.span)
             guard_terms.append(g)
             box_ok = c_ast.BinaryOp("&&", box_ok, _is_int(_term_index(g)))
@@ -640,13 +647,14 @@ def _plus1(name: str) -> c_ast.BinaryOp:
     return c_ast.BinaryOp("+", c_ast.ID(name), _const(1))
 
 
-def _foldable(body: c_ast.Node, var: str, changed: set[str], ctx: _Ctx
-              ) -> list[tuple[c_ast.Compound, _Inner]]:
+def _foldable(body: c_ast.Node, var: str, changed: set[str], defs: dict[str, c_ast.Node],
+              ctx: _Ctx) -> list[tuple[c_ast.Compound, _Inner, list[_Term]]]:
     """Versioned innermost loops in ``body`` whose guard can move before the loop
     over ``var``: bounds and step invariant here (so the nest is a box), every
     index affine in both counters jointly, caps, arrays and coefficients not
-    assigned in ``body``."""
-    out: list[tuple[c_ast.Compound, _Inner]] = []
+    assigned in ``body`` (after expanding the body's offset definitions ``defs``,
+    which the inner loop sees as invariants)."""
+    out: list[tuple[c_ast.Compound, _Inner, list[_Term]]] = []
 
     def invariant(node: c_ast.Node | int) -> bool:
         if isinstance(node, int):
@@ -658,11 +666,12 @@ def _foldable(body: c_ast.Node, var: str, changed: set[str], ctx: _Ctx
         inner = ctx.inner.get(id(node))
         if inner is not None and inner.node is node:
             sp = inner.span
+            terms = [_Term(_expand(t.idx, defs), t.cap, t.size, t.store) for t in inner.terms]
             # (distinct counters: the verifier refuses shadowing, E(i, j) relies on it)
             if (inner.var != var and invariant(sp.a_expr) and invariant(sp.b_expr)
                     and invariant(sp.step)
-                    and all(_foldable_term(t, var, inner.var, changed) for t in inner.terms)):
-                out.append((node, inner))
+                    and all(_foldable_term(t, var, inner.var, changed) for t in terms)):
+                out.append((node, inner, terms))
             return
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             return  # an unversioned inner loop: its accesses are checked in place
@@ -679,6 +688,108 @@ def _foldable_term(term: _Term, var: str, ivar: str, changed: set[str]) -> bool:
     if term.cap is not None and term.cap in changed:
         return False
     return _affine_in(term.idx, {var, ivar}) and not ((_ids(term.idx) - {var, ivar}) & changed)
+
+
+def _int_types(func: c_ast.FuncDef) -> dict[str, int]:
+    """Bits of every integer variable of ``func`` (parameters and locals); 0 for a
+    name declared with two different types (sibling scopes may reuse a name)."""
+    out: dict[str, int] = {}
+
+    class V(c_ast.NodeVisitor):
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            t = n.type
+            bits = 0
+            if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
+                bits = _INT_TYPES.get(" ".join(t.type.names), 0)
+            if n.name is not None:
+                out[n.name] = bits if out.get(n.name, bits) == bits else 0
+            self.generic_visit(n)
+
+    V().visit(func)
+    return out
+
+
+def _is_64(expr: c_ast.Node, types: dict[str, int]) -> bool:
+    """expr has a 64-bit integer type (C's usual arithmetic conversions)."""
+    if isinstance(expr, c_ast.ID):
+        return types.get(expr.name) == 64
+    if isinstance(expr, c_ast.Cast):
+        names = getattr(getattr(expr.to_type, "type", None), "type", None)
+        return getattr(names, "names", []) in (["int64_t"], ["long"])
+    if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-", "*"):
+        return _is_64(expr.left, types) or _is_64(expr.right, types)
+    if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
+        return _is_64(expr.expr, types)
+    return False
+
+
+def _exact64(expr: c_ast.Node, types: dict[str, int]) -> bool:
+    """Every operation of expr is done in 64-bit arithmetic, so its wrapping int64
+    value is the mathematical value mod 2^64 (an int subexpression would wrap
+    mod 2^32 first)."""
+    if isinstance(expr, c_ast.Constant):
+        v = int_literal(expr)
+        return v is not None and -(1 << 31) <= v < (1 << 31)
+    if isinstance(expr, c_ast.ID):
+        return types.get(expr.name, 0) in (32, 64)
+    if isinstance(expr, c_ast.Cast):
+        return _is_64(expr, types) and _exact64(expr.expr, types) and (
+            _is_64(expr.expr, types) or isinstance(expr.expr, (c_ast.ID, c_ast.Constant)))
+    if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-", "*"):
+        return (_exact64(expr.left, types) and _exact64(expr.right, types)
+                and _is_64(expr, types))
+    if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
+        return _is_64(expr.expr, types) and _exact64(expr.expr, types)
+    return False
+
+
+def _body_defs(body: c_ast.Node, changed: set[str], types: dict[str, int]
+               ) -> dict[str, c_ast.Node]:
+    """``int64_t x = E;`` at the top level of a loop body, x never assigned again
+    in the body, E pure, computed in 64-bit arithmetic and (after expanding the
+    definitions before it) free of every name the body assigns: x equals E
+    (mod 2^64) wherever the body uses it.  Maps x to E expanded."""
+    if not isinstance(body, c_ast.Compound):
+        return {}
+    writes: dict[str, int] = {}
+
+    class W(c_ast.NodeVisitor):
+        def visit_Assignment(self, n: c_ast.Assignment) -> None:
+            if isinstance(n.lvalue, c_ast.ID):
+                writes[n.lvalue.name] = writes.get(n.lvalue.name, 0) + 1
+            self.generic_visit(n)
+
+        def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
+            if n.op in ("++", "--", "p++", "p--") and isinstance(n.expr, c_ast.ID):
+                writes[n.expr.name] = writes.get(n.expr.name, 0) + 1
+            self.generic_visit(n)
+
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            writes[n.name] = writes.get(n.name, 0) + 1
+            self.generic_visit(n)
+
+    W().visit(body)
+    defs: dict[str, c_ast.Node] = {}
+    for item in body.block_items or []:
+        if not (isinstance(item, c_ast.Decl) and item.init is not None
+                and isinstance(item.type, c_ast.TypeDecl)
+                and isinstance(item.type.type, c_ast.IdentifierType)
+                and item.type.type.names in (["int64_t"], ["long"])
+                and writes.get(item.name) == 1 and types.get(item.name) == 64):
+            continue
+        if not (pure_expr(item.init) and _exact64(item.init, types)):
+            continue
+        init = _expand(item.init, defs)
+        if not (_ids(init) & changed):
+            defs[item.name] = init
+    return defs
+
+
+def _expand(expr: c_ast.Node, defs: dict[str, c_ast.Node]) -> c_ast.Node:
+    """expr with every defined name replaced by its (already expanded) definition."""
+    for name in _ids(expr) & set(defs):
+        expr = _subst(expr, name, defs[name])
+    return expr
 
 
 def _replace(root: c_ast.Node, old: c_ast.Node, new: c_ast.Node) -> None:

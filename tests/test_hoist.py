@@ -360,3 +360,113 @@ def test_hoisted_nest_box_equals_checked(box_builds, name, n, i0, ci, j0, cj, a,
     f2, m2 = _run(plain, n, args)
     assert f1 == f2
     assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+# Offsets a loop body computes from its counter (int64_t a0 = (r + 4*q) * ld;
+# a1 = a0 + ld) are expanded into the indices that use them: the loads of the
+# outer body and the inner loop's accesses become affine in (q, j) and fold
+# into one guard before the nest (the row-quad shape of larf_left).  A name
+# the body assigns again, an int (32-bit) definition and a definition reading
+# a variable the body changes are not expanded.
+DEF_SRC = """
+KERNEL void quad(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64_t j1, int64_t c)
+{
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t a0 = (r + 2 * q) * ld;
+        int64_t a1 = a0 + ld;
+        float v0 = cap_load_f32(x, a0 + c);
+        float v1 = cap_load_f32(x, a1 + c);
+        for (int64_t j = j0; j < j1; j++) {
+            cap_store_f32(x, a0 + j, cap_load_f32(x, a0 + j) + v1);
+            cap_store_f32(x, a1 + j, cap_load_f32(x, a1 + j) - v0);
+        }
+    }
+}
+
+KERNEL void redef(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64_t j1, int64_t c)
+{
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t a0 = (r + q) * ld;
+        if (q == c)
+            a0 = a0 + ld;
+        for (int64_t j = j0; j < j1; j++)
+            cap_store_f32(x, a0 + j, 1.0f);
+    }
+}
+
+KERNEL void narrow(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64_t j1, int64_t c)
+{
+    int s = (int)ld;
+    for (int q = 0; q < nq; q++) {
+        int a0 = q * s + (int)r;
+        int64_t a1 = (int64_t)(q * s) + c;
+        for (int64_t j = j0; j < j1; j++) {
+            cap_store_f32(x, a0 + j, 1.0f);
+            cap_store_f32(x, a1 + j, 2.0f);
+        }
+    }
+}
+
+KERNEL void moving(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64_t j1, int64_t c)
+{
+    int64_t base = r;
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t a0 = base + q * ld;
+        for (int64_t j = j0; j < j1; j++)
+            cap_store_f32(x, a0 + j, 1.0f);
+        base = base + c;
+    }
+}
+"""
+DEF_NAMES = ["quad", "redef", "narrow", "moving"]
+
+
+@pytest.fixture(scope="module")
+def def_builds() -> dict:
+    return {n: (runtime.compile(DEF_SRC, n), runtime.compile(DEF_SRC, n, hoist=False))
+            for n in DEF_NAMES}
+
+
+def _section(src: str, name: str, nxt: str) -> str:
+    return src[src.index(f" {name}(rt_block"):src.index(nxt)]
+
+
+def test_body_offsets_fold_the_nest_into_one_guard(def_builds) -> None:
+    src = def_builds["quad"][0].c_source
+    quad = _section(src, "quad", "capqr_entry")
+    # the outer loads and the inner nest are covered before the q loop ...
+    assert "rt_uload_f32(x, a0 + c)" in quad and "rt_uload_f32(x, a1 + c)" in quad
+    assert "rt_range2_ok" in quad
+    # ... so the fast copy of the nest evaluates no guard per q iteration: every
+    # range guard of the function is in the one condition before the loop, or
+    # in the checked copy (the inner loop's own versioning, kept there)
+    fast_cond = quad[quad.index("if ("):quad.index("{", quad.index("if ("))]
+    assert fast_cond.count("rt_range2_ok(") >= 2 and fast_cond.count("rt_range_ok(") == 2
+    for name in ("redef", "moving"):
+        body = _section(def_builds[name][0].c_source, name, "capqr_entry")
+        assert "rt_range2_ok" not in body, name  # a0 changes in the body: no expansion
+    narrow = _section(def_builds["narrow"][0].c_source, "narrow", "capqr_entry")
+    assert "rt_range2_ok" not in narrow  # int arithmetic wraps mod 2^32: not expanded
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(DEF_NAMES), n=st.integers(0, 48), nq=st.integers(-1, 6),
+       r=st.one_of(small, big), ld=st.one_of(st.integers(-12, 12), st.sampled_from(
+           [2**61, 2**62, -(2**62), 2**63 - 1, 2**31, 2**32 + 1])),
+       j0=st.one_of(small, big), cj=count, c=st.one_of(small, big))
+def test_body_offsets_equal_checked(def_builds, name, n, nq, r, ld, j0, cj, c) -> None:
+    hoisted, plain = def_builds[name]
+    args = (nq, r, ld, j0, _bounds(j0, cj), c)
+    f1, m1 = _run(hoisted, n, args)
+    f2, m2 = _run(plain, n, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+def test_planted_write_past_the_end_through_a_body_offset(def_builds) -> None:
+    """Row quads over a 6 x 8 buffer, the last row one past the end: the fast
+    copy must not run (it would write the 16 floats after the buffer, which
+    _run's canaries check); the checked copy faults at the first index past it."""
+    for k in def_builds["quad"]:
+        fault, _ = _run(k, 48, (3, 1, 8, 0, 8, 0))  # rows 1..6 of 8 floats: 48 is past
+        assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48
