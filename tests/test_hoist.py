@@ -470,3 +470,134 @@ def test_planted_write_past_the_end_through_a_body_offset(def_builds) -> None:
     for k in def_builds["quad"]:
         fault, _ = _run(k, 48, (3, 1, 8, 0, 8, 0))  # rows 1..6 of 8 floats: 48 is past
         assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48
+
+
+# Nest guards: one interval check before a nest of depth >= 2 (triangular
+# bounds, bounds computed in the body with min/max ternaries, accesses under
+# a condition that narrows a counter, downward loops, ragged last chunks,
+# int arithmetic that must not wrap).  The fully checked build is the oracle.
+NEST_GUARD_SRC = """
+KERNEL void tri_min(cap_t x, int64_t rows, int64_t jb, int64_t ld, int64_t off, int64_t c)
+{
+    float w[8][8];
+    for (int r = 0; r < 8; r++)
+        for (int l = 0; l < 8; l++)
+            w[r][l] = 0.0f;
+    for (int64_t t = 0; t < rows; t++) {
+        int64_t pe = t < jb ? t : jb;
+        int64_t rc = t * ld + off;
+        for (int64_t p = 0; p < pe; p++) {
+            float v = cap_load_f32(x, rc + p);
+            for (int l = 0; l < 8; l++)
+                w[p][l] = w[p][l] + v;
+        }
+        if (t < jb) {
+            for (int l = 0; l < 8; l++)
+                w[t][l] = w[t][l] + 1.0f;
+        }
+    }
+    for (int r = 0; r < 6; r++)
+        for (int l = 0; l < 8; l++)
+            cap_store_f32(x, r * 8 + l + c, w[r][l]);
+}
+
+KERNEL void down(cap_t x, int64_t n, int64_t s, int64_t ld, int64_t off, int64_t c)
+{
+    for (int64_t p = n - 1; p >= s; p--) {
+        for (int64_t q = 0; q < p; q++) {
+            for (int l = 0; l < 4; l++)
+                cap_store_f32(x, p * ld + q * 4 + l + off, cap_load_f32(x, q + c) + 1.0f);
+        }
+    }
+}
+
+KERNEL void ragged(cap_t x, int64_t nc, int64_t mr, int64_t ld, int64_t off, int64_t c)
+{
+    float buf[16];
+    for (int64_t c0 = 0; c0 < nc; c0 += 16) {
+        int64_t cw = nc - c0 < 16 ? nc - c0 : 16;
+        for (int64_t t = 0; t < mr; t++) {
+            int64_t rc = t * ld + c0 + off;
+            for (int l = 0; l < 16; l++)
+                buf[l] = l < cw ? cap_load_f32(x, rc + l) : 0.0f;
+            for (int l = 0; l < cw; l++)
+                cap_store_f32(x, rc + l, buf[l] * 2.0f + (float)c);
+        }
+    }
+}
+
+KERNEL void wrap32(cap_t x, int64_t n, int64_t a, int64_t b, int64_t off, int64_t c)
+{
+    int ia = (int)a;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 2; k++)
+                cap_store_f32(x, (int64_t)(i * ia + j * k) + off, 1.0f);
+}
+
+KERNEL void tri_store(cap_t x, int64_t rows, int64_t jb, int64_t ld, int64_t off, int64_t c)
+{
+    for (int64_t t = 0; t < rows; t++) {
+        int64_t pe = t < jb ? t : jb;
+        for (int64_t p = 0; p < pe; p++)
+            for (int l = 0; l < 4; l++)
+                cap_store_f32(x, t * ld + p * 4 + l + off, 1.0f);
+    }
+}
+"""
+NEST_GUARD_NAMES = ["tri_min", "down", "ragged", "wrap32", "tri_store"]
+
+
+@pytest.fixture(scope="module")
+def nest_guard_builds() -> dict:
+    return {n: (runtime.compile(NEST_GUARD_SRC, n),
+                runtime.compile(NEST_GUARD_SRC, n, hoist=False)) for n in NEST_GUARD_NAMES}
+
+
+def test_nests_get_one_interval_guard(nest_guard_builds) -> None:
+    for name in NEST_GUARD_NAMES:
+        src = nest_guard_builds[name][0].c_source
+        body = src[src.index(f" {name}(rt_block"):]
+        body = body[:body.index("\n}\n")]
+        # a nest guard before the nest, and a fast copy without checked accesses
+        assert "_ok = 1;" in body and "rt_ustore_f32" in body, name
+    # the side table lists the nest with its guard terms and covered accesses
+    import copy
+
+    from runtime.hoist import hoist_function
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    v = verify(parse(NEST_GUARD_SRC))
+    fn = copy.deepcopy(v.parsed.funcs["tri_min"])
+    table = hoist_function(fn, v.local_arrays["tri_min"])
+    assert any(len(plan.covered) >= 5 and plan.guards for plan in table.loops)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(NEST_GUARD_NAMES), n=st.integers(0, 64), p0=st.integers(-2, 10),
+       p1=st.integers(-3, 12), ld=st.one_of(st.integers(-12, 12), st.sampled_from(
+           [2**61, -(2**62), 2**63 - 1, 2**30, 2**31 - 1, 2**32 + 1])),
+       off=st.one_of(small, big), c=st.one_of(small, st.integers(-(2**40), 2**40)))
+def test_nest_guards_equal_checked(nest_guard_builds, name, n, p0, p1, ld, off, c) -> None:
+    hoisted, plain = nest_guard_builds[name]
+    if name == "ragged":
+        p0 = max(p0, 0) * 5  # columns: up to three chunks, the last one ragged
+    args = (p0, p1, ld, off, c)
+    f1, m1 = _run(hoisted, n, args)
+    f2, m2 = _run(plain, n, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+def test_planted_write_past_the_end_in_a_triangular_nest(nest_guard_builds) -> None:
+    """Rows t < 6 store p < min(t, 3) quads of 4 floats at 7*t + 4*p + 2: the last
+    store lands at 48, one past a 48-float buffer.  pe = min(t, jb) reaches jb
+    on the last rows; an interval that missed it would let the fast copy write
+    the canary after the buffer."""
+    for k in nest_guard_builds["tri_store"]:
+        fault, _ = _run(k, 48, (6, 3, 7, 2, 0))
+        assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48
+        assert fault[2] == "store"
+    for k in nest_guard_builds["tri_store"]:  # one row less: in bounds, no fault
+        assert _run(k, 48, (5, 3, 7, 2, 0))[0] is None
