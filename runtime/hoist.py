@@ -151,7 +151,12 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> V
     for both lanes).
     """
     ctx = _Ctx(arrays, _int_types(func))
-    _nest_walk(func.body, ctx)
+    whole = _body_version(func.body, ctx)
+    if whole is not None:
+        func.body, checked = whole
+        _nest_walk(checked, ctx)  # the checked copy: nests and loops as usual
+    else:
+        _nest_walk(func.body, ctx)
     _walk(func.body, ctx)
     return ctx.table
 
@@ -972,7 +977,7 @@ class _NoBound(Exception):
 class _NestGuard:
     """Builds the guard of one nest: guard variables, conditions, covered accesses."""
 
-    def __init__(self, loop: c_ast.For, ctx: _Ctx, k: int):
+    def __init__(self, loop: c_ast.Node, ctx: _Ctx, k: int):
         self.ctx = ctx
         self.prefix = f"__n{k}_"
         self.count = 0
@@ -1372,16 +1377,35 @@ def _nest_walk(node: c_ast.Node, ctx: _Ctx) -> None:
 def _nest_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
     if _levels(loop) < 3 or _has_barrier(loop.stmt):  # loop + at least two levels inside
         return None
+    return _guarded(loop, [], ctx)
+
+
+def _body_version(body: c_ast.Compound, ctx: _Ctx) -> tuple[c_ast.Compound, c_ast.Node] | None:
+    """A function body with loops whose every access interval bounds cover gets
+    one guard at entry (helpers called once per column: their loops are short).
+    The local arrays it declares at its top level move before the guard, so the
+    two copies share them.  Returns (new body, checked copy) or None."""
+    if _levels(body) < 1 or _has_barrier(body):
+        return None
+    arrays = [d for d in body.block_items or [] if isinstance(d, c_ast.Decl)
+              and isinstance(d.type, c_ast.ArrayDecl) and d.init is None]
+    rest = c_ast.Compound([d for d in body.block_items or [] if not any(d is a for a in arrays)])
+    new = _guarded(rest, arrays, ctx)
+    return None if new is None else (new, rest)
+
+
+def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx) -> c_ast.Compound | None:
+    """``if (intervals of every access of node in range) fast copy else node``."""
     ctx.counter += 1
-    g = _NestGuard(loop, ctx, ctx.counter)
+    g = _NestGuard(node, ctx, ctx.counter)
     g.ok = f"__n{ctx.counter}_ok"
     try:
-        g.stmt(loop, {})
+        g.stmt(node, {})
     except _NoBound:
         return None
     if not g.terms:
         return None
-    fast = copy.deepcopy(loop)
+    fast = copy.deepcopy(node)
     covered = _mark_unchecked(fast, ctx)
     cond: c_ast.Node = c_ast.ID(g.ok)
     for c in g.conds:
@@ -1391,11 +1415,11 @@ def _nest_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
         terms = c_ast.BinaryOp("&", terms, t)
     # conditions first (&&): the range terms read bounds the conditions vouch for
     cond = c_ast.BinaryOp("&&", cond, terms)
-    ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, list(g.terms), covered,
+    ctx.table.loops.append(LoopPlan(node.coord.line if node.coord else 0, list(g.terms), covered,
                                     False))
     ok = c_ast.Decl(g.ok, [], [], [], [], c_ast.TypeDecl(g.ok, [], None, c_ast.IdentifierType(
         ["int"])), _const(1), None)
-    return c_ast.Compound([ok] + g.decls + [c_ast.If(cond, c_ast.Compound([fast]), loop)])
+    return c_ast.Compound(pre + [ok] + g.decls + [c_ast.If(cond, c_ast.Compound([fast]), node)])
 
 
 def _levels(node: c_ast.Node) -> int:

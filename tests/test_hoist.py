@@ -7,6 +7,8 @@ memory afterwards, including index sequences built to wrap around 2^64.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -306,10 +308,12 @@ def test_rectangular_nests_fold_into_one_box_check(box_builds) -> None:
         src = box_builds[name][0].c_source
         assert "rt_range2_ok" in src and "rt_ustore_f32" in src, name
     assert "rt_lrange2_ok" in box_builds["box_local"][0].c_source
-    # the fast copy of the nest runs no per-inner-loop guard: only the checked copy has one
+    # the fast copy of the nest runs no per-inner-loop guard: one interval guard at
+    # function entry (the whole body), then in its checked copy the box guard
+    # before the nest and the inner loop's own guard
     src = box_builds["box"][0].c_source
     box = src[src.index(" box(rt_block"):src.index(" box_le(rt_block")]
-    assert box.count("rt_range2_ok(") == 1 and box.count("rt_range_ok(") == 1
+    assert box.count("rt_range2_ok(") == 1 and box.count("rt_range_ok(") == 2
     # the inner bound moves with i: no box, each inner loop keeps its own guard
     src = box_builds["tri"][0].c_source
     tri = src[src.index(" tri(rt_block"):src.index("capqr_entry")]
@@ -421,10 +425,16 @@ KERNEL void moving(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64
 DEF_NAMES = ["quad", "redef", "narrow", "moving"]
 
 
+def _per_loop(src: str) -> str:
+    """src with a while loop at the top of every kernel: the whole-body guard
+    cannot bound it, so these builds exercise the per-loop rules on their own."""
+    return re.sub(r"(KERNEL void \w+\([^)]*\)\s*\{)", r"\1\n    while (0) {}", src)
+
+
 @pytest.fixture(scope="module")
 def def_builds() -> dict:
-    return {n: (runtime.compile(DEF_SRC, n), runtime.compile(DEF_SRC, n, hoist=False))
-            for n in DEF_NAMES}
+    src = _per_loop(DEF_SRC)
+    return {n: (runtime.compile(src, n), runtime.compile(src, n, hoist=False)) for n in DEF_NAMES}
 
 
 def _section(src: str, name: str, nxt: str) -> str:
@@ -550,8 +560,9 @@ NEST_GUARD_NAMES = ["tri_min", "down", "ragged", "wrap32", "tri_store"]
 
 @pytest.fixture(scope="module")
 def nest_guard_builds() -> dict:
-    return {n: (runtime.compile(NEST_GUARD_SRC, n),
-                runtime.compile(NEST_GUARD_SRC, n, hoist=False)) for n in NEST_GUARD_NAMES}
+    src = _per_loop(NEST_GUARD_SRC)
+    return {n: (runtime.compile(src, n), runtime.compile(src, n, hoist=False))
+            for n in NEST_GUARD_NAMES}
 
 
 def test_nests_get_one_interval_guard(nest_guard_builds) -> None:
@@ -568,7 +579,7 @@ def test_nests_get_one_interval_guard(nest_guard_builds) -> None:
     from runtime.parse import parse
     from runtime.verifier import verify
 
-    v = verify(parse(NEST_GUARD_SRC))
+    v = verify(parse(_per_loop(NEST_GUARD_SRC)))
     fn = copy.deepcopy(v.parsed.funcs["tri_min"])
     table = hoist_function(fn, v.local_arrays["tri_min"])
     assert any(len(plan.covered) >= 5 and plan.guards for plan in table.loops)
@@ -600,4 +611,58 @@ def test_planted_write_past_the_end_in_a_triangular_nest(nest_guard_builds) -> N
         assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48
         assert fault[2] == "store"
     for k in nest_guard_builds["tri_store"]:  # one row less: in bounds, no fault
+        assert _run(k, 48, (5, 3, 7, 2, 0))[0] is None
+
+
+# Whole-body guards: a function whose every access interval bounds cover gets
+# one guard at entry (the same kernels as above, without the while loop).
+@pytest.fixture(scope="module")
+def whole_builds() -> dict:
+    out = {}
+    for src, names in ((DEF_SRC, DEF_NAMES), (NEST_GUARD_SRC, NEST_GUARD_NAMES)):
+        for n in names:
+            out[n] = (runtime.compile(src, n), runtime.compile(src, n, hoist=False))
+    return out
+
+
+def test_whole_body_guard_at_entry(whole_builds) -> None:
+    for name in ("quad", "tri_min", "down", "ragged", "tri_store"):
+        src = whole_builds[name][0].c_source
+        body = src[src.index(f" {name}(rt_block"):]
+        body = body[body.index("{") + 1:]
+        # the guard comes first (after the local arrays, which both copies share)
+        before = body[:body.index("int __n1_ok = 1;")]
+        assert all(re.fullmatch(r"float \w+(\[\d+\])+;", d.strip())
+                   for d in before.strip().splitlines()), name
+        assert "while (0)" not in body
+    for name in ("redef", "moving"):  # a0 / base change in the body: no bound at entry
+        src = whole_builds[name][0].c_source
+        body = src[src.index(f" {name}(rt_block"):]
+        assert "int __n1_ok = 1;" not in body[:200], name
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(DEF_NAMES + NEST_GUARD_NAMES), n=st.integers(0, 64),
+       p0=st.integers(-2, 10), p1=st.integers(-3, 12),
+       ld=st.one_of(st.integers(-12, 12), st.sampled_from(
+           [2**61, -(2**62), 2**63 - 1, 2**30, 2**31 - 1, 2**32 + 1])),
+       off=st.one_of(small, big), c=st.one_of(small, st.integers(-(2**40), 2**40)))
+def test_whole_body_guards_equal_checked(whole_builds, name, n, p0, p1, ld, off, c) -> None:
+    hoisted, plain = whole_builds[name]
+    if name == "ragged":
+        p0 = max(p0, 0) * 5
+    args = (p0, p1, ld, off, c) if name in NEST_GUARD_NAMES else (
+        p0, p1, ld, off, _bounds(off, p1), c)
+    f1, m1 = _run(hoisted, n, args)
+    f2, m2 = _run(plain, n, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+def test_planted_write_past_the_end_behind_a_whole_body_guard(whole_builds) -> None:
+    for name, args in (("tri_store", (6, 3, 7, 2, 0)), ("quad", (3, 1, 8, 0, 8, 0))):
+        for k in whole_builds[name]:
+            fault, _ = _run(k, 48, args)
+            assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48, name
+    for k in whole_builds["tri_store"]:
         assert _run(k, 48, (5, 3, 7, 2, 0))[0] is None
