@@ -984,7 +984,31 @@ class _NestGuard:
         self.decls: list[c_ast.Node] = []   # int64_t guard variables, in order
         self.conds: list[c_ast.Node] = []   # conditions, all must hold
         self.written = _assigned(loop)      # names the nest declares or assigns
-        self.terms: list[c_ast.Node] = []
+        # one hull per buffer (cap, element size, store) or local-array extent: the
+        # indices between two in-bounds ones are in bounds, so checking the
+        # smallest and the largest of a group is the same as checking each
+        self.hulls: dict[tuple, tuple[_Bound, _Bound]] = {}
+        self.memo: dict[tuple, _Bound] = {}
+
+    @property
+    def terms(self) -> list[c_ast.Node]:
+        out: list[c_ast.Node] = []
+        for key, (lo, hi) in self.hulls.items():
+            d = c_ast.BinaryOp("-", self._node(hi), self._node(lo))
+            if key[0] == "cap":
+                _kind, cap, size, store = key
+                out.append(c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
+                    c_ast.ID(cap), self._node(lo), d, _const(1), _const(size), _const(store)])))
+            else:
+                out.append(c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
+                    self._node(lo), d, _const(1), _const(key[1])])))
+        return out
+
+    def _cover(self, key: tuple, iv: _Ival) -> None:
+        if key in self.hulls:
+            lo, hi = self.hulls[key]
+            iv = (self._pick("<", lo, iv[0]), self._pick(">", hi, iv[1]))
+        self.hulls[key] = iv
 
     # -- guard variables and checked arithmetic --------------------------
     def _new(self, init: c_ast.Node | None = None) -> str:
@@ -1008,7 +1032,14 @@ class _NestGuard:
             if not _I64_MIN <= v <= _I64_MAX:
                 raise _NoBound
             return v
+        if b == 0 and fn != "rt_mul_ovf" or b == 1 and fn == "rt_mul_ovf":
+            return a
+        if a == 0 and fn == "rt_add_ovf" or a == 1 and fn == "rt_mul_ovf":
+            return b
+        if (fn, a, b) in self.memo:
+            return self.memo[(fn, a, b)]
         r = self._new()
+        self.memo[(fn, a, b)] = r
         call = c_ast.FuncCall(c_ast.ID(fn), c_ast.ExprList(
             [self._node(a), self._node(b), c_ast.UnaryOp("&", c_ast.ID(r))]))
         self.decls.append(c_ast.Assignment("&=", c_ast.ID(self.ok), c_ast.UnaryOp("!", call)))
@@ -1020,11 +1051,17 @@ class _NestGuard:
             return min(a, b) if op == "<" else max(a, b)
         if a == b:
             return a
-        return self._new(c_ast.TernaryOp(c_ast.BinaryOp(op, self._node(a), self._node(b)),
-                                         self._node(a), self._node(b)))
+        if (op, a, b) in self.memo:
+            return self.memo[(op, a, b)]
+        self.memo[(op, a, b)] = self._new(c_ast.TernaryOp(
+            c_ast.BinaryOp(op, self._node(a), self._node(b)), self._node(a), self._node(b)))
+        return self.memo[(op, a, b)]
 
     def _require(self, cond: c_ast.Node) -> None:
-        self.conds.append(cond)
+        key = ("require", c_generator.CGenerator().visit(cond))
+        if key not in self.memo:
+            self.memo[key] = 0
+            self.conds.append(cond)
 
     def _in_int(self, iv: _Ival) -> None:
         lo, hi = iv
@@ -1086,6 +1123,11 @@ class _NestGuard:
                 c = a[0]
                 p, q = self._ovf("rt_mul_ovf", c, b[0]), self._ovf("rt_mul_ovf", c, b[1])
                 return (p, q) if c >= 0 else (q, p)
+            if a[0] == a[1] or b[0] == b[1]:  # one factor is a single (symbolic) value
+                if b[0] != b[1]:
+                    a, b = b, a
+                p, q = self._ovf("rt_mul_ovf", a[0], b[0]), self._ovf("rt_mul_ovf", a[1], b[0])
+                return self._pick("<", p, q), self._pick(">", p, q)
             ps = [self._ovf("rt_mul_ovf", x, y) for x in a for y in b]
             return (self._pick("<", self._pick("<", ps[0], ps[1]), self._pick("<", ps[2], ps[3])),
                     self._pick(">", self._pick(">", ps[0], ps[1]), self._pick(">", ps[2], ps[3])))
@@ -1115,7 +1157,9 @@ class _NestGuard:
     def _div(self, b: _Bound, c: int) -> _Bound:
         if isinstance(b, int):
             return b // c if b >= 0 else -((-b) // c)  # C truncates toward zero
-        return self._new(c_ast.BinaryOp("/", self._node(b), _const(c)))
+        if ("/", b, c) not in self.memo:
+            self.memo[("/", b, c)] = self._new(c_ast.BinaryOp("/", self._node(b), _const(c)))
+        return self.memo[("/", b, c)]
 
     def refine(self, cond: c_ast.Node, env: dict[str, _Ival | None], holds: bool
                ) -> dict[str, _Ival | None]:
@@ -1281,12 +1325,8 @@ class _NestGuard:
                 if not isinstance(cap, c_ast.ID) or cap.name in self.written \
                         or not pure_expr(idx):
                     raise _NoBound
-                lo, hi = self.ival(idx, env)
                 store = 1 if e.name.name.startswith("cap_store_") else 0
-                d = c_ast.BinaryOp("-", self._node(hi), self._node(lo))
-                self.terms.append(c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
-                    c_ast.ID(cap.name), self._node(lo), d, _const(1), _const(ELEM_SIZE[t]),
-                    _const(store)])))
+                self._cover(("cap", cap.name, ELEM_SIZE[t], store), self.ival(idx, env))
                 return
         if isinstance(e, c_ast.ArrayRef):
             base, chain = array_chain(e)
@@ -1297,10 +1337,7 @@ class _NestGuard:
                     continue
                 if not pure_expr(ref.subscript):
                     raise _NoBound
-                lo, hi = self.ival(ref.subscript, env)
-                d = c_ast.BinaryOp("-", self._node(hi), self._node(lo))
-                self.terms.append(c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
-                    self._node(lo), d, _const(1), _const(dims[depth])])))
+                self._cover(("array", dims[depth]), self.ival(ref.subscript, env))
             return
         if isinstance(e, (c_ast.For, c_ast.While, c_ast.DoWhile, c_ast.Compound, c_ast.If)):
             self.stmt(e, env)
