@@ -32,6 +32,16 @@ overflows, every value in the box is exact and lies between the smallest and
 largest corner), and the outer fast copy runs the inner fast copy directly.
 The outer checked copy keeps the inner loop's own versioning, so a failing
 guard still ends in the exact fault.
+
+Offsets the body computes from the counter (``int64_t a0 = (r + 4*q) * ld;``,
+defined once at the top of the body in 64-bit arithmetic) are expanded into
+the indices that use them, so those stay affine.
+
+Beyond boxes, interval guards (see "Nest guards" below) cover a whole
+function body at entry, or a nest of depth >= 2: triangular bounds, bounds
+computed in the body (min/max ternaries), accesses narrowed by a condition.
+Order: whole body first; if it cannot be bounded, nests top-down; then the
+per-loop versioning above, in every copy.
 """
 
 from __future__ import annotations
