@@ -187,3 +187,41 @@ def run(cases: list[Case], gc_case: Case | None, repeats: int = REPEATS,
         out["collector"] = measure_gc(gc_case, repeats)
         tick()
     return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m bench.overhead``: checked/raw/raw_poll of selected cases only
+    (``--kernel``, ``--size``), interleaved in one process; prints one line per
+    case and the summary, optionally writes the rows as JSON (``--out``)."""
+    import argparse
+    import json
+
+    from . import micro, qr
+
+    ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=main.__doc__)
+    ap.add_argument("--kernel", action="append", help="kernel name (repeatable), e.g. blocked")
+    ap.add_argument("--size", action="append", help="size label (repeatable), e.g. '(20,32)'")
+    ap.add_argument("--repeats", type=int, default=15, help="minimum samples per mode")
+    ap.add_argument("--out", help="write rows and summary to this JSON file")
+    ns = ap.parse_args(argv)
+    cases = [c for c in qr.overhead_cases(False) + micro.cases(False)
+             if (not ns.kernel or c.kernel in ns.kernel) and (not ns.size or c.size in ns.size)]
+    rows = []
+    for c in cases:
+        r = measure_case(c, ns.repeats)
+        rows.append(r)
+        print(f"{c.kernel:10s} {c.size:14s} checked/raw {r['ratio']:.3f} "
+              f"(min/min {r['ratio_min']:.3f})", flush=True)
+    res = {"rows": rows, "summary": summarize(rows)} if rows else {"rows": []}
+    if rows:
+        s = res["summary"]["all"]
+        print(f"geomean {s['geomean']:.3f}  worst {s['worst']:.3f} ({s['worst_at']})  "
+              f"geomean of min/min {s['geomean_of_min']:.3f}")
+    if ns.out:
+        with open(ns.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()

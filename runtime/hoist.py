@@ -32,6 +32,16 @@ overflows, every value in the box is exact and lies between the smallest and
 largest corner), and the outer fast copy runs the inner fast copy directly.
 The outer checked copy keeps the inner loop's own versioning, so a failing
 guard still ends in the exact fault.
+
+Offsets the body computes from the counter (``int64_t a0 = (r + 4*q) * ld;``,
+defined once at the top of the body in 64-bit arithmetic) are expanded into
+the indices that use them, so those stay affine.
+
+Beyond boxes, interval guards (see "Nest guards" below) cover a whole
+function body at entry, or a nest of depth >= 2: triangular bounds, bounds
+computed in the body (min/max ternaries), accesses narrowed by a condition.
+Order: whole body first; if it cannot be bounded, nests top-down; then the
+per-loop versioning above, in every copy.
 """
 
 from __future__ import annotations
@@ -135,6 +145,7 @@ class _Ctx:
     on several threads)."""
 
     arrays: dict[str, tuple[int, ...]]  # local array name -> dims (from the verifier)
+    types: dict[str, int] = field(default_factory=dict)  # integer variable -> bits (0: mixed)
     counter: int = 0                    # numbers the guard variables __h<k>_*
     table: Versioning = field(default_factory=Versioning)
     inner: dict[int, _Inner] = field(default_factory=dict)  # versioned innermost loops by id
@@ -150,7 +161,13 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> V
     runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
     for both lanes).
     """
-    ctx = _Ctx(arrays)
+    ctx = _Ctx(arrays, _int_types(func))
+    whole = _body_version(func.body, ctx)
+    if whole is not None:
+        func.body, checked = whole
+        _nest_walk(checked, ctx)  # the checked copy: nests and loops as usual
+    else:
+        _nest_walk(func.body, ctx)
     _walk(func.body, ctx)
     return ctx.table
 
@@ -389,9 +406,12 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     step_ids = set() if isinstance(step, int) else _ids(step)
     if var in changed or changed & (_ids(b_expr) | _ids(a_expr) | step_ids):
         return None
+    # Offsets the body computes from the counter (int64_t a0 = (r + 4*q) * ld;)
+    # are expanded into the indices that use them, so those stay affine in var.
+    defs = _body_defs(loop.stmt, changed, ctx.types)
     # Candidate accesses anywhere in the body (conditional ones too: the guard
     # only selects the copy, it never faults).
-    accesses: list[c_ast.FuncCall] = []
+    accesses: list[tuple[c_ast.FuncCall, c_ast.Node]] = []  # (access, expanded index)
 
     class V(c_ast.NodeVisitor):
         def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
@@ -402,11 +422,12 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             if t not in _ELEM or n.args is None or len(n.args.exprs) < 2:
                 return
             cap, idx = n.args.exprs[0], n.args.exprs[1]
-            if not isinstance(cap, c_ast.ID) or cap.name in changed:
+            if not isinstance(cap, c_ast.ID) or cap.name in changed or not pure_expr(idx):
                 return
-            if not pure_expr(idx) or not _affine(idx, var) or (_ids(idx) - {var}) & changed:
+            idx = _expand(idx, defs)
+            if not _affine(idx, var) or (_ids(idx) - {var}) & changed:
                 return
-            accesses.append(n)
+            accesses.append((n, idx))
 
         def visit_For(self, n: c_ast.Node) -> None:
             return None  # accesses in inner loops belong to their own versioning
@@ -416,7 +437,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
 
     V().visit(loop.stmt)
     # Local-array subscripts: a[E1][E2]... where every E is pure and affine.
-    subs: list[tuple[c_ast.ArrayRef, int]] = []
+    subs: list[tuple[c_ast.ArrayRef, c_ast.Node, int]] = []
 
     class A(c_ast.NodeVisitor):
         def visit_ArrayRef(self, n: c_ast.ArrayRef) -> None:
@@ -425,10 +446,12 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
             for depth, ref in enumerate(chain):
                 self.visit(ref.subscript)
                 idx = ref.subscript
-                if (dims is not None and depth < len(dims) and cur.name not in changed
-                        and pure_expr(idx) and _affine(idx, var)
-                        and not ((_ids(idx) - {var}) & changed)):
-                    subs.append((ref, dims[depth]))
+                if not (dims is not None and depth < len(dims) and cur.name not in changed
+                        and pure_expr(idx)):
+                    continue
+                idx = _expand(idx, defs)
+                if _affine(idx, var) and not ((_ids(idx) - {var}) & changed):
+                    subs.append((ref, idx, dims[depth]))
 
         def visit_For(self, n: c_ast.Node) -> None:
             return None
@@ -437,7 +460,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         visit_QuietFor = visit_QuietWhile = visit_QuietDoWhile = visit_For
 
     A().visit(loop.stmt)
-    folds = [] if innermost else _foldable(loop.stmt, var, changed, ctx)
+    folds = [] if innermost else _foldable(loop.stmt, var, changed, defs, ctx)
     if not innermost and not accesses and not subs and not folds:
         return None
     # Even with nothing to hoist, a countable innermost loop gets the
@@ -454,19 +477,19 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     terms: list[_Term] = []
     seen: set[str] = set()
     gen = c_generator.CGenerator()
-    for n in accesses:
+    for n, idx in accesses:
         name = n.name.name
         store = 1 if name.startswith("cap_store_") else 0
         t = name.rsplit("_", 1)[1]
-        cap, idx = n.args.exprs[0], n.args.exprs[1]
+        cap = n.args.exprs[0]
         key = f"{store}|{t}|{cap.name}|{gen.visit(idx)}"
         if key not in seen:
             seen.add(key)
             terms.append(_Term(copy.deepcopy(idx), cap.name, ELEM_SIZE[t], store))
         n.__class__ = UncheckedCall
         covered.append(n)
-    for ref, dim in subs:
-        terms.append(_Term(copy.deepcopy(ref.subscript), None, dim, 0))
+    for ref, idx, dim in subs:
+        terms.append(_Term(copy.deepcopy(idx), None, dim, 0))
         ref.__class__ = UncheckedRef
         covered.append(ref)
     guard_terms = [_range_term(term, var, span) for term in terms]
@@ -488,11 +511,11 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     # every iteration of the nest, and this loop's fast copy runs their fast
     # copies with no guard of their own.  Their checked copies stay in `slow`.
     hoisted: list[c_ast.Node] = []
-    for box, inner in folds:
+    for box, inner, inner_terms in folds:
         hoisted += inner.span.decls(inner.span.is_int())
         box_ok: c_ast.Node = c_ast.ID(inner.span.hok)
         inner_ok: c_ast.Node = _const(1)
-        for term in inner.terms:
+        for term in inner_terms:
             g = _box_term(term, var, span, inner.var, inner.span)
             guard_terms.append(g)
             box_ok = c_ast.BinaryOp("&&", box_ok, _is_int(_term_index(g)))
@@ -642,13 +665,14 @@ def _plus1(name: str) -> c_ast.BinaryOp:
     return c_ast.BinaryOp("+", c_ast.ID(name), _const(1))
 
 
-def _foldable(body: c_ast.Node, var: str, changed: set[str], ctx: _Ctx
-              ) -> list[tuple[c_ast.Compound, _Inner]]:
+def _foldable(body: c_ast.Node, var: str, changed: set[str], defs: dict[str, c_ast.Node],
+              ctx: _Ctx) -> list[tuple[c_ast.Compound, _Inner, list[_Term]]]:
     """Versioned innermost loops in ``body`` whose guard can move before the loop
     over ``var``: bounds and step invariant here (so the nest is a box), every
     index affine in both counters jointly, caps, arrays and coefficients not
-    assigned in ``body``."""
-    out: list[tuple[c_ast.Compound, _Inner]] = []
+    assigned in ``body`` (after expanding the body's offset definitions ``defs``,
+    which the inner loop sees as invariants)."""
+    out: list[tuple[c_ast.Compound, _Inner, list[_Term]]] = []
 
     def invariant(node: c_ast.Node | int) -> bool:
         if isinstance(node, int):
@@ -660,11 +684,12 @@ def _foldable(body: c_ast.Node, var: str, changed: set[str], ctx: _Ctx
         inner = ctx.inner.get(id(node))
         if inner is not None and inner.node is node:
             sp = inner.span
+            terms = [_Term(_expand(t.idx, defs), t.cap, t.size, t.store) for t in inner.terms]
             # (distinct counters: the verifier refuses shadowing, E(i, j) relies on it)
             if (inner.var != var and invariant(sp.a_expr) and invariant(sp.b_expr)
                     and invariant(sp.step)
-                    and all(_foldable_term(t, var, inner.var, changed) for t in inner.terms)):
-                out.append((node, inner))
+                    and all(_foldable_term(t, var, inner.var, changed) for t in terms)):
+                out.append((node, inner, terms))
             return
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             return  # an unversioned inner loop: its accesses are checked in place
@@ -681,6 +706,110 @@ def _foldable_term(term: _Term, var: str, ivar: str, changed: set[str]) -> bool:
     if term.cap is not None and term.cap in changed:
         return False
     return _affine_in(term.idx, {var, ivar}) and not ((_ids(term.idx) - {var, ivar}) & changed)
+
+
+def _int_types(func: c_ast.FuncDef) -> dict[str, int]:
+    """Bits of every integer variable of ``func`` (parameters and locals); 0 for a
+    name declared with two different types (sibling scopes may reuse a name)."""
+    out: dict[str, int] = {}
+
+    class V(c_ast.NodeVisitor):
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            t = n.type
+            bits = 0
+            if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
+                bits = _INT_TYPES.get(" ".join(t.type.names), 0)
+            if n.name is not None:
+                out[n.name] = bits if out.get(n.name, bits) == bits else 0
+            self.generic_visit(n)
+
+    V().visit(func)
+    return out
+
+
+def _is_64(expr: c_ast.Node, types: dict[str, int]) -> bool:
+    """expr has a 64-bit integer type (C's usual arithmetic conversions)."""
+    if isinstance(expr, c_ast.ID):
+        return types.get(expr.name) == 64
+    if isinstance(expr, c_ast.Cast):
+        names = getattr(getattr(expr.to_type, "type", None), "type", None)
+        return getattr(names, "names", []) in (["int64_t"], ["long"])
+    if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-", "*", "/"):
+        return _is_64(expr.left, types) or _is_64(expr.right, types)
+    if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
+        return _is_64(expr.expr, types)
+    if isinstance(expr, c_ast.TernaryOp):
+        return _is_64(expr.iftrue, types) or _is_64(expr.iffalse, types)
+    return False
+
+
+def _exact64(expr: c_ast.Node, types: dict[str, int]) -> bool:
+    """Every operation of expr is done in 64-bit arithmetic, so its wrapping int64
+    value is the mathematical value mod 2^64 (an int subexpression would wrap
+    mod 2^32 first)."""
+    if isinstance(expr, c_ast.Constant):
+        v = int_literal(expr)
+        return v is not None and -(1 << 31) <= v < (1 << 31)
+    if isinstance(expr, c_ast.ID):
+        return types.get(expr.name, 0) in (32, 64)
+    if isinstance(expr, c_ast.Cast):
+        return _is_64(expr, types) and _exact64(expr.expr, types) and (
+            _is_64(expr.expr, types) or isinstance(expr.expr, (c_ast.ID, c_ast.Constant)))
+    if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-", "*"):
+        return (_exact64(expr.left, types) and _exact64(expr.right, types)
+                and _is_64(expr, types))
+    if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
+        return _is_64(expr.expr, types) and _exact64(expr.expr, types)
+    return False
+
+
+def _body_defs(body: c_ast.Node, changed: set[str], types: dict[str, int]
+               ) -> dict[str, c_ast.Node]:
+    """``int64_t x = E;`` at the top level of a loop body, x never assigned again
+    in the body, E pure, computed in 64-bit arithmetic and (after expanding the
+    definitions before it) free of every name the body assigns: x equals E
+    (mod 2^64) wherever the body uses it.  Maps x to E expanded."""
+    if not isinstance(body, c_ast.Compound):
+        return {}
+    writes: dict[str, int] = {}
+
+    class W(c_ast.NodeVisitor):
+        def visit_Assignment(self, n: c_ast.Assignment) -> None:
+            if isinstance(n.lvalue, c_ast.ID):
+                writes[n.lvalue.name] = writes.get(n.lvalue.name, 0) + 1
+            self.generic_visit(n)
+
+        def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
+            if n.op in ("++", "--", "p++", "p--") and isinstance(n.expr, c_ast.ID):
+                writes[n.expr.name] = writes.get(n.expr.name, 0) + 1
+            self.generic_visit(n)
+
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            writes[n.name] = writes.get(n.name, 0) + 1
+            self.generic_visit(n)
+
+    W().visit(body)
+    defs: dict[str, c_ast.Node] = {}
+    for item in body.block_items or []:
+        if not (isinstance(item, c_ast.Decl) and item.init is not None
+                and isinstance(item.type, c_ast.TypeDecl)
+                and isinstance(item.type.type, c_ast.IdentifierType)
+                and item.type.type.names in (["int64_t"], ["long"])
+                and writes.get(item.name) == 1 and types.get(item.name) == 64):
+            continue
+        if not (pure_expr(item.init) and _exact64(item.init, types)):
+            continue
+        init = _expand(item.init, defs)
+        if not (_ids(init) & changed):
+            defs[item.name] = init
+    return defs
+
+
+def _expand(expr: c_ast.Node, defs: dict[str, c_ast.Node]) -> c_ast.Node:
+    """expr with every defined name replaced by its (already expanded) definition."""
+    for name in _ids(expr) & set(defs):
+        expr = _subst(expr, name, defs[name])
+    return expr
 
 
 def _replace(root: c_ast.Node, old: c_ast.Node, new: c_ast.Node) -> None:
@@ -813,3 +942,562 @@ def _const_trips(a: c_ast.Node, b: c_ast.Node, cmp: str, step: int | c_ast.Node)
 
 def _is_int(expr: c_ast.Node) -> c_ast.FuncCall:
     return c_ast.FuncCall(c_ast.ID("RT_IS_INT"), c_ast.ExprList([copy.deepcopy(expr)]))
+
+
+# ---------------------------------------------------------------------------
+# Nest guards: one interval check before a whole loop nest.
+#
+# The versioning above needs indices affine in the counters and inner bounds
+# invariant in the loop around them (a box).  Deeper nests, triangular inner
+# bounds (q < p), bounds computed in the body (pe = t < jb ? t : jb) and
+# accesses under a condition (if (t < jb) w[t][l] ...) are covered by interval
+# arithmetic instead: walking the nest in source order, every integer the
+# indices depend on gets an interval [lo, hi] computed once before the nest:
+#
+#   invariant names      [x, x]   (not assigned anywhere in the nest)
+#   for counters         [lo(A), hi(B) - 1] (or hi(B) for <=; downward loops
+#                        mirrored); the counter is not assigned in its body
+#                        and the guard checks that the last step cannot wrap
+#   T x = E;             [lo(E), hi(E)] when x is not assigned again in its scope
+#   +, -, *, / by a positive literal, casts, min/max ternaries (t < jb ? t : jb)
+#   if (v < E) / c ? :   v narrowed to [lo(v), min(hi(v), hi(E) - 1)] inside
+#
+# Every bound is computed with overflow-checked arithmetic (a bound that
+# overflows fails the guard), and a subexpression of int (32-bit) type must stay
+# in int range, so the value the nest computes (wrapping arithmetic) is the
+# mathematical one and lies in its interval.  An access whose index interval is
+# inside the buffer (rt_range_ok at both ends: every index between two
+# in-bounds ones is in bounds) or the local array is covered.  All or nothing:
+# if any scalar access of the nest cannot be bounded, the nest is not guarded
+# here and the loops inside it are considered in turn.  An interval that comes
+# out empty belongs to code that never runs in the nest.  The fast copy is the
+# nest with every access unchecked; the checked copy is the nest as the
+# versioning above leaves it, so a failing guard still ends in the exact fault.
+
+_I64_MAX = (1 << 63) - 1
+_I64_MIN = -(1 << 63)
+_I32_MAX = (1 << 31) - 1
+_I32_MIN = -(1 << 31)
+_Bound = int | str          # a Python constant or the name of a guard variable
+_Ival = tuple[_Bound, _Bound]
+
+
+class _NoBound(Exception):
+    """The nest has a scalar access or a counter no interval covers."""
+
+
+class _NestGuard:
+    """Builds the guard of one nest: guard variables, conditions, covered accesses."""
+
+    def __init__(self, loop: c_ast.Node, ctx: _Ctx, k: int):
+        self.ctx = ctx
+        self.prefix = f"__n{k}_"
+        self.count = 0
+        self.decls: list[c_ast.Node] = []   # int64_t guard variables, in order
+        self.conds: list[c_ast.Node] = []   # conditions, all must hold
+        self.written = _assigned(loop)      # names the nest declares or assigns
+        # one hull per buffer (cap, element size, store) or local-array extent: the
+        # indices between two in-bounds ones are in bounds, so checking the
+        # smallest and the largest of a group is the same as checking each
+        self.hulls: dict[tuple, tuple[_Bound, _Bound]] = {}
+        self.memo: dict[tuple, _Bound] = {}
+
+    @property
+    def terms(self) -> list[c_ast.Node]:
+        out: list[c_ast.Node] = []
+        for key, (lo, hi) in self.hulls.items():
+            d = c_ast.BinaryOp("-", self._node(hi), self._node(lo))
+            if key[0] == "cap":
+                _kind, cap, size, store = key
+                out.append(c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
+                    c_ast.ID(cap), self._node(lo), d, _const(1), _const(size), _const(store)])))
+            else:
+                out.append(c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
+                    self._node(lo), d, _const(1), _const(key[1])])))
+        return out
+
+    def _cover(self, key: tuple, iv: _Ival) -> None:
+        if key in self.hulls:
+            lo, hi = self.hulls[key]
+            iv = (self._pick("<", lo, iv[0]), self._pick(">", hi, iv[1]))
+        self.hulls[key] = iv
+
+    # -- guard variables and checked arithmetic --------------------------
+    def _new(self, init: c_ast.Node | None = None) -> str:
+        self.count += 1
+        name = f"{self.prefix}{self.count}"
+        self.decls.append(_decl64(name, init if init is not None else _const(0)))
+        return name
+
+    @staticmethod
+    def _node(b: _Bound) -> c_ast.Node:
+        if isinstance(b, int):
+            if b == _I64_MIN:
+                return c_ast.BinaryOp("-", _const(_I64_MAX), _const(1))
+            return _const(b) if b >= 0 else c_ast.UnaryOp("-", _const(-b))
+        return c_ast.ID(b)
+
+    def _ovf(self, fn: str, a: _Bound, b: _Bound) -> _Bound:
+        """a op b, the guard failing if it overflows (constants fold here)."""
+        if isinstance(a, int) and isinstance(b, int):
+            v = {"rt_add_ovf": a + b, "rt_sub_ovf": a - b, "rt_mul_ovf": a * b}[fn]
+            if not _I64_MIN <= v <= _I64_MAX:
+                raise _NoBound
+            return v
+        if b == 0 and fn != "rt_mul_ovf" or b == 1 and fn == "rt_mul_ovf":
+            return a
+        if a == 0 and fn == "rt_add_ovf" or a == 1 and fn == "rt_mul_ovf":
+            return b
+        if (fn, a, b) in self.memo:
+            return self.memo[(fn, a, b)]
+        r = self._new()
+        self.memo[(fn, a, b)] = r
+        call = c_ast.FuncCall(c_ast.ID(fn), c_ast.ExprList(
+            [self._node(a), self._node(b), c_ast.UnaryOp("&", c_ast.ID(r))]))
+        self.decls.append(c_ast.Assignment("&=", c_ast.ID(self.ok), c_ast.UnaryOp("!", call)))
+        return r
+
+    def _pick(self, op: str, a: _Bound, b: _Bound) -> _Bound:
+        """min (op '<') or max (op '>') of two bounds."""
+        if isinstance(a, int) and isinstance(b, int):
+            return min(a, b) if op == "<" else max(a, b)
+        if a == b:
+            return a
+        if (op, a, b) in self.memo:
+            return self.memo[(op, a, b)]
+        self.memo[(op, a, b)] = self._new(c_ast.TernaryOp(
+            c_ast.BinaryOp(op, self._node(a), self._node(b)), self._node(a), self._node(b)))
+        return self.memo[(op, a, b)]
+
+    def _require(self, cond: c_ast.Node) -> None:
+        key = ("require", c_generator.CGenerator().visit(cond))
+        if key not in self.memo:
+            self.memo[key] = 0
+            self.conds.append(cond)
+
+    def _in_int(self, iv: _Ival) -> None:
+        lo, hi = iv
+        if isinstance(lo, int) and isinstance(hi, int):
+            if not (_I32_MIN <= lo and hi <= _I32_MAX):
+                raise _NoBound
+            return
+        self._require(c_ast.BinaryOp(
+            "&&", c_ast.BinaryOp(">=", self._node(lo), self._node(_I32_MIN)),
+            c_ast.BinaryOp("<=", self._node(hi), self._node(_I32_MAX))))
+
+    # -- intervals of expressions -----------------------------------------
+    def ival(self, e: c_ast.Node, env: dict[str, _Ival | None]) -> _Ival:
+        iv = self._ival(e, env)
+        if not _is_64(e, self.ctx.types) and not isinstance(e, (c_ast.ID, c_ast.Constant)):
+            self._in_int(iv)  # an int subexpression must not wrap mod 2^32
+        return iv
+
+    def _ival(self, e: c_ast.Node, env: dict[str, _Ival | None]) -> _Ival:
+        if isinstance(e, c_ast.Constant):
+            v = int_literal(e)
+            if v is None or not _I64_MIN <= v <= _I64_MAX:
+                raise _NoBound
+            return v, v
+        if isinstance(e, c_ast.ID):
+            if e.name in env:
+                iv = env[e.name]
+                if iv is None:
+                    raise _NoBound
+                return iv
+            if e.name in self.written or self.ctx.types.get(e.name, 0) not in (32, 64):
+                raise _NoBound
+            return e.name, e.name
+        if isinstance(e, c_ast.Cast):
+            names = getattr(getattr(e.to_type, "type", None), "type", None)
+            names = getattr(names, "names", [])
+            if names in (["int64_t"], ["long"]):
+                return self.ival(e.expr, env)
+            if names in (["int"], ["int32_t"]):
+                iv = self.ival(e.expr, env)
+                self._in_int(iv)
+                return iv
+            raise _NoBound
+        if isinstance(e, c_ast.UnaryOp) and e.op == "-":
+            lo, hi = self.ival(e.expr, env)
+            return self._ovf("rt_sub_ovf", 0, hi), self._ovf("rt_sub_ovf", 0, lo)
+        if isinstance(e, c_ast.UnaryOp) and e.op == "+":
+            return self.ival(e.expr, env)
+        if isinstance(e, c_ast.BinaryOp) and e.op in ("+", "-"):
+            a, b = self.ival(e.left, env), self.ival(e.right, env)
+            if e.op == "+":
+                return self._ovf("rt_add_ovf", a[0], b[0]), self._ovf("rt_add_ovf", a[1], b[1])
+            return self._ovf("rt_sub_ovf", a[0], b[1]), self._ovf("rt_sub_ovf", a[1], b[0])
+        if isinstance(e, c_ast.BinaryOp) and e.op == "*":
+            a, b = self.ival(e.left, env), self.ival(e.right, env)
+            if isinstance(b[0], int) and b[0] == b[1]:
+                a, b = b, a  # constant first
+            if isinstance(a[0], int) and a[0] == a[1]:
+                c = a[0]
+                p, q = self._ovf("rt_mul_ovf", c, b[0]), self._ovf("rt_mul_ovf", c, b[1])
+                return (p, q) if c >= 0 else (q, p)
+            if a[0] == a[1] or b[0] == b[1]:  # one factor is a single (symbolic) value
+                if b[0] != b[1]:
+                    a, b = b, a
+                p, q = self._ovf("rt_mul_ovf", a[0], b[0]), self._ovf("rt_mul_ovf", a[1], b[0])
+                return self._pick("<", p, q), self._pick(">", p, q)
+            ps = [self._ovf("rt_mul_ovf", x, y) for x in a for y in b]
+            return (self._pick("<", self._pick("<", ps[0], ps[1]), self._pick("<", ps[2], ps[3])),
+                    self._pick(">", self._pick(">", ps[0], ps[1]), self._pick(">", ps[2], ps[3])))
+        if isinstance(e, c_ast.BinaryOp) and e.op == "/":
+            c = int_literal(e.right)
+            if c is None or c <= 0:
+                raise _NoBound
+            lo, hi = self.ival(e.left, env)
+            # truncating division by c > 0 is monotone
+            return (self._div(lo, c), self._div(hi, c))
+        if isinstance(e, c_ast.TernaryOp):
+            if not pure_expr(e.cond):
+                raise _NoBound
+            mm = _minmax(e)
+            if mm is not None:
+                # min(x, y) lies in [min(lo x, lo y), min(hi x, hi y)] (max alike);
+                # the operands' own intervals, not narrowed by the condition
+                a, b = self.ival(e.iftrue, env), self.ival(e.iffalse, env)
+                op = "<" if mm == "min" else ">"
+                return self._pick(op, a[0], b[0]), self._pick(op, a[1], b[1])
+            # otherwise the hull of the branches, each narrowed by its condition
+            a = self.ival(e.iftrue, self.refine(e.cond, env, True))
+            b = self.ival(e.iffalse, self.refine(e.cond, env, False))
+            return self._pick("<", a[0], b[0]), self._pick(">", a[1], b[1])
+        raise _NoBound
+
+    def _div(self, b: _Bound, c: int) -> _Bound:
+        if isinstance(b, int):
+            return b // c if b >= 0 else -((-b) // c)  # C truncates toward zero
+        if ("/", b, c) not in self.memo:
+            self.memo[("/", b, c)] = self._new(c_ast.BinaryOp("/", self._node(b), _const(c)))
+        return self.memo[("/", b, c)]
+
+    def refine(self, cond: c_ast.Node, env: dict[str, _Ival | None], holds: bool
+               ) -> dict[str, _Ival | None]:
+        """env narrowed by what ``cond`` (pure) says when it holds (comparisons of a
+        variable with an expression, joined by &&; when it fails, !(v < E) too)."""
+        facts: list[tuple[str, str, c_ast.Node]] = []
+        flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+        mirror = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+        def collect(c: c_ast.Node, pos: bool) -> None:
+            if isinstance(c, c_ast.BinaryOp) and c.op == "&&" and pos:
+                collect(c.left, pos)
+                collect(c.right, pos)
+            elif isinstance(c, c_ast.BinaryOp) and c.op == "||" and not pos:
+                collect(c.left, pos)
+                collect(c.right, pos)
+            elif isinstance(c, c_ast.UnaryOp) and c.op == "!":
+                collect(c.expr, not pos)
+            elif isinstance(c, c_ast.BinaryOp) and c.op in flip:
+                op = c.op if pos else flip[c.op]
+                if isinstance(c.left, c_ast.ID):
+                    facts.append((c.left.name, op, c.right))
+                if isinstance(c.right, c_ast.ID):
+                    facts.append((c.right.name, mirror[op], c.left))
+
+        collect(cond, holds)
+        if not facts:
+            return env
+        out = dict(env)
+        for name, op, other in facts:
+            try:
+                cur = self._ival(c_ast.ID(name), out)
+                lo_o, hi_o = self.ival(other, env)
+                lo, hi = cur
+                if op == "<":
+                    hi = self._pick("<", hi, self._ovf("rt_sub_ovf", hi_o, 1))
+                elif op == "<=":
+                    hi = self._pick("<", hi, hi_o)
+                elif op == ">":
+                    lo = self._pick(">", lo, self._ovf("rt_add_ovf", lo_o, 1))
+                else:
+                    lo = self._pick(">", lo, lo_o)
+                out[name] = (lo, hi)
+            except _NoBound:
+                continue  # no narrowing from this fact
+        return out
+
+    # -- the nest, in source order ---------------------------------------
+    def stmt(self, n: c_ast.Node | None, env: dict[str, _Ival | None]) -> None:
+        if n is None:
+            return
+        if isinstance(n, c_ast.Compound):
+            inner = dict(env)
+            items = n.block_items or []
+            for k, item in enumerate(items):
+                if isinstance(item, c_ast.Decl):
+                    self.decl(item, inner, items[k + 1:])
+                else:
+                    self.stmt(item, inner)
+            return
+        if isinstance(n, c_ast.Decl):
+            self.decl(n, env, [])
+            return
+        if isinstance(n, c_ast.For):
+            self.loop(n, env)
+            return
+        if isinstance(n, (c_ast.While, c_ast.DoWhile)):
+            raise _NoBound
+        if isinstance(n, c_ast.If):
+            self.expr(n.cond, env)
+            self.stmt(n.iftrue, self.refine(n.cond, env, True) if pure_expr(n.cond) else env)
+            self.stmt(n.iffalse, self.refine(n.cond, env, False) if pure_expr(n.cond) else env)
+            return
+        self.expr(n, env)
+
+    def decl(self, d: c_ast.Decl, env: dict[str, _Ival | None], rest: list[c_ast.Node]) -> None:
+        if d.init is not None:
+            self.expr(d.init, env)
+        env[d.name] = None
+        if (d.init is not None and isinstance(d.type, c_ast.TypeDecl)
+                and isinstance(d.type.type, c_ast.IdentifierType)
+                and _INT_TYPES.get(" ".join(d.type.type.names))
+                and pure_expr(d.init) and not any(d.name in _assigned(r) for r in rest)):
+            try:
+                iv = self.ival(d.init, env)
+                if _INT_TYPES[" ".join(d.type.type.names)] == 32:
+                    self._in_int(iv)
+                env[d.name] = iv
+            except _NoBound:
+                pass  # a use in an index fails later
+
+    def loop(self, f: c_ast.For, env: dict[str, _Ival | None]) -> None:
+        shape = _loop_shape(f) or _down_shape(f)
+        if shape is None or f.stmt is None:
+            raise _NoBound
+        var, bits, a_expr, b_expr, cmp, step = shape
+        if var in _assigned(f.stmt):
+            raise _NoBound
+        if not isinstance(step, int):
+            if _ids(step) & self.written or not pure_expr(step):
+                raise _NoBound
+            sv = self._node_of(step)
+            self._require(c_ast.BinaryOp("&&", c_ast.BinaryOp(">", copy.deepcopy(sv), _const(0)),
+                                         c_ast.BinaryOp("<=", copy.deepcopy(sv), _const(1 << 20))))
+        a, b = self.ival(a_expr, env), self.ival(b_expr, env)
+        top, bottom = (_I64_MAX, _I64_MIN) if bits == 64 else (_I32_MAX, _I32_MIN)
+        if bits == 32:
+            self._in_int(a)
+        s = step if isinstance(step, int) else self._new(copy.deepcopy(step))
+        if cmp in ("<", "<="):
+            hi = self._ovf("rt_sub_ovf", b[1], 1) if cmp == "<" else b[1]
+            # the step after the last iteration must not wrap the counter
+            self._le(self._ovf("rt_add_ovf", hi, s), top)
+            iv: _Ival = (a[0], hi)
+        else:
+            lo = self._ovf("rt_add_ovf", b[0], 1) if cmp == ">" else b[0]
+            self._ge(self._ovf("rt_sub_ovf", lo, s), bottom)
+            iv = (lo, a[1])
+        self.expr(f.cond, env)
+        body = dict(env)
+        body[var] = iv
+        self.stmt(f.stmt, body)
+
+    def _node_of(self, e: c_ast.Node) -> c_ast.Node:
+        return copy.deepcopy(e)
+
+    def _le(self, b: _Bound, limit: int) -> None:
+        if isinstance(b, int):
+            if b > limit:
+                raise _NoBound
+        else:
+            self._require(c_ast.BinaryOp("<=", c_ast.ID(b), self._node(limit)))
+
+    def _ge(self, b: _Bound, limit: int) -> None:
+        if isinstance(b, int):
+            if b < limit:
+                raise _NoBound
+        else:
+            self._require(c_ast.BinaryOp(">=", c_ast.ID(b), self._node(limit)))
+
+    def expr(self, e: c_ast.Node | None, env: dict[str, _Ival | None]) -> None:
+        """Bound every access in an expression (conditional branches narrowed)."""
+        if e is None:
+            return
+        if isinstance(e, c_ast.TernaryOp):
+            self.expr(e.cond, env)
+            pure = pure_expr(e.cond)
+            self.expr(e.iftrue, self.refine(e.cond, env, True) if pure else env)
+            self.expr(e.iffalse, self.refine(e.cond, env, False) if pure else env)
+            return
+        if isinstance(e, c_ast.BinaryOp) and e.op in ("&&", "||"):
+            self.expr(e.left, env)
+            self.expr(e.right, self.refine(e.left, env, e.op == "&&")
+                      if pure_expr(e.left) else env)
+            return
+        if isinstance(e, c_ast.FuncCall) and isinstance(e.name, c_ast.ID) \
+                and e.name.name.startswith(_ACCESS_PREFIX):
+            t = e.name.name.rsplit("_", 1)[1]
+            if t in _ELEM and e.args is not None and len(e.args.exprs) >= 2:
+                for a in e.args.exprs[1:]:
+                    self.expr(a, env)
+                cap, idx = e.args.exprs[0], e.args.exprs[1]
+                if not isinstance(cap, c_ast.ID) or cap.name in self.written \
+                        or not pure_expr(idx):
+                    raise _NoBound
+                store = 1 if e.name.name.startswith("cap_store_") else 0
+                self._cover(("cap", cap.name, ELEM_SIZE[t], store), self.ival(idx, env))
+                return
+        if isinstance(e, c_ast.ArrayRef):
+            base, chain = array_chain(e)
+            dims = self.ctx.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
+            for depth, ref in enumerate(chain):
+                self.expr(ref.subscript, env)
+                if dims is None or depth >= len(dims):
+                    continue
+                if not pure_expr(ref.subscript):
+                    raise _NoBound
+                self._cover(("array", dims[depth]), self.ival(ref.subscript, env))
+            return
+        if isinstance(e, (c_ast.For, c_ast.While, c_ast.DoWhile, c_ast.Compound, c_ast.If)):
+            self.stmt(e, env)
+            return
+        for _name, c in e.children():
+            self.expr(c, env)
+
+    ok = "__nok"  # replaced per nest in build()
+
+
+def _minmax(e: c_ast.TernaryOp) -> str | None:
+    """'min' for a < b ? a : b (and the mirrored forms), 'max' likewise, else None."""
+    c = e.cond
+    if not (isinstance(c, c_ast.BinaryOp) and c.op in ("<", "<=", ">", ">=")):
+        return None
+    g = c_generator.CGenerator()
+    L, R, T, F = (g.visit(x) for x in (c.left, c.right, e.iftrue, e.iffalse))
+    if (L, R) == (T, F):
+        return "min" if c.op in ("<", "<=") else "max"
+    if (L, R) == (F, T):
+        return "max" if c.op in ("<", "<=") else "min"
+    return None
+
+
+def _down_shape(loop: c_ast.For
+                ) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int] | None:
+    """(var, bits, A, B, cmp, step) of ``for (T i = A; i >= B (> B); i-- / i -= c)``."""
+    init = loop.init
+    if not (isinstance(init, c_ast.DeclList) and len(init.decls) == 1):
+        return None
+    d = init.decls[0]
+    if not (isinstance(d.type, c_ast.TypeDecl) and isinstance(d.type.type, c_ast.IdentifierType)):
+        return None
+    bits = _INT_TYPES.get(" ".join(d.type.type.names))
+    if bits is None or d.init is None:
+        return None
+    var, cond, nxt = d.name, loop.cond, loop.next
+    if not (isinstance(cond, c_ast.BinaryOp) and cond.op in (">", ">=")
+            and isinstance(cond.left, c_ast.ID) and cond.left.name == var):
+        return None
+    step = None
+    if isinstance(nxt, c_ast.UnaryOp) and nxt.op in ("p--", "--") and isinstance(
+            nxt.expr, c_ast.ID) and nxt.expr.name == var:
+        step = 1
+    elif (isinstance(nxt, c_ast.Assignment) and nxt.op == "-=" and isinstance(nxt.lvalue, c_ast.ID)
+          and nxt.lvalue.name == var):
+        step = int_literal(nxt.rvalue)
+    if not step or step <= 0 or step > 1 << 20:
+        return None
+    if not (pure_expr(d.init) and pure_expr(cond.right)):
+        return None
+    return var, bits, d.init, cond.right, cond.op, step
+
+
+def _nest_walk(node: c_ast.Node, ctx: _Ctx) -> None:
+    """Top-down: guard the outermost nests (depth >= 2) that interval bounds cover;
+    the loops inside a nest that is not covered are tried in turn."""
+    for attr, val in node_fields(node):
+        items = val if isinstance(val, list) else [val]
+        for idx, item in enumerate(items):
+            if not isinstance(item, c_ast.Node):
+                continue
+            if isinstance(item, c_ast.For) and not isinstance(item, QUIET_LOOPS):
+                new = _nest_version(item, ctx)
+                if new is not None:
+                    if isinstance(val, list):
+                        val[idx] = new
+                    else:
+                        setattr(node, attr, new)
+                    continue
+            _nest_walk(item, ctx)
+
+
+def _nest_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
+    if _levels(loop) < 3 or _has_barrier(loop.stmt):  # loop + at least two levels inside
+        return None
+    return _guarded(loop, [], ctx)
+
+
+def _body_version(body: c_ast.Compound, ctx: _Ctx) -> tuple[c_ast.Compound, c_ast.Node] | None:
+    """A function body with loops whose every access interval bounds cover gets
+    one guard at entry (helpers called once per column: their loops are short).
+    The local arrays it declares at its top level move before the guard, so the
+    two copies share them.  Returns (new body, checked copy) or None."""
+    if _levels(body) < 1 or _has_barrier(body):
+        return None
+    arrays = [d for d in body.block_items or [] if isinstance(d, c_ast.Decl)
+              and isinstance(d.type, c_ast.ArrayDecl) and d.init is None]
+    rest = c_ast.Compound([d for d in body.block_items or [] if not any(d is a for a in arrays)])
+    new = _guarded(rest, arrays, ctx)
+    return None if new is None else (new, rest)
+
+
+def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx) -> c_ast.Compound | None:
+    """``if (intervals of every access of node in range) fast copy else node``."""
+    ctx.counter += 1
+    g = _NestGuard(node, ctx, ctx.counter)
+    g.ok = f"__n{ctx.counter}_ok"
+    try:
+        g.stmt(node, {})
+    except _NoBound:
+        return None
+    if not g.terms:
+        return None
+    fast = copy.deepcopy(node)
+    covered = _mark_unchecked(fast, ctx)
+    cond: c_ast.Node = c_ast.ID(g.ok)
+    for c in g.conds:
+        cond = c_ast.BinaryOp("&&", cond, c)
+    terms: c_ast.Node = _const(1)
+    for t in g.terms:
+        terms = c_ast.BinaryOp("&", terms, t)
+    # conditions first (&&): the range terms read bounds the conditions vouch for
+    cond = c_ast.BinaryOp("&&", cond, terms)
+    ctx.table.loops.append(LoopPlan(node.coord.line if node.coord else 0, list(g.terms), covered,
+                                    False))
+    ok = c_ast.Decl(g.ok, [], [], [], [], c_ast.TypeDecl(g.ok, [], None, c_ast.IdentifierType(
+        ["int"])), _const(1), None)
+    return c_ast.Compound(pre + [ok] + g.decls + [c_ast.If(cond, c_ast.Compound([fast]), node)])
+
+
+def _levels(node: c_ast.Node) -> int:
+    """Loop levels of the deepest chain at node, node itself included (a loop whose
+    body is a loop without braces counts twice)."""
+    here = 1 if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)) else 0
+    return here + max((_levels(c) for _n, c in node.children()), default=0)
+
+
+def _mark_unchecked(node: c_ast.Node, ctx: _Ctx) -> list[c_ast.Node]:
+    """Mark every scalar access and local-array subscript under node as covered."""
+    out: list[c_ast.Node] = []
+
+    class V(c_ast.NodeVisitor):
+        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
+            self.generic_visit(n)
+            if isinstance(n.name, c_ast.ID) and n.name.name.startswith(_ACCESS_PREFIX) \
+                    and n.name.name.rsplit("_", 1)[1] in _ELEM:
+                n.__class__ = UncheckedCall
+                out.append(n)
+
+        def visit_ArrayRef(self, n: c_ast.ArrayRef) -> None:
+            base, chain = array_chain(n)
+            dims = ctx.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
+            for depth, ref in enumerate(chain):
+                self.visit(ref.subscript)
+                if dims is not None and depth < len(dims):
+                    ref.__class__ = UncheckedRef
+                    out.append(ref)
+
+    V().visit(node)
+    return out

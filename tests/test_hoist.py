@@ -7,6 +7,8 @@ memory afterwards, including index sequences built to wrap around 2^64.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -306,10 +308,12 @@ def test_rectangular_nests_fold_into_one_box_check(box_builds) -> None:
         src = box_builds[name][0].c_source
         assert "rt_range2_ok" in src and "rt_ustore_f32" in src, name
     assert "rt_lrange2_ok" in box_builds["box_local"][0].c_source
-    # the fast copy of the nest runs no per-inner-loop guard: only the checked copy has one
+    # the fast copy of the nest runs no per-inner-loop guard: one interval guard at
+    # function entry (the whole body), then in its checked copy the box guard
+    # before the nest and the inner loop's own guard
     src = box_builds["box"][0].c_source
     box = src[src.index(" box(rt_block"):src.index(" box_le(rt_block")]
-    assert box.count("rt_range2_ok(") == 1 and box.count("rt_range_ok(") == 1
+    assert box.count("rt_range2_ok(") == 1 and box.count("rt_range_ok(") == 2
     # the inner bound moves with i: no box, each inner loop keeps its own guard
     src = box_builds["tri"][0].c_source
     tri = src[src.index(" tri(rt_block"):src.index("capqr_entry")]
@@ -360,3 +364,305 @@ def test_hoisted_nest_box_equals_checked(box_builds, name, n, i0, ci, j0, cj, a,
     f2, m2 = _run(plain, n, args)
     assert f1 == f2
     assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+# Offsets a loop body computes from its counter (int64_t a0 = (r + 4*q) * ld;
+# a1 = a0 + ld) are expanded into the indices that use them: the loads of the
+# outer body and the inner loop's accesses become affine in (q, j) and fold
+# into one guard before the nest (the row-quad shape of larf_left).  A name
+# the body assigns again, an int (32-bit) definition and a definition reading
+# a variable the body changes are not expanded.
+DEF_SRC = """
+KERNEL void quad(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64_t j1, int64_t c)
+{
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t a0 = (r + 2 * q) * ld;
+        int64_t a1 = a0 + ld;
+        float v0 = cap_load_f32(x, a0 + c);
+        float v1 = cap_load_f32(x, a1 + c);
+        for (int64_t j = j0; j < j1; j++) {
+            cap_store_f32(x, a0 + j, cap_load_f32(x, a0 + j) + v1);
+            cap_store_f32(x, a1 + j, cap_load_f32(x, a1 + j) - v0);
+        }
+    }
+}
+
+KERNEL void redef(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64_t j1, int64_t c)
+{
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t a0 = (r + q) * ld;
+        if (q == c)
+            a0 = a0 + ld;
+        for (int64_t j = j0; j < j1; j++)
+            cap_store_f32(x, a0 + j, 1.0f);
+    }
+}
+
+KERNEL void narrow(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64_t j1, int64_t c)
+{
+    int s = (int)ld;
+    for (int q = 0; q < nq; q++) {
+        int a0 = q * s + (int)r;
+        int64_t a1 = (int64_t)(q * s) + c;
+        for (int64_t j = j0; j < j1; j++) {
+            cap_store_f32(x, a0 + j, 1.0f);
+            cap_store_f32(x, a1 + j, 2.0f);
+        }
+    }
+}
+
+KERNEL void moving(cap_t x, int64_t nq, int64_t r, int64_t ld, int64_t j0, int64_t j1, int64_t c)
+{
+    int64_t base = r;
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t a0 = base + q * ld;
+        for (int64_t j = j0; j < j1; j++)
+            cap_store_f32(x, a0 + j, 1.0f);
+        base = base + c;
+    }
+}
+"""
+DEF_NAMES = ["quad", "redef", "narrow", "moving"]
+
+
+def _per_loop(src: str) -> str:
+    """src with a while loop at the top of every kernel: the whole-body guard
+    cannot bound it, so these builds exercise the per-loop rules on their own."""
+    return re.sub(r"(KERNEL void \w+\([^)]*\)\s*\{)", r"\1\n    while (0) {}", src)
+
+
+@pytest.fixture(scope="module")
+def def_builds() -> dict:
+    src = _per_loop(DEF_SRC)
+    return {n: (runtime.compile(src, n), runtime.compile(src, n, hoist=False)) for n in DEF_NAMES}
+
+
+def _section(src: str, name: str, nxt: str) -> str:
+    return src[src.index(f" {name}(rt_block"):src.index(nxt)]
+
+
+def test_body_offsets_fold_the_nest_into_one_guard(def_builds) -> None:
+    src = def_builds["quad"][0].c_source
+    quad = _section(src, "quad", "capqr_entry")
+    # the outer loads and the inner nest are covered before the q loop ...
+    assert "rt_uload_f32(x, a0 + c)" in quad and "rt_uload_f32(x, a1 + c)" in quad
+    assert "rt_range2_ok" in quad
+    # ... so the fast copy of the nest evaluates no guard per q iteration: every
+    # range guard of the function is in the one condition before the loop, or
+    # in the checked copy (the inner loop's own versioning, kept there)
+    fast_cond = quad[quad.index("if ("):quad.index("{", quad.index("if ("))]
+    assert fast_cond.count("rt_range2_ok(") >= 2 and fast_cond.count("rt_range_ok(") == 2
+    for name in ("redef", "moving"):
+        body = _section(def_builds[name][0].c_source, name, "capqr_entry")
+        assert "rt_range2_ok" not in body, name  # a0 changes in the body: no expansion
+    narrow = _section(def_builds["narrow"][0].c_source, "narrow", "capqr_entry")
+    assert "rt_range2_ok" not in narrow  # int arithmetic wraps mod 2^32: not expanded
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(DEF_NAMES), n=st.integers(0, 48), nq=st.integers(-1, 6),
+       r=st.one_of(small, big), ld=st.one_of(st.integers(-12, 12), st.sampled_from(
+           [2**61, 2**62, -(2**62), 2**63 - 1, 2**31, 2**32 + 1])),
+       j0=st.one_of(small, big), cj=count, c=st.one_of(small, big))
+def test_body_offsets_equal_checked(def_builds, name, n, nq, r, ld, j0, cj, c) -> None:
+    hoisted, plain = def_builds[name]
+    args = (nq, r, ld, j0, _bounds(j0, cj), c)
+    f1, m1 = _run(hoisted, n, args)
+    f2, m2 = _run(plain, n, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+def test_planted_write_past_the_end_through_a_body_offset(def_builds) -> None:
+    """Row quads over a 6 x 8 buffer, the last row one past the end: the fast
+    copy must not run (it would write the 16 floats after the buffer, which
+    _run's canaries check); the checked copy faults at the first index past it."""
+    for k in def_builds["quad"]:
+        fault, _ = _run(k, 48, (3, 1, 8, 0, 8, 0))  # rows 1..6 of 8 floats: 48 is past
+        assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48
+
+
+# Nest guards: one interval check before a nest of depth >= 2 (triangular
+# bounds, bounds computed in the body with min/max ternaries, accesses under
+# a condition that narrows a counter, downward loops, ragged last chunks,
+# int arithmetic that must not wrap).  The fully checked build is the oracle.
+NEST_GUARD_SRC = """
+KERNEL void tri_min(cap_t x, int64_t rows, int64_t jb, int64_t ld, int64_t off, int64_t c)
+{
+    float w[8][8];
+    for (int r = 0; r < 8; r++)
+        for (int l = 0; l < 8; l++)
+            w[r][l] = 0.0f;
+    for (int64_t t = 0; t < rows; t++) {
+        int64_t pe = t < jb ? t : jb;
+        int64_t rc = t * ld + off;
+        for (int64_t p = 0; p < pe; p++) {
+            float v = cap_load_f32(x, rc + p);
+            for (int l = 0; l < 8; l++)
+                w[p][l] = w[p][l] + v;
+        }
+        if (t < jb) {
+            for (int l = 0; l < 8; l++)
+                w[t][l] = w[t][l] + 1.0f;
+        }
+    }
+    for (int r = 0; r < 6; r++)
+        for (int l = 0; l < 8; l++)
+            cap_store_f32(x, r * 8 + l + c, w[r][l]);
+}
+
+KERNEL void down(cap_t x, int64_t n, int64_t s, int64_t ld, int64_t off, int64_t c)
+{
+    for (int64_t p = n - 1; p >= s; p--) {
+        for (int64_t q = 0; q < p; q++) {
+            for (int l = 0; l < 4; l++)
+                cap_store_f32(x, p * ld + q * 4 + l + off, cap_load_f32(x, q + c) + 1.0f);
+        }
+    }
+}
+
+KERNEL void ragged(cap_t x, int64_t nc, int64_t mr, int64_t ld, int64_t off, int64_t c)
+{
+    float buf[16];
+    for (int64_t c0 = 0; c0 < nc; c0 += 16) {
+        int64_t cw = nc - c0 < 16 ? nc - c0 : 16;
+        for (int64_t t = 0; t < mr; t++) {
+            int64_t rc = t * ld + c0 + off;
+            for (int l = 0; l < 16; l++)
+                buf[l] = l < cw ? cap_load_f32(x, rc + l) : 0.0f;
+            for (int l = 0; l < cw; l++)
+                cap_store_f32(x, rc + l, buf[l] * 2.0f + (float)c);
+        }
+    }
+}
+
+KERNEL void wrap32(cap_t x, int64_t n, int64_t a, int64_t b, int64_t off, int64_t c)
+{
+    int ia = (int)a;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 2; k++)
+                cap_store_f32(x, (int64_t)(i * ia + j * k) + off, 1.0f);
+}
+
+KERNEL void tri_store(cap_t x, int64_t rows, int64_t jb, int64_t ld, int64_t off, int64_t c)
+{
+    for (int64_t t = 0; t < rows; t++) {
+        int64_t pe = t < jb ? t : jb;
+        for (int64_t p = 0; p < pe; p++)
+            for (int l = 0; l < 4; l++)
+                cap_store_f32(x, t * ld + p * 4 + l + off, 1.0f);
+    }
+}
+"""
+NEST_GUARD_NAMES = ["tri_min", "down", "ragged", "wrap32", "tri_store"]
+
+
+@pytest.fixture(scope="module")
+def nest_guard_builds() -> dict:
+    src = _per_loop(NEST_GUARD_SRC)
+    return {n: (runtime.compile(src, n), runtime.compile(src, n, hoist=False))
+            for n in NEST_GUARD_NAMES}
+
+
+def test_nests_get_one_interval_guard(nest_guard_builds) -> None:
+    for name in NEST_GUARD_NAMES:
+        src = nest_guard_builds[name][0].c_source
+        body = src[src.index(f" {name}(rt_block"):]
+        body = body[:body.index("\n}\n")]
+        # a nest guard before the nest, and a fast copy without checked accesses
+        assert "_ok = 1;" in body and "rt_ustore_f32" in body, name
+    # the side table lists the nest with its guard terms and covered accesses
+    import copy
+
+    from runtime.hoist import hoist_function
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    v = verify(parse(_per_loop(NEST_GUARD_SRC)))
+    fn = copy.deepcopy(v.parsed.funcs["tri_min"])
+    table = hoist_function(fn, v.local_arrays["tri_min"])
+    assert any(len(plan.covered) >= 5 and plan.guards for plan in table.loops)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(NEST_GUARD_NAMES), n=st.integers(0, 64), p0=st.integers(-2, 10),
+       p1=st.integers(-3, 12), ld=st.one_of(st.integers(-12, 12), st.sampled_from(
+           [2**61, -(2**62), 2**63 - 1, 2**30, 2**31 - 1, 2**32 + 1])),
+       off=st.one_of(small, big), c=st.one_of(small, st.integers(-(2**40), 2**40)))
+def test_nest_guards_equal_checked(nest_guard_builds, name, n, p0, p1, ld, off, c) -> None:
+    hoisted, plain = nest_guard_builds[name]
+    if name == "ragged":
+        p0 = max(p0, 0) * 5  # columns: up to three chunks, the last one ragged
+    args = (p0, p1, ld, off, c)
+    f1, m1 = _run(hoisted, n, args)
+    f2, m2 = _run(plain, n, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+def test_planted_write_past_the_end_in_a_triangular_nest(nest_guard_builds) -> None:
+    """Rows t < 6 store p < min(t, 3) quads of 4 floats at 7*t + 4*p + 2: the last
+    store lands at 48, one past a 48-float buffer.  pe = min(t, jb) reaches jb
+    on the last rows; an interval that missed it would let the fast copy write
+    the canary after the buffer."""
+    for k in nest_guard_builds["tri_store"]:
+        fault, _ = _run(k, 48, (6, 3, 7, 2, 0))
+        assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48
+        assert fault[2] == "store"
+    for k in nest_guard_builds["tri_store"]:  # one row less: in bounds, no fault
+        assert _run(k, 48, (5, 3, 7, 2, 0))[0] is None
+
+
+# Whole-body guards: a function whose every access interval bounds cover gets
+# one guard at entry (the same kernels as above, without the while loop).
+@pytest.fixture(scope="module")
+def whole_builds() -> dict:
+    out = {}
+    for src, names in ((DEF_SRC, DEF_NAMES), (NEST_GUARD_SRC, NEST_GUARD_NAMES)):
+        for n in names:
+            out[n] = (runtime.compile(src, n), runtime.compile(src, n, hoist=False))
+    return out
+
+
+def test_whole_body_guard_at_entry(whole_builds) -> None:
+    for name in ("quad", "tri_min", "down", "ragged", "tri_store"):
+        src = whole_builds[name][0].c_source
+        body = src[src.index(f" {name}(rt_block"):]
+        body = body[body.index("{") + 1:]
+        # the guard comes first (after the local arrays, which both copies share)
+        before = body[:body.index("int __n1_ok = 1;")]
+        assert all(re.fullmatch(r"float \w+(\[\d+\])+;", d.strip())
+                   for d in before.strip().splitlines()), name
+        assert "while (0)" not in body
+    for name in ("redef", "moving"):  # a0 / base change in the body: no bound at entry
+        src = whole_builds[name][0].c_source
+        body = src[src.index(f" {name}(rt_block"):]
+        assert "int __n1_ok = 1;" not in body[:200], name
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(DEF_NAMES + NEST_GUARD_NAMES), n=st.integers(0, 64),
+       p0=st.integers(-2, 10), p1=st.integers(-3, 12),
+       ld=st.one_of(st.integers(-12, 12), st.sampled_from(
+           [2**61, -(2**62), 2**63 - 1, 2**30, 2**31 - 1, 2**32 + 1])),
+       off=st.one_of(small, big), c=st.one_of(small, st.integers(-(2**40), 2**40)))
+def test_whole_body_guards_equal_checked(whole_builds, name, n, p0, p1, ld, off, c) -> None:
+    hoisted, plain = whole_builds[name]
+    if name == "ragged":
+        p0 = max(p0, 0) * 5
+    args = (p0, p1, ld, off, c) if name in NEST_GUARD_NAMES else (
+        p0, p1, ld, off, _bounds(off, p1), c)
+    f1, m1 = _run(hoisted, n, args)
+    f2, m2 = _run(plain, n, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+def test_planted_write_past_the_end_behind_a_whole_body_guard(whole_builds) -> None:
+    for name, args in (("tri_store", (6, 3, 7, 2, 0)), ("quad", (3, 1, 8, 0, 8, 0))):
+        for k in whole_builds[name]:
+            fault, _ = _run(k, 48, args)
+            assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48, name
+    for k in whole_builds["tri_store"]:
+        assert _run(k, 48, (5, 3, 7, 2, 0))[0] is None
