@@ -149,9 +149,11 @@ class _Ctx:
     counter: int = 0                    # numbers the guard variables __h<k>_*
     table: Versioning = field(default_factory=Versioning)
     inner: dict[int, _Inner] = field(default_factory=dict)  # versioned innermost loops by id
+    waits: frozenset[str] = frozenset()  # helpers that reach a barrier (waiting_helpers)
 
 
-def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> Versioning:
+def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
+                   waits: frozenset[str] = frozenset()) -> Versioning:
     """Version every eligible loop of ``func`` in place; return the side table.
 
     ``arrays`` maps the function's local arrays to their dimensions
@@ -159,9 +161,9 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]]) -> V
     result: covered accesses are UncheckedCall/UncheckedRef nodes, quiet
     loops are Quiet* nodes followed by a PollPoint, guards are calls of the
     runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
-    for both lanes).
+    for both lanes).  ``waits``: the source's :func:`waiting_helpers`.
     """
-    ctx = _Ctx(arrays, _int_types(func))
+    ctx = _Ctx(arrays, _int_types(func), waits=waits)
     whole = _body_version(func.body, ctx)
     if whole is not None:
         func.body, checked = whole
@@ -197,7 +199,7 @@ def _maybe_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
     Deeper nests are left alone: each level doubles the code.
     """
     depth = _loop_depth(loop.stmt)
-    if depth > 1 or _has_barrier(loop.stmt):
+    if depth > 1 or _has_barrier(loop.stmt, ctx.waits):
         return None
     return _version(loop, ctx, innermost=depth == 0)
 
@@ -210,13 +212,27 @@ def _maybe_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
 BARRIERS = frozenset({"rt_sync_threads"}) | TILE_FUNCS | WARP_FUNCS
 
 
-def _has_barrier(node: c_ast.Node | None) -> bool:
+def _has_barrier(node: c_ast.Node | None, waits: frozenset[str] = frozenset()) -> bool:
+    """Does ``node`` call a barrier, or a helper in ``waits`` (one that reaches one)?"""
     if node is None:
         return False
     if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID) \
-            and node.name.name in BARRIERS:
+            and (node.name.name in BARRIERS or node.name.name in waits):
         return True
-    return any(_has_barrier(c) for _name, c in node.children())
+    return any(_has_barrier(c, waits) for _name, c in node.children())
+
+
+def waiting_helpers(ast: c_ast.FileAST) -> frozenset[str]:
+    """The source's functions that reach a barrier, directly or through other helpers:
+    a call of one counts as a barrier for versioning."""
+    funcs = {e.decl.name: e.body for e in ast.ext if isinstance(e, c_ast.FuncDef)}
+    waits: set[str] = set()
+    while True:
+        more = {n for n, body in funcs.items()
+                if n not in waits and _has_barrier(body, frozenset(waits))}
+        if not more:
+            return frozenset(waits)
+        waits |= more
 
 
 def _loop_depth(node: c_ast.Node | None) -> int:
@@ -1424,7 +1440,7 @@ def _nest_walk(node: c_ast.Node, ctx: _Ctx) -> None:
 
 
 def _nest_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
-    if _levels(loop) < 3 or _has_barrier(loop.stmt):  # loop + at least two levels inside
+    if _levels(loop) < 3 or _has_barrier(loop.stmt, ctx.waits):  # loop + at least two levels inside
         return None
     return _guarded(loop, [], ctx)
 
@@ -1434,7 +1450,7 @@ def _body_version(body: c_ast.Compound, ctx: _Ctx) -> tuple[c_ast.Compound, c_as
     one guard at entry (helpers called once per column: their loops are short).
     The local arrays it declares at its top level move before the guard, so the
     two copies share them.  Returns (new body, checked copy) or None."""
-    if _levels(body) < 1 or _has_barrier(body):
+    if _levels(body) < 1 or _has_barrier(body, ctx.waits):
         return None
     arrays = [d for d in body.block_items or [] if isinstance(d, c_ast.Decl)
               and isinstance(d.type, c_ast.ArrayDecl) and d.init is None]

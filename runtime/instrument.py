@@ -36,6 +36,7 @@ from .hoist import (
     UncheckedRef,
     array_chain,
     hoist_function,
+    waiting_helpers,
 )
 from .parse import is_user_node
 from .verifier import TILE_FUNCS, KernelSig, VerifiedSource
@@ -341,6 +342,7 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
     user = [e for e in ast.ext if is_user_node(e)]
     funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)}
     frames = _creates_objects(ast)
+    waits = waiting_helpers(ast)
     cap_funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)
                  and verified.returns_cap.get(e.decl.name, False)}
     out_ext: list[c_ast.Node] = []
@@ -361,7 +363,7 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
             fi.typing = CapTyping(frozenset(verified.cap_locals.get(name, [])),
                                   frozenset(cap_funcs), frozenset(funcs))
         if hoist and mode in ("checked", "raw_poll"):  # raw_poll: same poll placement
-            hoist_function(ext, fi.arrays)
+            hoist_function(ext, fi.arrays, waits)
         ext.body = fi.rewrite(ext.body)
         _add_rt_param(ext.decl.type)
         if "static" not in ext.decl.storage:

@@ -980,3 +980,31 @@ KERNEL void k(cap_t x, int64_t n)
 """
     body = cuda.translate(src, checked=True).text.split("__rtk_k(", 1)[1]
     assert body.count("rt_sync_threads()") == 1, body
+
+
+def test_loops_calling_a_barrier_helper_are_not_versioned() -> None:
+    """The same rule when the barrier sits in a helper (here two calls deep): the loop
+    that calls it keeps one copy."""
+    from runtime import cuda
+
+    src = """
+static void wait_all(int64_t t)
+{
+    rt_sync_threads();
+}
+static void stage(int64_t t)
+{
+    wait_all(t);
+}
+KERNEL void k(cap_t x, int64_t n)
+{
+    float smem_a[256];
+    int64_t t = rt_thread_idx();
+    for (int64_t j = 0; j < n; j++) {
+        smem_a[t] = cap_load_f32(x, j + t);
+        stage(t);
+    }
+}
+"""
+    body = cuda.translate(src, checked=True).text.split("__rtk_k(", 1)[1]
+    assert body.count("stage(") == 1, body

@@ -56,7 +56,14 @@ from pycparser import c_ast
 from capabilities import abi
 
 from ..astutil import Generator, tile_call
-from ..hoist import QUIET_LOOPS, PollPoint, UncheckedCall, UncheckedRef, hoist_function
+from ..hoist import (
+    QUIET_LOOPS,
+    PollPoint,
+    UncheckedCall,
+    UncheckedRef,
+    hoist_function,
+    waiting_helpers,
+)
 from ..parse import is_user_node
 from ..verifier import TILE_FUNCS, WARP_FUNCS, KernelSig, VerifiedSource
 
@@ -583,6 +590,7 @@ class _Instrumenter:
         self.checked = checked
         self.hoist = hoist and checked
         self.kernel_names = set(verified.parsed.kernels)
+        self.waits = waiting_helpers(self.ast)
         self.arrays: list[str] = []
         self.gen = Generator()
 
@@ -608,7 +616,7 @@ class _Instrumenter:
         name = fn.decl.name
         arrays = self.local_arrays(fn)
         if self.hoist:
-            hoist_function(fn, {k: tuple(v) for k, v in arrays.items()})
+            hoist_function(fn, {k: tuple(v) for k, v in arrays.items()}, self.waits)
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
         _map_types(fn)
