@@ -20,6 +20,7 @@ import numpy as np
 
 def profile(batch: int, n: int, tall_rows: int | None | str, checked: bool = True) -> dict:
     """Per-kind kernel milliseconds and the sequence's wall milliseconds for one shape."""
+    import kernels
     import kernels.gpu as g
     from runtime import cuda
     from runtime.cuda import driver as drv
@@ -44,7 +45,7 @@ def profile(batch: int, n: int, tall_rows: int | None | str, checked: bool = Tru
         k = kinds.setdefault(step.kernel, {"launches": 0, "kernel_ms": 0.0})
         k["launches"] += 1
         k["kernel_ms"] += ms
-    ok = bool(__import__("kernels").check(a, A.numpy(), tau.numpy()).ok)
+    ok = bool(kernels.check(a, A.numpy(), tau.numpy()).ok)
     for c in (A, tau):
         c.free()
     ws.free()
