@@ -128,6 +128,16 @@ RT_ABI_FN int rt_lrange_ok(rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 dim)
     if (!rt_affine_end(e0, d, span, &eL)) return 0;
     return e0 >= 0 && e0 < dim && eL >= 0 && eL < dim;
 }
+/* An int (32-bit) part e0 + d*t of an index, t in [0, span], stays in int
+ * range.  The loop computes that part in 32-bit arithmetic from an int
+ * counter, the guard in 64 bits; they agree exactly when it does. */
+RT_ABI_FN int rt_irange_ok(rt_i64 e0, rt_i64 d, rt_i64 span)
+{
+    rt_i64 eL;
+    if (!rt_affine_end(e0, d, span, &eL)) return 0;
+    return e0 >= -2147483647 - 1 && e0 <= 2147483647 && eL >= -2147483647 - 1
+        && eL <= 2147483647;
+}
 /* A loop nest's index e00 + di*s + dj*t over the iteration box s in [0, si],
  * t in [0, sj] is affine, so its extremes are corners of the box.  If no corner
  * value overflows, every value in the box lies between the smallest and the
@@ -158,6 +168,13 @@ RT_ABI_FN int rt_range2_ok(cap_t c, rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj,
     rt_u64 len = store ? c.wlen : c.rlen;
     if (!rt_affine_box(e00, di, si, dj, sj, &lo, &hi)) return 0;
     return RT_INB(c, lo, (rt_u64)S, len) && RT_INB(c, hi, (rt_u64)S, len);
+}
+/* An int part of a 2-level nest's index stays in int range (rt_irange_ok). */
+RT_ABI_FN int rt_irange2_ok(rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 sj)
+{
+    rt_i64 lo, hi;
+    if (!rt_affine_box(e00, di, si, dj, sj, &lo, &hi)) return 0;
+    return lo >= -2147483647 - 1 && hi <= 2147483647;
 }
 /* Local-array subscript of a 2-level nest stays in [0, dim). */
 RT_ABI_FN int rt_lrange2_ok(rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 sj, rt_i64 dim)

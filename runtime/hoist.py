@@ -425,6 +425,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     # Offsets the body computes from the counter (int64_t a0 = (r + 4*q) * ld;)
     # are expanded into the indices that use them, so those stay affine in var.
     defs = _body_defs(loop.stmt, changed, ctx.types)
+    narrow = {var} if bits == 32 else set()
     # Candidate accesses anywhere in the body (conditional ones too: the guard
     # only selects the copy, it never faults).
     accesses: list[tuple[c_ast.FuncCall, c_ast.Node]] = []  # (access, expanded index)
@@ -442,6 +443,8 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
                 return
             idx = _expand(idx, defs)
             if not _affine(idx, var) or (_ids(idx) - {var}) & changed:
+                return
+            if _narrow_parts(idx, narrow, ctx.types) is None:
                 return
             accesses.append((n, idx))
 
@@ -466,7 +469,8 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
                         and pure_expr(idx)):
                     continue
                 idx = _expand(idx, defs)
-                if _affine(idx, var) and not ((_ids(idx) - {var}) & changed):
+                if (_affine(idx, var) and not ((_ids(idx) - {var}) & changed)
+                        and _narrow_parts(idx, narrow, ctx.types) is not None):
                     subs.append((ref, idx, dims[depth]))
 
         def visit_For(self, n: c_ast.Node) -> None:
@@ -476,7 +480,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         visit_QuietFor = visit_QuietWhile = visit_QuietDoWhile = visit_For
 
     A().visit(loop.stmt)
-    folds = [] if innermost else _foldable(loop.stmt, var, changed, defs, ctx)
+    folds = [] if innermost else _foldable(loop.stmt, var, bits, changed, defs, ctx)
     if not innermost and not accesses and not subs and not folds:
         return None
     # Even with nothing to hoist, a countable innermost loop gets the
@@ -509,6 +513,8 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         ref.__class__ = UncheckedRef
         covered.append(ref)
     guard_terms = [_range_term(term, var, span) for term in terms]
+    wrap_terms = [_irange_term(part, var, span) for term in terms
+                  for part in _narrow_parts(term.idx, narrow, ctx.types)]
     # Fast copy only if bounds and indices are signed integers (so the loop
     # runs exactly over [A, last]) and the span is computable (it is set by
     # rt_loop_span in its own statement, before any guard reads it), and every
@@ -520,7 +526,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
     for g in guard_terms:
         is_int = c_ast.BinaryOp("&&", is_int, _is_int(_term_index(g)))
     cond: c_ast.Node = c_ast.ID(span.hok)
-    for g in guard_terms:
+    for g in guard_terms + wrap_terms:
         cond = c_ast.BinaryOp("&", cond, g)
     # Inner loops folded into this loop's guard (bounds invariant here): their
     # span is computed once before this loop, one box check per access covers
@@ -531,11 +537,15 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         hoisted += inner.span.decls(inner.span.is_int())
         box_ok: c_ast.Node = c_ast.ID(inner.span.hok)
         inner_ok: c_ast.Node = _const(1)
+        box_narrow = narrow | ({inner.var} if inner.span.bits == 32 else set())
         for term in inner_terms:
             g = _box_term(term, var, span, inner.var, inner.span)
             guard_terms.append(g)
             box_ok = c_ast.BinaryOp("&&", box_ok, _is_int(_term_index(g)))
             inner_ok = c_ast.BinaryOp("&", inner_ok, g)
+            for part in _narrow_parts(term.idx, box_narrow, ctx.types) or []:
+                inner_ok = c_ast.BinaryOp("&", inner_ok, _ibox_term(part, var, span, inner.var,
+                                                                  inner.span))
         # an inner loop that never runs makes no access
         box_ok = c_ast.BinaryOp("&&", box_ok, c_ast.BinaryOp(
             "||", c_ast.UnaryOp("!", inner.span.runs()), inner_ok))
@@ -677,12 +687,69 @@ def _box_term(term: _Term, var: str, span: _Span, ivar: str, ispan: _Span) -> c_
         [c_ast.ID(term.cap)] + box + [_const(term.size), _const(term.store)]))
 
 
+def _irange_term(part: c_ast.Node, var: str, span: _Span) -> c_ast.FuncCall:
+    """rt_irange_ok for an int part of an index over [first, first + span]."""
+    e0 = _subst(part, var, c_ast.ID(span.h0))
+    d = c_ast.BinaryOp("-", _subst(part, var, _plus1(span.h0)), copy.deepcopy(e0))
+    return c_ast.FuncCall(c_ast.ID("rt_irange_ok"), c_ast.ExprList([e0, d, c_ast.ID(span.hs)]))
+
+
+def _ibox_term(part: c_ast.Node, var: str, span: _Span, ivar: str, ispan: _Span
+               ) -> c_ast.FuncCall:
+    """rt_irange2_ok for an int part of an index over a nest's iteration box."""
+    def at(outer: c_ast.Node, inner: c_ast.Node) -> c_ast.Node:
+        return _subst(_subst(part, var, outer), ivar, inner)
+
+    e00 = at(c_ast.ID(span.h0), c_ast.ID(ispan.h0))
+    di = c_ast.BinaryOp("-", at(_plus1(span.h0), c_ast.ID(ispan.h0)), copy.deepcopy(e00))
+    dj = c_ast.BinaryOp("-", at(c_ast.ID(span.h0), _plus1(ispan.h0)), copy.deepcopy(e00))
+    return c_ast.FuncCall(c_ast.ID("rt_irange2_ok"), c_ast.ExprList(
+        [e00, di, c_ast.ID(span.hs), dj, c_ast.ID(ispan.hs)]))
+
+
+def _narrow_parts(expr: c_ast.Node, narrow: set[str], types: dict[str, int]
+                  ) -> list[c_ast.Node] | None:
+    """The parts of an affine index that the loop computes in 32-bit int
+    arithmetic from an int counter in ``narrow`` (maximal subexpressions, not
+    the bare counter).  The guard substitutes 64-bit values for the counters,
+    so it computes these parts in 64 bits: the two agree only while a part
+    stays in int range, which rt_irange_ok checks.  None if such a part has an
+    operand that is not a signed int (unsigned or of unknown type), whose
+    wrapped value the int range does not pin down."""
+    types = {**types, **{v: 32 for v in narrow}}
+    parts: list[c_ast.Node] = []
+
+    def walk(e: c_ast.Node) -> bool:
+        if isinstance(e, c_ast.ID) or not (narrow & _ids(e)):
+            return True
+        if not _is_64(e, types):
+            parts.append(e)
+            return _signed_int(e, types)
+        return all(walk(child) for _name, child in e.children())
+
+    return parts if walk(expr) else None
+
+
+def _signed_int(expr: c_ast.Node, types: dict[str, int]) -> bool:
+    """Every leaf of expr is a signed int or int64 variable or a plain int literal."""
+    if isinstance(expr, c_ast.ID):
+        return types.get(expr.name, 0) in (32, 64)
+    if isinstance(expr, c_ast.Constant):
+        v = int_literal(expr)
+        return (expr.type == "int" and v is not None and 0 <= v < (1 << 31)
+                and not set(expr.value.lower()) & {"u", "l"})
+    if isinstance(expr, (c_ast.BinaryOp, c_ast.UnaryOp)):
+        return all(_signed_int(child, types) for _name, child in expr.children())
+    return False
+
+
 def _plus1(name: str) -> c_ast.BinaryOp:
     return c_ast.BinaryOp("+", c_ast.ID(name), _const(1))
 
 
-def _foldable(body: c_ast.Node, var: str, changed: set[str], defs: dict[str, c_ast.Node],
-              ctx: _Ctx) -> list[tuple[c_ast.Compound, _Inner, list[_Term]]]:
+def _foldable(body: c_ast.Node, var: str, bits: int, changed: set[str],
+              defs: dict[str, c_ast.Node], ctx: _Ctx
+              ) -> list[tuple[c_ast.Compound, _Inner, list[_Term]]]:
     """Versioned innermost loops in ``body`` whose guard can move before the loop
     over ``var``: bounds and step invariant here (so the nest is a box), every
     index affine in both counters jointly, caps, arrays and coefficients not
@@ -702,9 +769,12 @@ def _foldable(body: c_ast.Node, var: str, changed: set[str], defs: dict[str, c_a
             sp = inner.span
             terms = [_Term(_expand(t.idx, defs), t.cap, t.size, t.store) for t in inner.terms]
             # (distinct counters: the verifier refuses shadowing, E(i, j) relies on it)
+            narrow = {v for v, b in ((var, bits), (inner.var, sp.bits)) if b == 32}
             if (inner.var != var and invariant(sp.a_expr) and invariant(sp.b_expr)
                     and invariant(sp.step)
-                    and all(_foldable_term(t, var, inner.var, changed) for t in terms)):
+                    and all(_foldable_term(t, var, inner.var, changed)
+                            and _narrow_parts(t.idx, narrow, ctx.types) is not None
+                            for t in terms)):
                 out.append((node, inner, terms))
             return
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
@@ -881,7 +951,7 @@ def _leaf_body(node: c_ast.Node) -> bool:
 def _short_nest(body: c_ast.Node) -> bool:
     """Body is leaf code plus inner for-loops with small constant trip counts."""
     allowed = {"rt_loop_span", "rt_loop_span32", "rt_lrange_ok", "rt_range_ok", "rt_lrange2_ok",
-               "rt_range2_ok", "RT_IS_INT"}
+               "rt_range2_ok", "rt_irange_ok", "rt_irange2_ok", "RT_IS_INT"}
 
     class V(c_ast.NodeVisitor):
         ok = True

@@ -666,3 +666,116 @@ def test_planted_write_past_the_end_behind_a_whole_body_guard(whole_builds) -> N
             assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 48, name
     for k in whole_builds["tri_store"]:
         assert _run(k, 48, (5, 3, 7, 2, 0))[0] is None
+
+
+# int (32-bit) counters: the guard substitutes a 64-bit value for the counter,
+# so it computes `i * ld` in 64 bits where the loop wraps it at 32.  Each int
+# part of an index must stay in int range (rt_irange_ok) or the two disagree:
+# with i * ld = 2^31 and off = 1 - 2^31 the guard sees index 1, the loop
+# -2^32 + 1.  The three kernels cover a single loop, a folded box and a local
+# array subscript.
+WRAP32_SRC = """
+KERNEL void wrap_loop(cap_t x, int64_t lo64, int64_t hi64, int64_t ld64, int64_t off)
+{
+    int lo = (int)lo64;
+    int hi = (int)hi64;
+    int ld = (int)ld64;
+    for (int i = lo; i < hi; i++)
+        cap_store_f32(x, i * ld + off, 1.0f);
+}
+
+KERNEL void wrap_box(cap_t x, int64_t lo64, int64_t hi64, int64_t ld64, int64_t off)
+{
+    int lo = (int)lo64;
+    int hi = (int)hi64;
+    int ld = (int)ld64;
+    for (int i = lo; i < hi; i++)
+        for (int j = 0; j < 2; j++)
+            cap_store_f32(x, (i * ld + j * 3) + off, 2.0f);
+}
+
+KERNEL void wrap_local(cap_t x, int64_t lo64, int64_t hi64, int64_t ld64, int64_t off)
+{
+    float w[16];
+    int lo = (int)lo64;
+    int hi = (int)hi64;
+    int ld = (int)ld64;
+    for (int k = 0; k < 16; k++)
+        w[k] = 0.0f;
+    for (int i = lo; i < hi; i++)
+        w[i * ld + off] = 3.0f;
+    for (int k = 0; k < 16; k++)
+        cap_store_f32(x, k, w[k]);
+}
+
+KERNEL void wrap_unsigned(cap_t x, int64_t lo64, int64_t hi64, int64_t ld64, int64_t off)
+{
+    int lo = (int)lo64;
+    int hi = (int)hi64;
+    unsigned ld = (unsigned)ld64;
+    for (int i = lo; i < hi; i++)
+        cap_store_f32(x, i * ld + off, 4.0f);
+}
+"""
+WRAP32_NAMES = ["wrap_loop", "wrap_box", "wrap_local", "wrap_unsigned"]
+WRAP32_CHILD = """
+import sys
+import numpy as np
+import capabilities, runtime
+from tests.test_hoist import WRAP32_SRC
+k = runtime.compile(WRAP32_SRC, sys.argv[1])
+buf = np.zeros(16, np.float32)
+try:
+    runtime.launch(k, [capabilities.wrap(buf, name="x")],
+                   args=(2**30, 2**30 + 2, 2, 1 - 2**31), timeout=20)
+    print("no fault")
+except runtime.CapabilityFault as e:
+    print(e.reason, e.index)
+"""
+
+
+@pytest.fixture(scope="module")
+def wrap32_builds() -> dict:
+    return {n: (runtime.compile(WRAP32_SRC, n), runtime.compile(WRAP32_SRC, n, hoist=False))
+            for n in WRAP32_NAMES}
+
+
+def test_int_parts_of_indices_are_range_checked(wrap32_builds) -> None:
+    assert "rt_irange_ok" in wrap32_builds["wrap_loop"][0].c_source
+    assert "rt_irange2_ok" in wrap32_builds["wrap_box"][0].c_source
+    assert "rt_irange_ok" in wrap32_builds["wrap_local"][0].c_source
+    # an unsigned part wraps mod 2^32 whatever its int range: the store stays checked
+    src = wrap32_builds["wrap_unsigned"][0].c_source
+    src = src[src.index(" wrap_unsigned(rt_block"):]
+    assert "rt_ustore_f32(x, (i * ld)" not in src and "rt_store_f32(__rt, x, (i * ld)" in src
+
+
+@pytest.mark.parametrize("name", WRAP32_NAMES[:3])
+def test_planted_int_wrap_faults_instead_of_landing(name) -> None:
+    """In a child process: before rt_irange_ok the fast copy ran and the store
+    landed 16 GiB before the buffer (SIGSEGV, exit -11) for the first three."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", WRAP32_CHILD, name], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = "local-array" if name == "wrap_local" else "out-of-bounds"
+    assert proc.stdout.split()[-2:] == [want, str(1 - 2**31 - 2**31)], proc.stdout
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(WRAP32_NAMES),
+       lo=st.one_of(st.integers(-6, 6), st.integers(2**30 - 4, 2**30 + 4),
+                    st.integers(2**31 - 6, 2**31 - 1), st.integers(-(2**31), -(2**31) + 4)),
+       count=st.integers(0, 5), ld=st.sampled_from([0, 1, 2, 3, -1, -2, 2**16, 2**31 - 1]),
+       off=st.one_of(st.integers(-4, 20), st.integers(-(2**31) - 8, -(2**31) + 20),
+                     st.integers(2**31 - 20, 2**31 + 8), st.integers(2**32 - 8, 2**32 + 8)))
+def test_int_counter_indices_equal_checked(wrap32_builds, name, lo, count, ld, off) -> None:
+    hoisted, plain = wrap32_builds[name]
+    args = (lo, min(lo + count, 2**31 - 1), ld, off)
+    f1, m1 = _run(hoisted, 16, args)
+    f2, m2 = _run(plain, 16, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
