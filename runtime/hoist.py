@@ -150,10 +150,12 @@ class _Ctx:
     table: Versioning = field(default_factory=Versioning)
     inner: dict[int, _Inner] = field(default_factory=dict)  # versioned innermost loops by id
     waits: frozenset[str] = frozenset()  # helpers that reach a barrier (waiting_helpers)
+    one_thread_blocks: bool = False      # barriers never wait (see hoist_function)
 
 
 def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
-                   waits: frozenset[str] = frozenset()) -> Versioning:
+                   waits: frozenset[str] = frozenset(), one_thread_blocks: bool = False
+                   ) -> Versioning:
     """Version every eligible loop of ``func`` in place; return the side table.
 
     ``arrays`` maps the function's local arrays to their dimensions
@@ -162,8 +164,13 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     loops are Quiet* nodes followed by a PollPoint, guards are calls of the
     runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
     for both lanes).  ``waits``: the source's :func:`waiting_helpers`.
+    ``one_thread_blocks``: the lane runs one thread per block (the CPU), so a
+    barrier never waits for another thread and a whole-body guard may enclose
+    tile copies.  (On the GPU a per-thread guard around a barrier would split
+    the block; one taken by the whole block at entry, __syncthreads_and, was
+    measured slower than none: bench/results/gpuprof-wholebody-guard-2026-12-03.txt.)
     """
-    ctx = _Ctx(arrays, _int_types(func), waits=waits)
+    ctx = _Ctx(arrays, _int_types(func), waits=waits, one_thread_blocks=one_thread_blocks)
     whole = _body_version(func.body, ctx)
     if whole is not None:
         func.body, checked = whole
@@ -1087,20 +1094,25 @@ class _NestGuard:
         # smallest and the largest of a group is the same as checking each
         self.hulls: dict[tuple, tuple[_Bound, _Bound]] = {}
         self.memo: dict[tuple, _Bound] = {}
+        # caps the nest derives once (cap_t M = cap_offset_T(A, e), e one value at
+        # the guard): the guard checks their accesses through the same expression
+        self.cap_exprs: dict[str, c_ast.Node] = {}
+        self.writes = _write_counts(loop)
 
     @property
     def terms(self) -> list[c_ast.Node]:
-        out: list[c_ast.Node] = []
-        for key, (lo, hi) in self.hulls.items():
-            d = c_ast.BinaryOp("-", self._node(hi), self._node(lo))
-            if key[0] == "cap":
-                _kind, cap, size, store = key
-                out.append(c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
-                    c_ast.ID(cap), self._node(lo), d, _const(1), _const(size), _const(store)])))
-            else:
-                out.append(c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
-                    self._node(lo), d, _const(1), _const(key[1])])))
-        return out
+        return [self._term(key, iv) for key, iv in self.hulls.items()]
+
+    def _term(self, key: tuple, iv: _Ival) -> c_ast.FuncCall:
+        lo, hi = iv
+        d = c_ast.BinaryOp("-", self._node(hi), self._node(lo))
+        if key[0] == "cap":
+            _kind, cap, size, store = key
+            cap_node = copy.deepcopy(self.cap_exprs.get(cap, c_ast.ID(cap)))
+            return c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
+                cap_node, self._node(lo), d, _const(1), _const(size), _const(store)]))
+        return c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
+            self._node(lo), d, _const(1), _const(key[1])]))
 
     def _cover(self, key: tuple, iv: _Ival) -> None:
         if key in self.hulls:
@@ -1229,13 +1241,19 @@ class _NestGuard:
             ps = [self._ovf("rt_mul_ovf", x, y) for x in a for y in b]
             return (self._pick("<", self._pick("<", ps[0], ps[1]), self._pick("<", ps[2], ps[3])),
                     self._pick(">", self._pick(">", ps[0], ps[1]), self._pick(">", ps[2], ps[3])))
-        if isinstance(e, c_ast.BinaryOp) and e.op == "/":
-            c = int_literal(e.right)
-            if c is None or c <= 0:
-                raise _NoBound
+        if isinstance(e, c_ast.BinaryOp) and e.op in ("/", "%"):
+            c = self._divisor(e.right, env)
             lo, hi = self.ival(e.left, env)
-            # truncating division by c > 0 is monotone
-            return (self._div(lo, c), self._div(hi, c))
+            if e.op == "/":  # truncating division by c > 0 is monotone
+                return (self._div(lo, c), self._div(hi, c))
+            if lo == hi:
+                return self._mod(lo, c), self._mod(lo, c)
+            # C's remainder takes the dividend's sign: in [0, min(hi, c-1)] when
+            # lo >= 0, else in [-(c-1), c-1]
+            top = self._ovf("rt_sub_ovf", c, 1)
+            if isinstance(lo, int) and lo >= 0:
+                return 0, self._pick("<", hi, top)
+            return self._ovf("rt_sub_ovf", 1, c), top
         if isinstance(e, c_ast.TernaryOp):
             if not pure_expr(e.cond):
                 raise _NoBound
@@ -1252,12 +1270,41 @@ class _NestGuard:
             return self._pick("<", a[0], b[0]), self._pick(">", a[1], b[1])
         raise _NoBound
 
-    def _div(self, b: _Bound, c: int) -> _Bound:
-        if isinstance(b, int):
+    def _divisor(self, e: c_ast.Node, env: dict[str, _Ival | None]) -> _Bound:
+        """A divisor that is one positive value at the guard: a literal, a name
+        bound to one constant, or one symbolic value the guard requires > 0."""
+        c = int_literal(e)
+        if c is not None:
+            if c <= 0:
+                raise _NoBound
+            return c
+        lo, hi = self.ival(e, env)
+        if lo != hi or (isinstance(lo, int) and lo <= 0):
+            raise _NoBound
+        if not isinstance(lo, int):
+            self._require(c_ast.BinaryOp(">", self._node(lo), _const(0)))
+        return lo
+
+    def _div(self, b: _Bound, c: _Bound) -> _Bound:
+        if isinstance(b, int) and isinstance(c, int):
             return b // c if b >= 0 else -((-b) // c)  # C truncates toward zero
         if ("/", b, c) not in self.memo:
-            self.memo[("/", b, c)] = self._new(c_ast.BinaryOp("/", self._node(b), _const(c)))
+            q = c_ast.BinaryOp("/", self._node(b), self._node(c))
+            if not isinstance(c, int):  # guard variables are computed before the
+                # conditions are tested: never divide by a divisor they refuse
+                q = c_ast.TernaryOp(c_ast.BinaryOp(">", self._node(c), _const(0)), q, _const(0))
+            self.memo[("/", b, c)] = self._new(q)
         return self.memo[("/", b, c)]
+
+    def _mod(self, b: _Bound, c: _Bound) -> _Bound:
+        if isinstance(b, int) and isinstance(c, int):
+            return b - c * self._div(b, c)
+        if ("%", b, c) not in self.memo:
+            r = c_ast.BinaryOp("%", self._node(b), self._node(c))
+            if not isinstance(c, int):  # as in _div
+                r = c_ast.TernaryOp(c_ast.BinaryOp(">", self._node(c), _const(0)), r, _const(0))
+            self.memo[("%", b, c)] = self._new(r)
+        return self.memo[("%", b, c)]
 
     def refine(self, cond: c_ast.Node, env: dict[str, _Ival | None], holds: bool
                ) -> dict[str, _Ival | None]:
@@ -1337,10 +1384,14 @@ class _NestGuard:
         if d.init is not None:
             self.expr(d.init, env)
         env[d.name] = None
+        if self.writes.get(d.name) == 1 and self._derived(d, env):
+            return
         if (d.init is not None and isinstance(d.type, c_ast.TypeDecl)
                 and isinstance(d.type.type, c_ast.IdentifierType)
                 and _INT_TYPES.get(" ".join(d.type.type.names))
-                and pure_expr(d.init) and not any(d.name in _assigned(r) for r in rest)):
+                and not any(d.name in _assigned(r) for r in rest)):
+            # (ival accepts only side-effect-free arithmetic and guards its own
+            # divisions, so the init need not be safe to evaluate early itself)
             try:
                 iv = self.ival(d.init, env)
                 if _INT_TYPES[" ".join(d.type.type.names)] == 32:
@@ -1349,6 +1400,53 @@ class _NestGuard:
             except _NoBound:
                 pass  # a use in an index fails later
 
+    def _derived(self, d: c_ast.Decl, env: dict[str, _Ival | None]) -> bool:
+        """A value fixed for the thread, declared once and never assigned: an
+        index builtin (int64_t t = rt_thread_idx();) is one guard variable, a
+        cap offset by one value (cap_t M = cap_offset_f32(A, b * n);) one cap
+        expression.  Both may be evaluated at the guard: they read nothing the
+        nest writes and never fault (rt_offset only moves the origin)."""
+        init = d.init
+        if not (isinstance(d.type, c_ast.TypeDecl)
+                and isinstance(d.type.type, c_ast.IdentifierType)):
+            return False
+        names = d.type.type.names
+        if names == ["cap_t"] and isinstance(init, c_ast.ID):  # cap_t P = D;
+            base = self._cap_node(init.name)
+            if base is not None:
+                self.cap_exprs[d.name] = base
+            return base is not None
+        if not (isinstance(init, c_ast.FuncCall) and isinstance(init.name, c_ast.ID)):
+            return False
+        fn = init.name.name
+        args = init.args.exprs if init.args is not None else []
+        if fn in UNIFORM_INDEX_FUNCS and not args and _INT_TYPES.get(" ".join(names)) == 64:
+            v = self._new(copy.deepcopy(init))
+            env[d.name] = (v, v)
+            return True
+        if not (fn.startswith("cap_offset_") and names == ["cap_t"] and len(args) == 2
+                and isinstance(args[0], c_ast.ID) and pure_expr(args[1])):
+            return False
+        base = self._cap_node(args[0].name)
+        if base is None:
+            return False
+        try:
+            lo, hi = self.ival(args[1], env)
+        except _NoBound:
+            return False
+        if lo != hi:
+            return False
+        self.cap_exprs[d.name] = c_ast.FuncCall(c_ast.ID(fn), c_ast.ExprList(
+            [copy.deepcopy(base), self._node(lo)]))
+        return True
+
+    def _cap_node(self, name: str) -> c_ast.Node | None:
+        """What the guard evaluates for cap ``name``: a derived cap's expression,
+        an unassigned cap (a parameter) itself, else None."""
+        if name in self.cap_exprs:
+            return self.cap_exprs[name]
+        return None if name in self.written else c_ast.ID(name)
+
     def loop(self, f: c_ast.For, env: dict[str, _Ival | None]) -> None:
         shape = _loop_shape(f) or _down_shape(f)
         if shape is None or f.stmt is None:
@@ -1356,17 +1454,26 @@ class _NestGuard:
         var, bits, a_expr, b_expr, cmp, step = shape
         if var in _assigned(f.stmt):
             raise _NoBound
-        if not isinstance(step, int):
-            if _ids(step) & self.written or not pure_expr(step):
+        s: _Bound
+        if isinstance(step, int):
+            s = step
+        elif pure_expr(step) and not (_ids(step) & self.written):
+            s = self._new(copy.deepcopy(step))
+        else:
+            # a step the nest computes (int64_t nw = P / 32;): one value at the guard
+            lo_s, s = self.ival(step, env)
+            if lo_s != s:
                 raise _NoBound
-            sv = self._node_of(step)
-            self._require(c_ast.BinaryOp("&&", c_ast.BinaryOp(">", copy.deepcopy(sv), _const(0)),
-                                         c_ast.BinaryOp("<=", copy.deepcopy(sv), _const(1 << 20))))
+        if isinstance(s, int):
+            if not 0 < s <= 1 << 20:
+                raise _NoBound
+        else:
+            self._require(c_ast.BinaryOp("&&", c_ast.BinaryOp(">", c_ast.ID(s), _const(0)),
+                                         c_ast.BinaryOp("<=", c_ast.ID(s), _const(1 << 20))))
         a, b = self.ival(a_expr, env), self.ival(b_expr, env)
         top, bottom = (_I64_MAX, _I64_MIN) if bits == 64 else (_I32_MAX, _I32_MIN)
         if bits == 32:
             self._in_int(a)
-        s = step if isinstance(step, int) else self._new(copy.deepcopy(step))
         if cmp in ("<", "<="):
             hi = self._ovf("rt_sub_ovf", b[1], 1) if cmp == "<" else b[1]
             # the step after the last iteration must not wrap the counter
@@ -1380,9 +1487,6 @@ class _NestGuard:
         body = dict(env)
         body[var] = iv
         self.stmt(f.stmt, body)
-
-    def _node_of(self, e: c_ast.Node) -> c_ast.Node:
-        return copy.deepcopy(e)
 
     def _le(self, b: _Bound, limit: int) -> None:
         if isinstance(b, int):
@@ -1420,8 +1524,10 @@ class _NestGuard:
                 for a in e.args.exprs[1:]:
                     self.expr(a, env)
                 cap, idx = e.args.exprs[0], e.args.exprs[1]
-                if not isinstance(cap, c_ast.ID) or cap.name in self.written \
-                        or not pure_expr(idx):
+                # (idx need not be pure_expr: ival accepts only side-effect-free
+                # arithmetic and guards its own divisions)
+                if not isinstance(cap, c_ast.ID) or (
+                        cap.name in self.written and cap.name not in self.cap_exprs):
                     raise _NoBound
                 store = 1 if e.name.name.startswith("cap_store_") else 0
                 self._cover(("cap", cap.name, ELEM_SIZE[t], store), self.ival(idx, env))
@@ -1433,8 +1539,6 @@ class _NestGuard:
                 self.expr(ref.subscript, env)
                 if dims is None or depth >= len(dims):
                     continue
-                if not pure_expr(ref.subscript):
-                    raise _NoBound
                 self._cover(("array", dims[depth]), self.ival(ref.subscript, env))
             return
         if isinstance(e, (c_ast.For, c_ast.While, c_ast.DoWhile, c_ast.Compound, c_ast.If)):
@@ -1444,6 +1548,35 @@ class _NestGuard:
             self.expr(c, env)
 
     ok = "__nok"  # replaced per nest in build()
+
+
+#: Builtins whose value is fixed for a thread during a launch.
+UNIFORM_INDEX_FUNCS = frozenset({"rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
+                                 "rt_lane_idx", "rt_block_idx_y", "rt_grid_dim_y"})
+
+
+def _write_counts(node: c_ast.Node) -> dict[str, int]:
+    """How often each name is declared or assigned under node."""
+    out: dict[str, int] = {}
+
+    class V(c_ast.NodeVisitor):
+        def visit_Assignment(self, n: c_ast.Assignment) -> None:
+            if isinstance(n.lvalue, c_ast.ID):
+                out[n.lvalue.name] = out.get(n.lvalue.name, 0) + 1
+            self.generic_visit(n)
+
+        def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
+            if n.op in ("++", "--", "p++", "p--", "&") and isinstance(n.expr, c_ast.ID):
+                out[n.expr.name] = out.get(n.expr.name, 0) + 1
+            self.generic_visit(n)
+
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            if n.name is not None:
+                out[n.name] = out.get(n.name, 0) + 1
+            self.generic_visit(n)
+
+    V().visit(node)
+    return out
 
 
 def _minmax(e: c_ast.TernaryOp) -> str | None:
@@ -1520,7 +1653,7 @@ def _body_version(body: c_ast.Compound, ctx: _Ctx) -> tuple[c_ast.Compound, c_as
     one guard at entry (helpers called once per column: their loops are short).
     The local arrays it declares at its top level move before the guard, so the
     two copies share them.  Returns (new body, checked copy) or None."""
-    if _levels(body) < 1 or _has_barrier(body, ctx.waits):
+    if _levels(body) < 1 or (_has_barrier(body, ctx.waits) and not ctx.one_thread_blocks):
         return None
     arrays = [d for d in body.block_items or [] if isinstance(d, c_ast.Decl)
               and isinstance(d.type, c_ast.ArrayDecl) and d.init is None]

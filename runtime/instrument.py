@@ -363,7 +363,7 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
             fi.typing = CapTyping(frozenset(verified.cap_locals.get(name, [])),
                                   frozenset(cap_funcs), frozenset(funcs))
         if hoist and mode in ("checked", "raw_poll"):  # raw_poll: same poll placement
-            hoist_function(ext, fi.arrays, waits)
+            hoist_function(ext, fi.arrays, waits, one_thread_blocks=True)
         ext.body = fi.rewrite(ext.body)
         _add_rt_param(ext.decl.type)
         if "static" not in ext.decl.storage:

@@ -779,3 +779,55 @@ def test_int_counter_indices_equal_checked(wrap32_builds, name, lo, count, ld, o
     f2, m2 = _run(plain, 16, args)
     assert f1 == f2
     assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+# Whole-body guards over values fixed at entry: a block index, caps derived from
+# a parameter by one offset (and their aliases), divisions and remainders by a
+# symbolic divisor, a step the body computes.
+DERIVED_SRC = """
+KERNEL void derived(cap_t x, int64_t nr, int64_t ld, int64_t off, int64_t cnt)
+{
+    int64_t b = rt_block_idx();
+    cap_t M = cap_offset_f32(x, b * ld + off);
+    cap_t P = M;
+    int64_t q = (cnt + nr - 1) / nr;
+    int64_t st = nr % 3 + 1;
+    for (int64_t i = 0; i < q; i += st)
+        for (int64_t j = 0; j < 2; j++)
+            cap_store_f32(P, i * 2 + j + cnt % nr, cap_load_f32(x, j) + 1.0f);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def derived_builds() -> tuple:
+    return (runtime.compile(DERIVED_SRC, "derived"),
+            runtime.compile(DERIVED_SRC, "derived", hoist=False))
+
+
+def test_whole_body_guard_over_derived_caps(derived_builds) -> None:
+    src = derived_builds[0].c_source
+    body = src[src.index(" derived(rt_block"):]
+    assert "int __n1_ok = 1;" in body[:300]
+    assert "rt_range_ok(rt_offset(x," in body  # the guard checks P through M's offset
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(0, 48), nr=st.integers(-3, 9), ld=st.integers(-4, 4),
+       off=st.one_of(small, st.sampled_from([2**62, -(2**62), 2**63 - 1])),
+       cnt=st.one_of(st.integers(-5, 40), st.sampled_from([2**62, -(2**63)])))
+def test_derived_whole_body_equals_checked(derived_builds, n, nr, ld, off, cnt) -> None:
+    hoisted, plain = derived_builds
+    f1, m1 = _run(hoisted, n, (nr, ld, off, cnt))
+    f2, m2 = _run(plain, n, (nr, ld, off, cnt))
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
+
+def test_planted_write_past_the_end_through_a_derived_cap(derived_builds) -> None:
+    """q = ceil(20/4) = 5 rows of 2 at offset 4 + 20 % 4 = 4: the last store is at
+    4 + 2*4 + 1 = 13 of a 13-float buffer, one past the end."""
+    for k in derived_builds:
+        fault, _ = _run(k, 13, (4, 0, 4, 20))
+        assert fault is not None and fault[0] == "out-of-bounds" and fault[1] == 9
+        assert _run(k, 14, (4, 0, 4, 20))[0] is None
