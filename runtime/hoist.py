@@ -864,24 +864,7 @@ def _body_defs(body: c_ast.Node, changed: set[str], types: dict[str, int]
     (mod 2^64) wherever the body uses it.  Maps x to E expanded."""
     if not isinstance(body, c_ast.Compound):
         return {}
-    writes: dict[str, int] = {}
-
-    class W(c_ast.NodeVisitor):
-        def visit_Assignment(self, n: c_ast.Assignment) -> None:
-            if isinstance(n.lvalue, c_ast.ID):
-                writes[n.lvalue.name] = writes.get(n.lvalue.name, 0) + 1
-            self.generic_visit(n)
-
-        def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
-            if n.op in ("++", "--", "p++", "p--") and isinstance(n.expr, c_ast.ID):
-                writes[n.expr.name] = writes.get(n.expr.name, 0) + 1
-            self.generic_visit(n)
-
-        def visit_Decl(self, n: c_ast.Decl) -> None:
-            writes[n.name] = writes.get(n.name, 0) + 1
-            self.generic_visit(n)
-
-    W().visit(body)
+    writes = _write_counts(body)
     defs: dict[str, c_ast.Node] = {}
     for item in body.block_items or []:
         if not (isinstance(item, c_ast.Decl) and item.init is not None
