@@ -120,7 +120,7 @@ class LoopPlan:
     line: int
     guards: list[c_ast.Node]
     covered: list[c_ast.Node]
-    polls_after: bool
+    quiet: bool  # its fast copy has a copy without per-iteration pollchecks
 
 
 @dataclass
@@ -181,34 +181,37 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     return ctx.table
 
 
-def _walk(node: c_ast.Node, ctx: _Ctx) -> None:
-    """Post-order: inner loops are versioned before the loops around them."""
+def _walk(node: c_ast.Node, ctx: _Ctx, in_loop: bool = False) -> None:
+    """Post-order: inner loops are versioned before the loops around them.
+    ``in_loop``: node sits inside a loop of the function."""
+    inside = in_loop or isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile))
     for attr, val in node_fields(node):
         if isinstance(val, list):
             for idx, item in enumerate(val):
                 if isinstance(item, c_ast.Node):
-                    _walk(item, ctx)
+                    _walk(item, ctx, inside)
                 if isinstance(item, c_ast.For):
-                    new = _maybe_version(item, ctx)
+                    new = _maybe_version(item, ctx, inside)
                     if new is not None:
                         val[idx] = new
         elif isinstance(val, c_ast.Node):
-            _walk(val, ctx)
+            _walk(val, ctx, inside)
             if isinstance(val, c_ast.For):
-                new = _maybe_version(val, ctx)
+                new = _maybe_version(val, ctx, inside)
                 if new is not None:
                     setattr(node, attr, new)
 
 
-def _maybe_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
+def _maybe_version(loop: c_ast.For, ctx: _Ctx, nested: bool = False) -> c_ast.Node | None:
     """Version innermost loops and the loops directly around them (depth <= 1).
 
-    Deeper nests are left alone: each level doubles the code.
+    Deeper nests are left alone: each level doubles the code.  ``nested``: the
+    loop sits inside another loop of the function.
     """
     depth = _loop_depth(loop.stmt)
     if depth > 1 or _has_barrier(loop.stmt, ctx.waits):
         return None
-    return _version(loop, ctx, innermost=depth == 0)
+    return _version(loop, ctx, innermost=depth == 0, nested=nested)
 
 
 #: Block-wide barriers (GPU).  A loop around one is never versioned: the guard
@@ -418,7 +421,8 @@ def _decl64(name: str, init: c_ast.Node) -> c_ast.Decl:
     return c_ast.Decl(name, [], [], [], [], t, init, None)
 
 
-def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node | None:
+def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = False
+             ) -> c_ast.Node | None:
     shape = _loop_shape(loop)
     if shape is None or loop.stmt is None:
         return None
@@ -573,12 +577,16 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True) -> c_ast.Node |
         # on a thread that waits on the collector.
         quiet = copy.deepcopy(loop)
         _mark_nopoll(quiet)  # structurally, so enclosing copies keep it
+        # Inside another loop the short loop needs no poll after itself: the
+        # loop around it polls every iteration (or, if quiet too, after itself),
+        # so at most SHORT_TRIP quiet iterations run between two polls.
+        quiet_block = c_ast.Compound([quiet]) if nested else _then_poll(quiet)
         trips = _const_trips(a_expr, b_expr, cmp, step)
         if trips is not None and trips < SHORT_TRIP:
             # constant short loop: the polling copy could never run
-            fast_block = _then_poll(quiet)
+            fast_block = quiet_block
         else:
-            fast_block = c_ast.If(_span_below(span.hs, step, SHORT_TRIP), _then_poll(quiet), fast)
+            fast_block = c_ast.If(_span_below(span.hs, step, SHORT_TRIP), quiet_block, fast)
     elif not innermost and _short_nest(loop.stmt):
         # Few outer iterations over short constant inner loops: poll once after
         # the whole nest, so gcc may unroll-and-jam it like raw code.
@@ -1188,6 +1196,13 @@ class _NestGuard:
             if e.name in self.written or self.ctx.types.get(e.name, 0) not in (32, 64):
                 raise _NoBound
             return e.name, e.name
+        if (isinstance(e, c_ast.FuncCall) and isinstance(e.name, c_ast.ID)
+                and e.name.name in UNIFORM_INDEX_FUNCS and not (e.args and e.args.exprs)):
+            key = ("call", e.name.name)  # fixed for the launch: one guard variable
+            if key not in self.memo:
+                self.memo[key] = self._new(copy.deepcopy(e))
+            v = self.memo[key]
+            return v, v
         if isinstance(e, c_ast.Cast):
             names = getattr(getattr(e.to_type, "type", None), "type", None)
             names = getattr(names, "names", [])
@@ -1384,11 +1399,10 @@ class _NestGuard:
                 pass  # a use in an index fails later
 
     def _derived(self, d: c_ast.Decl, env: dict[str, _Ival | None]) -> bool:
-        """A value fixed for the thread, declared once and never assigned: an
-        index builtin (int64_t t = rt_thread_idx();) is one guard variable, a
-        cap offset by one value (cap_t M = cap_offset_f32(A, b * n);) one cap
-        expression.  Both may be evaluated at the guard: they read nothing the
-        nest writes and never fault (rt_offset only moves the origin)."""
+        """A cap fixed for the thread, declared once and never assigned: a copy
+        of a cap, or a cap offset by one value (cap_t M = cap_offset_f32(A, b * n);),
+        is one cap expression, which the guard may evaluate: it reads nothing the
+        nest writes and never faults (rt_offset only moves the origin)."""
         init = d.init
         if not (isinstance(d.type, c_ast.TypeDecl)
                 and isinstance(d.type.type, c_ast.IdentifierType)):
@@ -1403,10 +1417,6 @@ class _NestGuard:
             return False
         fn = init.name.name
         args = init.args.exprs if init.args is not None else []
-        if fn in UNIFORM_INDEX_FUNCS and not args and _INT_TYPES.get(" ".join(names)) == 64:
-            v = self._new(copy.deepcopy(init))
-            env[d.name] = (v, v)
-            return True
         if not (fn.startswith("cap_offset_") and names == ["cap_t"] and len(args) == 2
                 and isinstance(args[0], c_ast.ID) and pure_expr(args[1])):
             return False
