@@ -579,7 +579,8 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
         _mark_nopoll(quiet)  # structurally, so enclosing copies keep it
         # Inside another loop the short loop needs no poll after itself: the
         # loop around it polls every iteration (or, if quiet too, after itself),
-        # so at most SHORT_TRIP quiet iterations run between two polls.
+        # so each quiet loop of its body runs < SHORT_TRIP iterations between
+        # two polls (on the GPU a loop's poll is counted: x1024).
         quiet_block = c_ast.Compound([quiet]) if nested else _then_poll(quiet)
         trips = _const_trips(a_expr, b_expr, cmp, step)
         if trips is not None and trips < SHORT_TRIP:
