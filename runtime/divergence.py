@@ -1,9 +1,10 @@
 """Which values and branches may differ between the threads of a block (GPU target).
 
-Warp shuffles and reductions wait for every existing lane of the warp, and tile
-copies wait at block barriers: a thread that skips one (because a condition
-that depends on the thread index sent it elsewhere) leaves the others waiting
-or reading an undefined lane.  The verifier therefore admits these calls only
+Warp shuffles and reductions wait for every existing lane of the warp, block
+barriers (``rt_sync_threads()``) and tile copies for every thread of the block:
+a thread that skips one (because a condition that depends on the thread index
+sent it elsewhere) leaves the others waiting or reading an undefined lane (CUDA
+leaves a divergent ``__syncthreads`` undefined).  The verifier therefore admits these calls only
 under *uniform* control flow, decided here.
 
 A value is *varying* when threads of one block may hold different values:
@@ -28,6 +29,8 @@ correct kernel, never admit one whose collectives can diverge.
 
 from __future__ import annotations
 
+import copy
+import itertools
 from dataclasses import dataclass, field
 
 from pycparser import c_ast
@@ -38,7 +41,7 @@ from .verifier import TILE_FUNCS, WARP_FUNCS
 #: Calls whose result differs between the threads of a block by definition.
 VARYING_SOURCES = frozenset({"rt_thread_idx", "rt_lane_idx"})
 #: Calls every thread (of the warp or block) must reach together.
-COLLECTIVES = TILE_FUNCS | WARP_FUNCS
+COLLECTIVES = TILE_FUNCS | WARP_FUNCS | {"rt_sync_threads"}
 _LOOPS = (c_ast.For, c_ast.While, c_ast.DoWhile)
 
 
@@ -71,6 +74,7 @@ class _Flow:
 
 def check_uniform_collectives(funcs: dict[str, c_ast.FuncDef]) -> None:
     """Raise VerifyError for a collective call under varying control flow."""
+    funcs = {name: _unique_locals(f) for name, f in funcs.items()}
     facts = {name: _Facts(_param_names(f)) for name, f in funcs.items()}
     changed = True
     while changed:  # terminates: every round only adds facts, and there are finitely many
@@ -81,6 +85,43 @@ def check_uniform_collectives(funcs: dict[str, c_ast.FuncDef]) -> None:
     a = _Analysis(facts, funcs, report=True)
     for name, f in funcs.items():
         a.function(name, f)
+
+
+def _unique_locals(f: c_ast.FuncDef) -> c_ast.FuncDef:
+    """A copy of ``f`` in which every local declaration has a name of its own
+    (``j#3``: no C identifier has a '#').  The analysis is flow-insensitive over
+    names, and sibling blocks may reuse one: a counter ``j`` of a loop under
+    ``if (t < 32)`` must not make the ``j`` of another loop varying."""
+    f = copy.deepcopy(f)
+    fresh = itertools.count()
+
+    def walk(node: c_ast.Node, scopes: list[dict[str, str]]) -> None:
+        if isinstance(node, c_ast.Decl) and node.name and not isinstance(node.type,
+                                                                         c_ast.FuncDecl):
+            if node.init is not None:
+                walk(node.init, scopes)
+            scopes[-1][node.name] = node.name = f"{node.name}#{next(fresh)}"
+            return
+        if isinstance(node, c_ast.ID):
+            for scope in reversed(scopes):
+                if node.name in scope:
+                    node.name = scope[node.name]
+                    break
+            return
+        if isinstance(node, c_ast.FuncCall):  # the callee's name is not a variable
+            if node.args is not None:
+                walk(node.args, scopes)
+            return
+        opens = isinstance(node, (c_ast.Compound, c_ast.For))
+        if opens:
+            scopes.append({})
+        for _, c in node.children():
+            walk(c, scopes)
+        if opens:
+            scopes.pop()
+
+    walk(f.body, [{}])
+    return f
 
 
 def _param_names(f: c_ast.FuncDef) -> list[str]:
@@ -226,7 +267,9 @@ class _Analysis:
         name = node.name.name if isinstance(node.name, c_ast.ID) else ""
         if name in COLLECTIVES and ctl and self.report:
             line = node.coord.line if node.coord else None
-            kind = ("a tile copy ends in a block barrier" if name in TILE_FUNCS
+            kind = ("a block barrier waits for every thread of the block"
+                    if name == "rt_sync_threads"
+                    else "a tile copy ends in a block barrier" if name in TILE_FUNCS
                     else "a warp shuffle waits for every lane of the warp")
             raise VerifyError(line, f"call to '{name}' under thread-dependent control flow",
                               f"{kind}: threads that a condition depending on rt_thread_idx() "

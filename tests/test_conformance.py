@@ -467,6 +467,14 @@ BUILTIN_REJECTS = [
      "float v = 0.0f;\nswitch (n) { case 0: if (rt_thread_idx() > 2) break;\n"
      "v = rt_warp_sum_f32(v); break; default: break; } }", ("cuda",),
      "call to 'rt_warp_sum_f32' under thread-dependent control flow", "early return/break"),
+    ("barrier-under-thread-condition", "KERNEL void k(cap_t x) { float smem_a[64];\n"
+     "int64_t t = rt_thread_idx();\nif (t < 5)\n    rt_sync_threads();\n"
+     "smem_a[t % 64] = 1.0f; }", ("cuda",),
+     "call to 'rt_sync_threads' under thread-dependent control flow",
+     "every thread of the block"),
+    ("barrier-after-thread-return", "KERNEL void k(cap_t x, int64_t n) {\n"
+     "if (rt_thread_idx() >= n) return;\nrt_sync_threads(); }", ("cuda",),
+     "call to 'rt_sync_threads' under thread-dependent control flow", "early return"),
 ] + [(f"{name}-on-cpu", "KERNEL void k(cap_t x) { float v = " + call + "; }", ("cpu",),
       f"call to '{name}'", "exists only on the GPU")
      for name, call in (("rt_shfl_xor_f32", "rt_shfl_xor_f32(1.0f, 1)"),
@@ -493,6 +501,31 @@ def test_builtin_misuse_is_refused_with_a_reason(case, target) -> None:
     assert reason in ei.value.reason, ei.value
     if ident == "tile-under-thread-condition":
         assert ei.value.line == 3, "the block-uniform call on line 2 is accepted"
+
+
+def test_a_name_reused_under_a_thread_condition_keeps_other_loops_uniform() -> None:
+    """The divergence analysis is flow-insensitive over names: a counter ``j`` of a
+    loop under ``if (t < 32)`` made every ``j`` varying, so the collectives in the
+    uniform ``j`` loop above it were refused (kernels/gpu/panel.c has this shape)."""
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    src = """
+KERNEL void k(cap_t x, int64_t nb)
+{
+    float smem_a[64];
+    int64_t t = rt_thread_idx();
+    for (int64_t j = 0; j < nb; j++) {
+        smem_a[t % 64] = rt_warp_sum_f32((float)j);
+        rt_sync_threads();
+    }
+    if (t < 32) {
+        for (int64_t j = 0; j < 32; j++)
+            cap_store_f32(x, t * 32 + j, smem_a[j]);
+    }
+}
+"""
+    verify(parse(src), target="cuda")
 
 
 def test_tile_into_a_per_thread_array_is_fine_on_the_cpu() -> None:
