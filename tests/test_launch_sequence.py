@@ -423,6 +423,55 @@ def test_fake_fault_in_the_middle_across_modules(fake: FakeDevice) -> None:
     assert (_holds(a), _holds(b), _holds(canary)) == (0, 0, 0)
 
 
+def test_fake_launch_many_is_the_same_sequence(fake: FakeDevice) -> None:
+    """launch_many: the launches of one call join the pending sequence in order
+    (launch indices continue it), a fault in the middle stops the rest and sync
+    reports it exactly; each distinct buffer is held once for the batch."""
+    put = _fake_kernel(fake, PUT_SRC, "put")
+    copy = _fake_kernel(fake, COPY_SRC, "copy", lambda launch: _oob(1, 6, COPY_LINE, 3, 17, 1))
+    a = lane.alloc_device(4, np.float32, name="a")
+    b = lane.alloc_device(4, np.float32, name="b")
+    canary = lane.alloc_device(4, np.float32, name="canary")
+    runtime.launch(put, [a], args=(0, 1.0), sync=False)  # a sequence already pending
+    lane.launch_many([(put, [a], (1, 2.0), 1, 32), (copy, [a, b], (6,), 4, 32),
+                      (put, canary, (0, 1.0), 1, 32)])
+    assert lane.pending() == 4
+    assert (_holds(a), _holds(b), _holds(canary)) == (2, 1, 1)
+    with pytest.raises(CapabilityFault) as e:
+        runtime.sync()
+    f = e.value
+    assert (f.reason, f.kernel, f.buffer, f.index, f.block, f.thread, f.launch_index) == (
+        "out-of-bounds", "copy", "b", 6, 3, 17, 2)
+    assert fake.ran == [(put.function, 0), (put.function, 1), (copy.function, 2)]
+    assert fake.exited_at_entry == [(put.function, 3)]
+    assert (_holds(a), _holds(b), _holds(canary)) == (0, 0, 0)
+
+
+def test_fake_launch_many_argument_errors(fake: FakeDevice) -> None:
+    """An argument error raises at its launch: the launches before it stay in the
+    sequence (and keep their holds until sync); a batch that enqueues nothing
+    holds nothing; a freed buffer refuses the whole batch before any launch."""
+    put = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(4, np.float32, name="x")
+    with pytest.raises(TypeError, match="int64_t"):
+        lane.launch_many([(put, [x], (0, 1.0), 1, 32), (put, [x], (1.5, 1.0), 1, 32)])
+    assert lane.pending() == 1 and _holds(x) == 1
+    runtime.sync()
+    assert _holds(x) == 0
+    with pytest.raises(TypeError, match="int64_t"):
+        lane.launch_many([(put, [x], ("0", 1.0), 1, 32)])
+    with pytest.raises(TypeError, match="grid"):
+        lane.launch_many([(put, [x], (0, 1.0), -1, 32)])
+    lane.launch_many([(put, [x], (0, 1.0), 0, 32)])  # grid 0: checked, runs nothing
+    assert lane.pending() == 0 and _holds(x) == 0
+    y = lane.alloc_device(4, np.float32, name="y")
+    y.free()
+    launched = fake.calls.get("launch", 0)
+    with pytest.raises(CapabilityFault, match="freed"):
+        lane.launch_many([(put, [x], (0, 1.0), 1, 32), (put, [y], (0, 1.0), 1, 32)])
+    assert lane.pending() == 0 and _holds(x) == 0 and fake.calls.get("launch", 0) == launched
+
+
 def test_fake_next_sequence_starts_clean(fake: FakeDevice) -> None:
     """The record is reset when the next sequence starts: its launches run."""
     bad = _fake_kernel(fake, PUT_SRC, "put", lambda launch: _oob(0, 9, PUT_LINE))

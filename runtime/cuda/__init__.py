@@ -5,7 +5,8 @@ Public face (routed to by ``capabilities.alloc(..., device="cuda")``,
 and ``runtime.launch``):
 
 * :func:`alloc_device`, :func:`to_device`, :func:`wrap_device` -> :class:`DeviceCapability`
-* :func:`compile` -> :class:`CudaKernel`; :func:`launch` (``sync=False`` enqueues);
+* :func:`compile` -> :class:`CudaKernel`; :func:`launch` (``sync=False`` enqueues),
+  :func:`launch_many` (enqueues a list at a lower host cost per launch);
   :func:`sync` (waits for the sequence, raises its first fault); :func:`time_launch`
 * :func:`available` -> (bool, reason) — False on machines without a GPU.
 
@@ -23,6 +24,7 @@ from .lane import (
     alloc_device,
     compile,
     launch,
+    launch_many,
     pending,
     sync,
     time_launch,
@@ -42,6 +44,7 @@ __all__ = [
     "compile",
     "instrument",
     "launch",
+    "launch_many",
     "pending",
     "sync",
     "time_launch",

@@ -490,6 +490,9 @@ _PARAM_FORMAT = {"cap": f"{len(abi.CAP_WORDS)}Q", "int64": "q", "double": "d", "
                  "record": "Q", "launch": "i"}
 
 
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
 class _ParamBlock:
     """A kernel's parameters packed into one buffer, laid out once per kernel.
 
@@ -541,6 +544,9 @@ class _ParamBlock:
                 c = caps[ci]
                 values.extend(c.cap_value(ci))
                 ci += 1
+            elif kind == "int64" and type(args[ai]) is int and _I64_MIN <= args[ai] <= _I64_MAX:
+                values.append(args[ai])  # the common case, without the call (not bool)
+                ai += 1
             else:
                 slot, value = scalar_arg(kind, args[ai], pname, self.kernel_name)
                 if slot == "f32":  # C's double -> float conversion (inf past FLT_MAX)
@@ -619,27 +625,59 @@ def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
 
 
 def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[Any], grid: int,
-             block: int, shared_bytes: int) -> None:
-    """Add one launch to the pending sequence (caller holds ``_seq.lock``)."""
+             block: int, shared_bytes: int, held: list[Any] | None = None) -> None:
+    """Add one launch to the pending sequence (caller holds ``_seq.lock``).
+
+    ``held``: the caller already holds every buffer of ``caps`` until the sync
+    (:func:`launch_many`); otherwise this launch takes its own holds."""
     dev = drv.device()
     if not 1 <= block <= dev.max_threads:
         raise ValueError(f"block must be in 1..{dev.max_threads}")
     record = dev.seq_record or _record(dev)
-    held = _hold_all(caps)
+    own = _hold_all(caps) if held is None else []
     try:
         params = kernel.param_block or _param_block(kernel)
         names = params.pack(caps, args, record, len(_seq.launches))
         if grid == 0:
-            _unhold_all(held)  # arguments checked; no block to run (as on the CPU)
+            _unhold_all(own)  # arguments checked; no block to run (as on the CPU)
             return
         if not _seq.launches:
             _reset_record(record)
         _launch_async(kernel, params, grid, block, shared_bytes)
     except BaseException:
-        _unhold_all(held)
+        _unhold_all(own)
         raise
     _seq.launches.append((kernel, names))
-    _seq.held.extend(held)
+    _seq.held.extend(own)
+
+
+def launch_many(launches: Sequence[tuple[CudaKernel, Sequence[DeviceCapability],
+                                         Sequence[Any], int, int]]) -> None:
+    """Enqueue ``(kernel, caps, args, grid, block)`` launches in order, each as
+    ``launch(kernel, caps, args=args, grid=grid, block=block, sync=False)``.
+
+    The same sequence semantics (one :func:`sync` raises the first fault, with
+    its ``launch_index``), at a lower host cost per launch: the lock is taken
+    once and each distinct buffer is held once for the whole batch, so a long
+    host-driven plan (thousands of launches) is not bound by the host.  An
+    argument error raises at its launch; the launches before it stay enqueued.
+    """
+    plan = [(kernel, [caps] if isinstance(caps, DeviceCapability) else list(caps), args, grid,
+             block) for kernel, caps, args, grid, block in launches]
+    for _, _, _, grid, _ in plan:
+        check_grid(grid, None)
+    with _seq.lock:
+        distinct = {id(c): c for _, caps, _, _, _ in plan for c in caps}
+        held = _hold_all(list(distinct.values()))  # all or none, before any launch
+        before = len(_seq.launches)
+        try:
+            for kernel, caps, args, grid, block in plan:
+                _enqueue(kernel, caps, args, grid, block, 0, held)
+        finally:
+            if len(_seq.launches) > before:
+                _seq.held.extend(held)  # released by the sync that covers the batch
+            else:
+                _unhold_all(held)  # nothing enqueued: no sync will cover them
 
 
 def _sync_locked(timeout: float | None, sequence: bool = True) -> None:
