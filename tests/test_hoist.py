@@ -794,7 +794,7 @@ KERNEL void derived(cap_t x, int64_t nr, int64_t ld, int64_t off, int64_t cnt)
     cap_t M = cap_offset_f32(x, b * ld + off);
     cap_t P = M;
     int64_t q = (cnt + nr - 1) / nr;
-    int64_t st = nr % 3 + 1;
+    int64_t st = (nr % 3 + 3) % 3 + 1;
     for (int64_t i = 0; i < q; i += st)
         for (int64_t j = 0; j < 2; j++)
             cap_store_f32(P, i * 2 + j + cnt % nr, cap_load_f32(x, j) + 1.0f);
