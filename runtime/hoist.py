@@ -370,12 +370,8 @@ def _affine_in(expr: c_ast.Node, vs: set[str]) -> bool:
     return False
 
 
-def _loop_shape(loop: c_ast.For
-                ) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int | c_ast.Node] | None:
-    """(var, bits, A, B, cmp, step) for a countable loop, else None.
-
-    step is a positive int literal, or a pure loop-invariant expression that the
-    guard checks at run time."""
+def _counter_decl(loop: c_ast.For) -> tuple[c_ast.Decl, int] | None:
+    """The loop's one initialised integer counter declaration and its bits, else None."""
     init = loop.init
     if not (isinstance(init, c_ast.DeclList) and len(init.decls) == 1):
         return None
@@ -385,6 +381,19 @@ def _loop_shape(loop: c_ast.For
     bits = _INT_TYPES.get(" ".join(d.type.type.names))
     if bits is None or d.init is None:
         return None
+    return d, bits
+
+
+def _loop_shape(loop: c_ast.For
+                ) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int | c_ast.Node] | None:
+    """(var, bits, A, B, cmp, step) for a countable loop, else None.
+
+    step is a positive int literal, or a pure loop-invariant expression that the
+    guard checks at run time."""
+    counter = _counter_decl(loop)
+    if counter is None:
+        return None
+    d, bits = counter
     var = d.name
     cond = loop.cond
     if not (isinstance(cond, c_ast.BinaryOp) and cond.op in ("<", "<=")
@@ -1590,15 +1599,10 @@ def _minmax(e: c_ast.TernaryOp) -> str | None:
 def _down_shape(loop: c_ast.For
                 ) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int] | None:
     """(var, bits, A, B, cmp, step) of ``for (T i = A; i >= B (> B); i-- / i -= c)``."""
-    init = loop.init
-    if not (isinstance(init, c_ast.DeclList) and len(init.decls) == 1):
+    counter = _counter_decl(loop)
+    if counter is None:
         return None
-    d = init.decls[0]
-    if not (isinstance(d.type, c_ast.TypeDecl) and isinstance(d.type.type, c_ast.IdentifierType)):
-        return None
-    bits = _INT_TYPES.get(" ".join(d.type.type.names))
-    if bits is None or d.init is None:
-        return None
+    d, bits = counter
     var, cond, nxt = d.name, loop.cond, loop.next
     if not (isinstance(cond, c_ast.BinaryOp) and cond.op in (">", ">=")
             and isinstance(cond.left, c_ast.ID) and cond.left.name == var):

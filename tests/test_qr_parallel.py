@@ -120,21 +120,29 @@ _STORE_BACK = ("            for (int64_t l = 0; l < cw; l++)\n"
 _PLANTED = _STORE_BACK.replace("l < cw", "l <= cw")
 
 
-@pytest.fixture
-def planted(monkeypatch):
+def _mutate(monkeypatch, old: str, new: str) -> None:
     real = sources.source
 
     def mutated(family: str, dtype: str = "float32") -> str:
         text = real(family, dtype)
         if family == "qrt":
-            assert text.count(_STORE_BACK) == 1
-            text = text.replace(_STORE_BACK, _PLANTED)
+            assert text.count(old) == 1
+            text = text.replace(old, new)
         return text
 
     parallel._kernels.cache_clear()
     monkeypatch.setattr(sources, "source", mutated)
+
+
+@pytest.fixture
+def restore_kernels():
     yield
     parallel._kernels.cache_clear()
+
+
+@pytest.fixture
+def planted(monkeypatch, restore_kernels):
+    _mutate(monkeypatch, _STORE_BACK, _PLANTED)
 
 
 def test_planted_tile_overflow_is_caught(planted):
@@ -202,26 +210,6 @@ def test_panel_tiny_and_zero_columns():
 _COPY_BACK = ("                    for (int64_t p = 0; p < jbn; p++)\n"
               "                        cap_store_f32(A, (j + t) * n + jn + p,")
 _COPY_BACK_PLANTED = _COPY_BACK.replace("p < jbn", "p <= jbn")
-
-
-def _mutate(monkeypatch, old: str, new: str) -> None:
-    real = sources.source
-
-    def mutated(family: str, dtype: str = "float32") -> str:
-        text = real(family, dtype)
-        if family == "qrt":
-            assert text.count(old) == 1
-            text = text.replace(old, new)
-        return text
-
-    parallel._kernels.cache_clear()
-    monkeypatch.setattr(sources, "source", mutated)
-
-
-@pytest.fixture
-def restore_kernels():
-    yield
-    parallel._kernels.cache_clear()
 
 
 def test_planted_fault_in_a_late_step_is_reported_exactly(monkeypatch, restore_kernels):
