@@ -625,16 +625,16 @@ def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
 
 
 def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[Any], grid: int,
-             block: int, shared_bytes: int, held: list[Any] | None = None) -> None:
+             block: int, shared_bytes: int, caller_holds: bool = False) -> None:
     """Add one launch to the pending sequence (caller holds ``_seq.lock``).
 
-    ``held``: the caller already holds every buffer of ``caps`` until the sync
-    (:func:`launch_many`); otherwise this launch takes its own holds."""
+    ``caller_holds``: the caller already holds every buffer of ``caps`` until the
+    sync (:func:`launch_many`); otherwise this launch takes its own holds."""
     dev = drv.device()
     if not 1 <= block <= dev.max_threads:
         raise ValueError(f"block must be in 1..{dev.max_threads}")
     record = dev.seq_record or _record(dev)
-    own = _hold_all(caps) if held is None else []
+    own = [] if caller_holds else _hold_all(caps)
     try:
         params = kernel.param_block or _param_block(kernel)
         names = params.pack(caps, args, record, len(_seq.launches))
@@ -659,7 +659,7 @@ def launch_many(launches: Sequence[tuple[CudaKernel, Sequence[DeviceCapability],
     The same sequence semantics (one :func:`sync` raises the first fault, with
     its ``launch_index``), at a lower host cost per launch: the lock is taken
     once and each distinct buffer is held once for the whole batch, so a long
-    host-driven plan (thousands of launches) is not bound by the host.  An
+    host-driven plan (thousands of launches) costs the host less per launch.  An
     argument error raises at its launch; the launches before it stay enqueued.
     """
     plan = [(kernel, [caps] if isinstance(caps, DeviceCapability) else list(caps), args, grid,
@@ -672,7 +672,7 @@ def launch_many(launches: Sequence[tuple[CudaKernel, Sequence[DeviceCapability],
         before = len(_seq.launches)
         try:
             for kernel, caps, args, grid, block in plan:
-                _enqueue(kernel, caps, args, grid, block, 0, held)
+                _enqueue(kernel, caps, args, grid, block, 0, caller_holds=True)
         finally:
             if len(_seq.launches) > before:
                 _seq.held.extend(held)  # released by the sync that covers the batch
