@@ -53,6 +53,11 @@ def tile_call(name: str, args: list[c_ast.Node], arrays: dict[str, Any]) -> Tile
     return TileCall(op, t, arr.name, n)
 
 
+#: Builtins whose value is fixed for a thread during a launch.
+INDEX_BUILTINS = frozenset({"rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
+                            "rt_lane_idx", "rt_block_idx_y", "rt_grid_dim_y"})
+
+
 def pure_expr(node: c_ast.Node) -> bool:
     """No side effects and cannot fault: safe to evaluate early or twice."""
     if isinstance(node, (c_ast.ID, c_ast.Constant)):
@@ -70,9 +75,7 @@ def pure_expr(node: c_ast.Node) -> bool:
     if isinstance(node, c_ast.TernaryOp):
         return pure_expr(node.cond) and pure_expr(node.iftrue) and pure_expr(node.iffalse)
     if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID):
-        if node.name.name.startswith("cap_len_") or node.name.name in (
-                "rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim", "rt_lane_idx",
-                "rt_block_idx_y", "rt_grid_dim_y"):
+        if node.name.name.startswith("cap_len_") or node.name.name in INDEX_BUILTINS:
             return all(pure_expr(a) for a in (node.args.exprs if node.args else []))
     return False
 

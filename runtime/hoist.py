@@ -54,7 +54,7 @@ from pycparser import c_ast, c_generator
 
 from capabilities import abi
 
-from .astutil import int_literal, node_fields, pure_expr
+from .astutil import INDEX_BUILTINS, int_literal, node_fields, pure_expr
 from .verifier import TILE_FUNCS, WARP_FUNCS
 
 # int counters are guarded by rt_loop_span32 (start fits, no wrap past INT32_MAX).
@@ -1207,7 +1207,7 @@ class _NestGuard:
                 raise _NoBound
             return e.name, e.name
         if (isinstance(e, c_ast.FuncCall) and isinstance(e.name, c_ast.ID)
-                and e.name.name in UNIFORM_INDEX_FUNCS and not (e.args and e.args.exprs)):
+                and e.name.name in INDEX_BUILTINS and not (e.args and e.args.exprs)):
             key = ("call", e.name.name)  # fixed for the launch: one guard variable
             if key not in self.memo:
                 self.memo[key] = self._new(copy.deepcopy(e))
@@ -1551,11 +1551,6 @@ class _NestGuard:
             self.expr(c, env)
 
     ok = "__nok"  # replaced per nest in build()
-
-
-#: Builtins whose value is fixed for a thread during a launch.
-UNIFORM_INDEX_FUNCS = frozenset({"rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
-                                 "rt_lane_idx", "rt_block_idx_y", "rt_grid_dim_y"})
 
 
 def _write_counts(node: c_ast.Node) -> dict[str, int]:
