@@ -42,6 +42,9 @@ typedef struct cap_t {
 /* Indices beyond +-2^58 could wrap i*sizeof(T); they are out of every buffer. */
 #define RT_IDX_LIMIT ((rt_u64)1 << 58)
 #define RT_I64_MAX 9223372036854775807LL
+/* int range: what a 32-bit loop counter or index part may take (loop guards) */
+#define RT_I32_MIN (-2147483647 - 1)
+#define RT_I32_MAX 2147483647
 
 /* In bounds iff the byte offset off = (p - lo) + i*S (mod 2^64: exactly the
  * address the access would touch) satisfies off < len and off + S <= len.
@@ -117,9 +120,9 @@ RT_ABI_FN int rt_loop_span(rt_i64 a, rt_i64 b, rt_i64 step, int incl, rt_i64 *sp
  * final `i += step` must not pass INT32_MAX. */
 RT_ABI_FN int rt_loop_span32(rt_i64 a, rt_i64 b, rt_i64 step, int incl, rt_i64 *span)
 {
-    if (a < -2147483647 - 1 || a > 2147483647 || !rt_loop_span(a, b, step, incl, span))
+    if (a < RT_I32_MIN || a > RT_I32_MAX || !rt_loop_span(a, b, step, incl, span))
         return 0;
-    return a + *span + step <= 2147483647;
+    return a + *span + step <= RT_I32_MAX;
 }
 /* Local-array subscript e0 + d*t for t in [0, span] stays in [0, dim). */
 RT_ABI_FN int rt_lrange_ok(rt_i64 e0, rt_i64 d, rt_i64 span, rt_i64 dim)
@@ -135,8 +138,7 @@ RT_ABI_FN int rt_irange_ok(rt_i64 e0, rt_i64 d, rt_i64 span)
 {
     rt_i64 eL;
     if (!rt_affine_end(e0, d, span, &eL)) return 0;
-    return e0 >= -2147483647 - 1 && e0 <= 2147483647 && eL >= -2147483647 - 1
-        && eL <= 2147483647;
+    return e0 >= RT_I32_MIN && e0 <= RT_I32_MAX && eL >= RT_I32_MIN && eL <= RT_I32_MAX;
 }
 /* A loop nest's index e00 + di*s + dj*t over the iteration box s in [0, si],
  * t in [0, sj] is affine, so its extremes are corners of the box.  If no corner
@@ -174,7 +176,7 @@ RT_ABI_FN int rt_irange2_ok(rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 
 {
     rt_i64 lo, hi;
     if (!rt_affine_box(e00, di, si, dj, sj, &lo, &hi)) return 0;
-    return lo >= -2147483647 - 1 && hi <= 2147483647;
+    return lo >= RT_I32_MIN && hi <= RT_I32_MAX;
 }
 /* Local-array subscript of a 2-level nest stays in [0, dim). */
 RT_ABI_FN int rt_lrange2_ok(rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 sj, rt_i64 dim)
