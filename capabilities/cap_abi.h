@@ -185,6 +185,38 @@ RT_ABI_FN int rt_lrange2_ok(rt_i64 e00, rt_i64 di, rt_i64 si, rt_i64 dj, rt_i64 
     if (!rt_affine_box(e00, di, si, dj, sj, &lo, &hi)) return 0;
     return lo >= 0 && hi < dim;
 }
+/* Hull checks: several accesses of one loop to one object that differ only in
+ * their first index e0 in [lo, hi] (same stride, size and access) touch indices
+ * between the smallest and the largest end of the ranges that start at lo and
+ * at hi, so those two ranges being inside the object (and not overflowing)
+ * covers all of them, and is necessary too (lo and hi are accesses). */
+RT_ABI_FN rt_i64 rt_min64(rt_i64 a, rt_i64 b) { return a < b ? a : b; }
+RT_ABI_FN rt_i64 rt_max64(rt_i64 a, rt_i64 b) { return a > b ? a : b; }
+RT_ABI_FN int rt_range_hull_ok(cap_t c, rt_i64 lo, rt_i64 hi, rt_i64 d, rt_i64 span, rt_i64 S,
+                               int store)
+{
+    rt_i64 tot, loL, hiL;
+    rt_u64 len = store ? c.wlen : c.rlen;
+    if (rt_mul_ovf(d, span, &tot) || rt_add_ovf(lo, tot, &loL) || rt_add_ovf(hi, tot, &hiL))
+        return 0;
+    return RT_INB(c, tot < 0 ? loL : lo, (rt_u64)S, len)
+        && RT_INB(c, tot < 0 ? hi : hiL, (rt_u64)S, len);
+}
+RT_ABI_FN int rt_lrange_hull_ok(rt_i64 lo, rt_i64 hi, rt_i64 d, rt_i64 span, rt_i64 dim)
+{
+    return rt_lrange_ok(lo, d, span, dim) && rt_lrange_ok(hi, d, span, dim);
+}
+RT_ABI_FN int rt_range2_hull_ok(cap_t c, rt_i64 lo, rt_i64 hi, rt_i64 di, rt_i64 si, rt_i64 dj,
+                                rt_i64 sj, rt_i64 S, int store)
+{
+    return rt_range2_ok(c, lo, di, si, dj, sj, S, store)
+        && rt_range2_ok(c, hi, di, si, dj, sj, S, store);
+}
+RT_ABI_FN int rt_lrange2_hull_ok(rt_i64 lo, rt_i64 hi, rt_i64 di, rt_i64 si, rt_i64 dj,
+                                 rt_i64 sj, rt_i64 dim)
+{
+    return rt_lrange2_ok(lo, di, si, dj, sj, dim) && rt_lrange2_ok(hi, di, si, dj, sj, dim);
+}
 
 /* ---- checked tiles (cap_tile_load_T / cap_tile_store_T), both lanes ---- */
 /* Element (r, k) of a rows x cols tile sits at index off + r*ld + k of the cap

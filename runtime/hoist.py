@@ -532,7 +532,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
         terms.append(_Term(copy.deepcopy(idx), None, dim, 0))
         ref.__class__ = UncheckedRef
         covered.append(ref)
-    guard_terms = [_range_term(term, var, span) for term in terms]
+    guard_terms = _range_terms(terms, var, span)
     wrap_terms = [_irange_term(part, var, span) for term in terms
                   for part in _narrow_parts(term.idx, narrow, ctx.types)]
     # Fast copy only if bounds and indices are signed integers (so the loop
@@ -543,8 +543,8 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
     # not change in an enclosing loop.  A loop that does not run has span 0;
     # if a guard fails for it, the checked copy runs zero iterations.
     is_int = span.is_int()
-    for g in guard_terms:
-        is_int = c_ast.BinaryOp("&&", is_int, _is_int(_term_index(g)))
+    for term in terms:
+        is_int = c_ast.BinaryOp("&&", is_int, _is_int(_subst(term.idx, var, c_ast.ID(span.h0))))
     cond: c_ast.Node = c_ast.ID(span.hok)
     for g in guard_terms + wrap_terms:
         cond = c_ast.BinaryOp("&", cond, g)
@@ -558,11 +558,12 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
         box_ok: c_ast.Node = c_ast.ID(inner.span.hok)
         inner_ok: c_ast.Node = _const(1)
         box_narrow = narrow | ({inner.var} if inner.span.bits == 32 else set())
-        for term in inner_terms:
-            g = _box_term(term, var, span, inner.var, inner.span)
+        for g in _box_terms(inner_terms, var, span, inner.var, inner.span):
             guard_terms.append(g)
-            box_ok = c_ast.BinaryOp("&&", box_ok, _is_int(_term_index(g)))
             inner_ok = c_ast.BinaryOp("&", inner_ok, g)
+        for term in inner_terms:
+            box_ok = c_ast.BinaryOp("&&", box_ok, _is_int(_corner(term.idx, var, span, inner.var,
+                                                                   inner.span)))
             for part in _narrow_parts(term.idx, box_narrow, ctx.types) or []:
                 inner_ok = c_ast.BinaryOp("&", inner_ok, _ibox_term(part, var, span, inner.var,
                                                                   inner.span))
@@ -676,60 +677,141 @@ class _Inner:
     covered: list[c_ast.Node]
 
 
-def _term_index(g: c_ast.FuncCall) -> c_ast.Node:
-    """The first index argument of a guard call (what RT_IS_INT must accept)."""
-    return g.args.exprs[0 if g.name.name.startswith("rt_lrange") else 1]
+def _coef(expr: c_ast.Node, var: str) -> c_ast.Node:
+    """The coefficient of var in an expression :func:`_affine` accepts, in int64
+    arithmetic: equal mod 2^64 to the guard's E(first + 1) - E(first), where the
+    counter is an int64 (every subexpression holding it is int64; one without it
+    keeps its own type, as in E), without evaluating E twice."""
+    if var not in _ids(expr):
+        return _const(0)
+    if isinstance(expr, c_ast.ID):
+        return _i64(_const(1))
+    if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-"):
+        left, right = _coef(expr.left, var), _coef(expr.right, var)
+        if _is_zero(right):
+            return left
+        if _is_zero(left):
+            return right if expr.op == "+" else c_ast.UnaryOp("-", right)
+        return c_ast.BinaryOp(expr.op, left, right)
+    if isinstance(expr, c_ast.BinaryOp) and expr.op == "*":
+        on_left = var in _ids(expr.left)
+        inner = _coef(expr.left if on_left else expr.right, var)
+        other = copy.deepcopy(expr.right if on_left else expr.left)
+        if _is_zero(inner):
+            return inner
+        if _is_unit(inner):  # (int64_t)1 * x: x promoted
+            return _i64(other)
+        return c_ast.BinaryOp("*", inner, other) if on_left else c_ast.BinaryOp("*", other, inner)
+    if isinstance(expr, c_ast.UnaryOp):
+        inner = _coef(expr.expr, var)
+        return c_ast.UnaryOp("-", inner) if expr.op == "-" and not _is_zero(inner) else inner
+    if isinstance(expr, c_ast.Cast):  # to int64_t (_affine_in): the inner part is int64 already
+        return _coef(expr.expr, var)
+    raise ValueError(f"not affine in {var}: {type(expr).__name__}")
 
 
-def _range_term(term: _Term, var: str, span: _Span) -> c_ast.FuncCall:
-    """rt_range_ok/rt_lrange_ok for the index over [first, first + span]:
-    E(first) and the wrapping difference E(first + 1) - E(first)."""
-    e0 = _subst(term.idx, var, c_ast.ID(span.h0))
-    e1 = _subst(term.idx, var, _plus1(span.h0))
-    d = c_ast.BinaryOp("-", e1, copy.deepcopy(e0))
-    if term.cap is None:
-        return c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
-            e0, d, c_ast.ID(span.hs), _const(term.size)]))
-    return c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
-        c_ast.ID(term.cap), e0, d, c_ast.ID(span.hs), _const(term.size), _const(term.store)]))
+def _i64(expr: c_ast.Node) -> c_ast.Cast:
+    t = c_ast.TypeDecl(None, [], None, c_ast.IdentifierType(["int64_t"]))
+    return c_ast.Cast(c_ast.Typename(None, [], None, t), expr)
 
 
-def _box_term(term: _Term, var: str, span: _Span, ivar: str, ispan: _Span) -> c_ast.FuncCall:
-    """rt_range2_ok/rt_lrange2_ok for the index over the nest's iteration box:
-    E at the first corner and its wrapping differences along each counter
-    (exact for an index affine in both: E(i, j) = E00 + di*(i - i0) + dj*(j - j0)
-    mod 2^64)."""
-    def at(outer: c_ast.Node, inner: c_ast.Node) -> c_ast.Node:
-        return _subst(_subst(term.idx, var, outer), ivar, inner)
+def _is_zero(node: c_ast.Node) -> bool:
+    return int_literal(node) == 0
 
-    e00 = at(c_ast.ID(span.h0), c_ast.ID(ispan.h0))
-    di = c_ast.BinaryOp("-", at(_plus1(span.h0), c_ast.ID(ispan.h0)), copy.deepcopy(e00))
-    dj = c_ast.BinaryOp("-", at(c_ast.ID(span.h0), _plus1(ispan.h0)), copy.deepcopy(e00))
-    box = [e00, di, c_ast.ID(span.hs), dj, c_ast.ID(ispan.hs)]
-    if term.cap is None:
-        return c_ast.FuncCall(c_ast.ID("rt_lrange2_ok"), c_ast.ExprList(box + [_const(term.size)]))
-    return c_ast.FuncCall(c_ast.ID("rt_range2_ok"), c_ast.ExprList(
-        [c_ast.ID(term.cap)] + box + [_const(term.size), _const(term.store)]))
+
+def _is_unit(node: c_ast.Node) -> bool:
+    return isinstance(node, c_ast.Cast) and int_literal(node.expr) == 1
+
+
+def _corner(idx: c_ast.Node, var: str, span: _Span, ivar: str | None = None,
+            ispan: _Span | None = None) -> c_ast.Node:
+    """The index at the first iteration (of the nest, with an inner counter)."""
+    e0 = _subst(idx, var, c_ast.ID(span.h0))
+    return e0 if ivar is None or ispan is None else _subst(e0, ivar, c_ast.ID(ispan.h0))
+
+
+def _hull(firsts: list[c_ast.Node]) -> tuple[c_ast.Node, c_ast.Node]:
+    """rt_min64 / rt_max64 chains over the first indices of a group."""
+    lo, hi = firsts[0], copy.deepcopy(firsts[0])
+    for e in firsts[1:]:
+        lo = c_ast.FuncCall(c_ast.ID("rt_min64"), c_ast.ExprList([lo, e]))
+        hi = c_ast.FuncCall(c_ast.ID("rt_max64"), c_ast.ExprList([hi, copy.deepcopy(e)]))
+    return lo, hi
+
+
+def _groups(terms: list[_Term], strides: list[tuple[c_ast.Node, ...]]
+            ) -> list[tuple[_Term, tuple[c_ast.Node, ...], list[int]]]:
+    """Terms that differ only in their first index: same cap (or local array),
+    element size, access and strides.  Their index sets are translates of one
+    another, so the hull [min first, max first] + stride * [0, span] holds them
+    all, and it is in range exactly when each is (the in-range indices of an
+    object form an interval): one check per group, with the same answer."""
+    gen = c_generator.CGenerator()
+    out: dict[str, tuple[_Term, tuple[c_ast.Node, ...], list[int]]] = {}
+    for k, (term, d) in enumerate(zip(terms, strides, strict=True)):
+        key = f"{term.cap}|{term.size}|{term.store}|" + "|".join(gen.visit(x) for x in d)
+        out.setdefault(key, (term, d, []))[2].append(k)
+    return list(out.values())
+
+
+def _range_terms(terms: list[_Term], var: str, span: _Span) -> list[c_ast.FuncCall]:
+    """One range check per group of terms (:func:`_groups`) over [first, first + span]:
+    rt_range_ok / rt_lrange_ok for a single term, the *_hull_ok forms for more."""
+    strides = [(_coef(t.idx, var),) for t in terms]
+    out = []
+    for term, (d,), members in _groups(terms, strides):
+        firsts = [_corner(terms[k].idx, var, span) for k in members]
+        tail = [copy.deepcopy(d), c_ast.ID(span.hs), _const(term.size)]
+        if len(firsts) == 1:
+            name, lead = "range_ok", firsts
+        else:
+            name, lead = "range_hull_ok", list(_hull(firsts))
+        if term.cap is None:
+            out.append(c_ast.FuncCall(c_ast.ID("rt_l" + name), c_ast.ExprList(lead + tail)))
+        else:
+            out.append(c_ast.FuncCall(c_ast.ID("rt_" + name), c_ast.ExprList(
+                [c_ast.ID(term.cap)] + lead + tail + [_const(term.store)])))
+    return out
+
+
+def _box_terms(terms: list[_Term], var: str, span: _Span, ivar: str, ispan: _Span
+               ) -> list[c_ast.FuncCall]:
+    """rt_range2_ok/rt_lrange2_ok (rt_*range2_hull_ok for a group) over the nest's
+    iteration box: the index at the first corner and its strides along each
+    counter (exact for an index affine in both: E(i, j) = E00 + di*(i - i0) +
+    dj*(j - j0) mod 2^64)."""
+    strides = [(_coef(_subst(t.idx, ivar, c_ast.ID(ispan.h0)), var),
+                _coef(_subst(t.idx, var, c_ast.ID(span.h0)), ivar)) for t in terms]
+    out = []
+    for term, (di, dj), members in _groups(terms, strides):
+        firsts = [_corner(terms[k].idx, var, span, ivar, ispan) for k in members]
+        box = [copy.deepcopy(di), c_ast.ID(span.hs), copy.deepcopy(dj), c_ast.ID(ispan.hs),
+               _const(term.size)]
+        if len(firsts) == 1:
+            name, lead = "range2_ok", firsts
+        else:
+            name, lead = "range2_hull_ok", list(_hull(firsts))
+        if term.cap is None:
+            out.append(c_ast.FuncCall(c_ast.ID("rt_l" + name), c_ast.ExprList(lead + box)))
+        else:
+            out.append(c_ast.FuncCall(c_ast.ID("rt_" + name), c_ast.ExprList(
+                [c_ast.ID(term.cap)] + lead + box + [_const(term.store)])))
+    return out
 
 
 def _irange_term(part: c_ast.Node, var: str, span: _Span) -> c_ast.FuncCall:
     """rt_irange_ok for an int part of an index over [first, first + span]."""
-    e0 = _subst(part, var, c_ast.ID(span.h0))
-    d = c_ast.BinaryOp("-", _subst(part, var, _plus1(span.h0)), copy.deepcopy(e0))
-    return c_ast.FuncCall(c_ast.ID("rt_irange_ok"), c_ast.ExprList([e0, d, c_ast.ID(span.hs)]))
+    return c_ast.FuncCall(c_ast.ID("rt_irange_ok"), c_ast.ExprList(
+        [_corner(part, var, span), _coef(part, var), c_ast.ID(span.hs)]))
 
 
 def _ibox_term(part: c_ast.Node, var: str, span: _Span, ivar: str, ispan: _Span
                ) -> c_ast.FuncCall:
     """rt_irange2_ok for an int part of an index over a nest's iteration box."""
-    def at(outer: c_ast.Node, inner: c_ast.Node) -> c_ast.Node:
-        return _subst(_subst(part, var, outer), ivar, inner)
-
-    e00 = at(c_ast.ID(span.h0), c_ast.ID(ispan.h0))
-    di = c_ast.BinaryOp("-", at(_plus1(span.h0), c_ast.ID(ispan.h0)), copy.deepcopy(e00))
-    dj = c_ast.BinaryOp("-", at(c_ast.ID(span.h0), _plus1(ispan.h0)), copy.deepcopy(e00))
+    di = _coef(_subst(part, ivar, c_ast.ID(ispan.h0)), var)
+    dj = _coef(_subst(part, var, c_ast.ID(span.h0)), ivar)
     return c_ast.FuncCall(c_ast.ID("rt_irange2_ok"), c_ast.ExprList(
-        [e00, di, c_ast.ID(span.hs), dj, c_ast.ID(ispan.hs)]))
+        [_corner(part, var, span, ivar, ispan), di, c_ast.ID(span.hs), dj, c_ast.ID(ispan.hs)]))
 
 
 def _narrow_parts(expr: c_ast.Node, narrow: set[str], types: dict[str, int]
@@ -766,10 +848,6 @@ def _signed_int(expr: c_ast.Node, types: dict[str, int]) -> bool:
     if isinstance(expr, (c_ast.BinaryOp, c_ast.UnaryOp)):
         return all(_signed_int(child, types) for _name, child in expr.children())
     return False
-
-
-def _plus1(name: str) -> c_ast.BinaryOp:
-    return c_ast.BinaryOp("+", c_ast.ID(name), _const(1))
 
 
 def _foldable(body: c_ast.Node, var: str, bits: int, changed: set[str],

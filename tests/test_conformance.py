@@ -203,6 +203,73 @@ def _tile_oracle(off, ld, rows, cols, n, aoff, ald, cl, st) -> str:
     return "1 0 0"
 
 
+_HULL_HARNESS = r"""
+#include <stdio.h>
+int main(void)
+{
+    long long lo, hi, d, span, dj, sj, cl, st;
+    static char base[1 << 12];
+    while (scanf("%lld %lld %lld %lld %lld %lld %lld %lld", &lo, &hi, &d, &span, &dj, &sj, &cl,
+                 &st) == 8) {
+        cap_t c;
+        c.lo = base + 2048; c.p = c.lo + 8; c.rlen = (rt_u64)cl; c.wlen = (rt_u64)cl / 2;
+        printf("%d %d %d %d\n", rt_range_hull_ok(c, lo, hi, d, span, 4, (int)st),
+               rt_lrange_hull_ok(lo, hi, d, span, cl / 4),
+               rt_range2_hull_ok(c, lo, hi, d, span, dj, sj, 4, (int)st),
+               rt_lrange2_hull_ok(lo, hi, d, span, dj, sj, cl / 4));
+    }
+    return 0;
+}
+"""
+
+
+def _hull_oracle(lo, hi, d, span, dj, sj, cl, st) -> str:
+    """Every index e + d*s (+ dj*t) for e in [lo, hi], s in [0, span], t in [0, sj] in
+    range, exact integers: what the hull checks must answer."""
+    clen = cl // 2 if st else cl
+    es = range(lo, hi + 1)
+
+    def cap_ok(i: int) -> bool:
+        return abs(i) < _LIMIT and 0 <= 8 + 4 * i and 8 + 4 * i + 4 <= clen
+
+    one = [e + d * s for e in es for s in range(span + 1)]
+    two = [i + dj * t for i in one for t in range(sj + 1)]
+    return " ".join(str(int(all(map(f, xs)))) for f, xs in (
+        (cap_ok, one), (lambda i: 0 <= i < cl // 4, one), (cap_ok, two),
+        (lambda i: 0 <= i < cl // 4, two)))
+
+
+def test_hull_checks_match_every_member_range(tmp_path: Path) -> None:
+    """rt_*range*_hull_ok (one check for accesses that differ only in their first index)
+    accept exactly when the range from every first index in [lo, hi] is in range, on
+    both lanes' copies of the ABI fragment."""
+    import random
+
+    rnd = random.Random(13)
+    rows = []
+    for _ in range(3000):
+        lo = rnd.randrange(-6, 40)
+        rows.append([lo, lo + rnd.randrange(0, 8), rnd.randrange(-6, 7), rnd.randrange(0, 6),
+                     rnd.randrange(-6, 7), rnd.randrange(0, 4), rnd.randrange(0, 200),
+                     rnd.randrange(2)])
+    inp = "".join(" ".join(map(str, r)) + "\n" for r in rows)
+    want = [_hull_oracle(*r) for r in rows]
+
+    def run(name: str, prelude: str, include: list[str]) -> list[str]:
+        src, exe = tmp_path / f"{name}.c", tmp_path / name
+        src.write_text(prelude + _HULL_HARNESS)
+        subprocess.run(["gcc", "-O1", "-std=gnu11", "-fwrapv", "-w", *include, "-o", str(exe),
+                        str(src)], check=True)
+        return subprocess.run([str(exe)], input=inp, capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
+    for lane_name, got in (("host", run("host", '#include "cap.h"\n',
+                                        [f"-I{capabilities.INCLUDE_DIR}"])),
+                           ("device", run("dev", _device_predicate_source(), []))):
+        bad = [(r, g, w) for r, g, w in zip(rows, got, want, strict=True) if g != w]
+        assert bad == [], (lane_name, bad[:3])
+
+
 def test_tile_checks_match_the_element_loop(tmp_path: Path) -> None:
     """rt_tile_ok (the one check per tile) accepts exactly the tiles whose every element
     is in range, and rt_tile_first_fault names the element the equivalent loop would

@@ -286,6 +286,17 @@ def _set_flag(flag) -> None:
     drv.check(drv.lib().cuStreamSynchronize(drv.device().side_stream), "cuStreamSynchronize")
 
 
+def _read_i64(cap) -> int:
+    """cap[0] (int64) read through the side stream while the launch stream is busy."""
+    from runtime.cuda import driver as drv
+
+    v = drv.ffi().new("long long *")
+    drv.check(drv.lib().cuMemcpyDtoHAsync_v2(v, cap.ptr, 8, drv.device().side_stream),
+              "cuMemcpyDtoHAsync")
+    drv.check(drv.lib().cuStreamSynchronize(drv.device().side_stream), "cuStreamSynchronize")
+    return int(v[0])
+
+
 def _settle() -> None:
     """Release every queued payload now, so no cuMemFree (which waits for running
     kernels) happens while the test's kernel is in flight."""
@@ -336,9 +347,13 @@ def _hold_scenario(drop_handle: bool) -> None:
     t = threading.Thread(target=run)
     t.start()
     deadline = time.monotonic() + 30
-    while lib.gc_find_id(bid).holds == 0:  # the launch holds buf: its snapshot is taken
+    # The kernel counts its spins in out[0]: once it runs, its bounds snapshot is taken
+    # (a free() between the launch's hold and its snapshot is a legitimate "freed"
+    # fault of that launch, not the case this test is about).
+    while _read_i64(out) == 0:
         assert time.monotonic() < deadline and t.is_alive(), errors
         time.sleep(1e-3)
+    assert lib.gc_find_id(bid).holds > 0  # the running launch holds buf
     if drop_handle:
         gone = weakref.ref(buf)
         caps[1] = None

@@ -67,7 +67,19 @@ KERNEL void fill_stride(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
 }
 """
 
-NAMES = ["fill_lt", "fill_le3", "cond_store", "div_zero", "div_lit", "div_var", "fill_stride"]
+SRC += """
+KERNEL void hull(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
+{
+    for (int64_t i = lo; i < hi; i++) {
+        float v = cap_load_f32(x, a * i + b) + cap_load_f32(x, b + 3 + i * a);
+        cap_store_f32(x, a * i + b - 2, v);
+        cap_store_f32(x, a * i + 5, v + 1.0f);
+    }
+}
+"""
+
+NAMES = ["fill_lt", "fill_le3", "cond_store", "div_zero", "div_lit", "div_var", "fill_stride",
+         "hull"]
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +106,15 @@ def test_hoisting_applies_to_canonical_loops(builds) -> None:
     hoisted, plain = builds["fill_lt"]
     assert "rt_ustore_f32" in hoisted.c_source and "rt_range_ok" in hoisted.c_source
     assert "rt_ustore_f32" not in plain.c_source
+
+
+def test_accesses_differing_in_offset_share_one_hull_check(builds) -> None:
+    """Two loads and two stores, each pair with one stride: one check per pair."""
+    src = builds["hull"][0].c_source
+    body = src[src.index(" hull(rt_block"):]
+    body = body[:body.index("\n}\n")]
+    assert body.count("rt_range_hull_ok(") == 2
+    assert not re.search(r"rt_range_ok\(x, [^,]*__h\d+_a", body)  # no per-access loop guard
 
 
 def test_zero_trip_loop_never_evaluates_a_division_by_zero(builds) -> None:
@@ -449,17 +470,17 @@ def test_body_offsets_fold_the_nest_into_one_guard(def_builds) -> None:
     quad = _section(src, "quad", "capqr_entry")
     # the outer loads and the inner nest are covered before the q loop ...
     assert "rt_uload_f32(x, a0 + c)" in quad and "rt_uload_f32(x, a1 + c)" in quad
-    assert "rt_range2_ok" in quad
+    assert "rt_range2_hull_ok" in quad  # a0 + j and a1 + j: one stride pair, one check
     # ... so the fast copy of the nest evaluates no guard per q iteration: every
     # range guard of the function is in the one condition before the loop, or
     # in the checked copy (the inner loop's own versioning, kept there)
     fast_cond = quad[quad.index("if ("):quad.index("{", quad.index("if ("))]
-    assert fast_cond.count("rt_range2_ok(") >= 2 and fast_cond.count("rt_range_ok(") == 2
+    assert fast_cond.count("rt_range2_hull_ok(") == 2 and fast_cond.count("rt_range_hull_ok(") == 1
     for name in ("redef", "moving"):
         body = _section(def_builds[name][0].c_source, name, "capqr_entry")
-        assert "rt_range2_ok" not in body, name  # a0 changes in the body: no expansion
+        assert "rt_range2_" not in body, name  # a0 changes in the body: no expansion
     narrow = _section(def_builds["narrow"][0].c_source, "narrow", "capqr_entry")
-    assert "rt_range2_ok" not in narrow  # int arithmetic wraps mod 2^32: not expanded
+    assert "rt_range2_" not in narrow  # int arithmetic wraps mod 2^32: not expanded
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

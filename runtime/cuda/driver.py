@@ -50,6 +50,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n);
 CUresult cuModuleLoadData(CUmodule *mod, const void *image);
 CUresult cuModuleUnload(CUmodule mod);
