@@ -748,8 +748,13 @@ def _groups(terms: list[_Term], strides: list[tuple[c_ast.Node, ...]]
     object form an interval): one check per group, with the same answer."""
     gen = c_generator.CGenerator()
     out: dict[str, tuple[_Term, tuple[c_ast.Node, ...], list[int]]] = {}
+    seen: set[str] = set()
     for k, (term, d) in enumerate(zip(terms, strides, strict=True)):
         key = f"{term.cap}|{term.size}|{term.store}|" + "|".join(gen.visit(x) for x in d)
+        index = gen.visit(term.idx)
+        if key + "|" + index in seen:
+            continue  # the same index again (a local array read and written back)
+        seen.add(key + "|" + index)
         out.setdefault(key, (term, d, []))[2].append(k)
     return list(out.values())
 
