@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .timing import Runner, interleaved, pick_repeats, time_once
+from .timing import SETTLE_S, Runner, interleaved, pick_repeats, time_once
 
 SQUARE = {"full": (256, 512, 1024, 2048, 4096), "quick": (64, 128)}
 BATCHED = {"full": ((20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048),
@@ -144,7 +144,8 @@ def measure_shape(label: str, batch: int, n: int, impls: dict[str, Impl], sgemm_
     round_s = sum(warm.values())
     repeats = 1 if quick else pick_repeats(round_s, SHAPE_BUDGET_S, MIN_REPEATS, MAX_REPEATS)
     warm_counted = round_s > LONG_ROUND_S and not quick
-    samples = interleaved(runners, repeats - warm_counted, warmup=0) if runners else {}
+    samples = (interleaved(runners, repeats - warm_counted, warmup=0, settle_s=SETTLE_S)
+               if runners else {})
     for name, s in samples.items():
         if warm_counted:
             s.times.insert(0, warm[name])

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import machine
 from .peers import qr_flops, scipy_impl
-from .timing import interleaved, pick_repeats, time_once
+from .timing import SETTLE_S, interleaved, pick_repeats, time_once
 
 SQUARE = {"full": (1024, 2048, 4096), "quick": (256,)}
 BATCHED = {"full": ((20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 2048),
@@ -79,8 +79,9 @@ def _check(a: np.ndarray, out: Any) -> dict[str, Any]:
 
 
 def peers(quick: bool, only: list[str] | None = None,
-          min_repeats: int = MIN_REPEATS) -> list[dict[str, Any]]:
-    """capqr vs scipy, interleaved, per shape (``only``: labels such as "n=1024", "(8,2048)")."""
+          min_repeats: int = MIN_REPEATS, settle_s: float = SETTLE_S) -> list[dict[str, Any]]:
+    """capqr vs scipy, interleaved, per shape (``only``: labels such as "n=1024", "(8,2048)");
+    ``settle_s`` pause before each timed call (bench.timing.SETTLE_S)."""
     mode = "quick" if quick else "full"
     shapes = [(f"n={n}", 1, n) for n in SQUARE[mode]]
     shapes += [(f"({b},{n})", b, n) for b, n in BATCHED[mode]]
@@ -94,9 +95,10 @@ def peers(quick: bool, only: list[str] | None = None,
         warm = {k: time_once(r) for k, r in runners.items()}
         reps = 1 if quick else pick_repeats(sum(warm.values()), SHAPE_BUDGET_S, min_repeats,
                                             MAX_REPEATS)
-        s = interleaved(runners, reps, warmup=0)
+        s = interleaved(runners, reps, warmup=0, settle_s=settle_s)
         row: dict[str, Any] = {"shape": label, "batch": batch, "n": n, "flops": flops,
-                               "repeats": reps, "check": _check(a, runners["capqr"].out)}
+                               "repeats": reps, "settle_s": settle_s,
+                               "check": _check(a, runners["capqr"].out)}
         for k, smp in s.items():
             row[k] = {"median_s": smp.median, "min_s": smp.min,
                       "gflops": flops / smp.median / 1e9, "gflops_best": flops / smp.min / 1e9}
@@ -395,6 +397,10 @@ def main(argv: list[str] | None = None) -> Path:
                     help='comma-free list of shape labels, e.g. "n=1024 (8,2048)" (default: all)')
     ap.add_argument("--min-repeats", type=int, default=MIN_REPEATS,
                     help="fewest timed runs per shape (the warm-up run is extra)")
+    ap.add_argument("--settle", type=float, default=SETTLE_S,
+                    help="seconds to pause before each timed call of the capqr-vs-scipy "
+                         "rounds (default %(default)s: OpenBLAS threads spin ~0.1 s after a "
+                         "call); 0 times them back to back")
     ns = ap.parse_args(argv)
     import runtime
 
@@ -404,7 +410,8 @@ def main(argv: list[str] | None = None) -> Path:
     if "launch" not in ns.skip:
         res["launch_us"] = launch_cost()
     if "peers" not in ns.skip:
-        res["peers"] = peers(ns.quick, ns.shapes.split() or None, max(1, ns.min_repeats))
+        res["peers"] = peers(ns.quick, ns.shapes.split() or None, max(1, ns.min_repeats),
+                             max(0.0, ns.settle))
     if "overhead" not in ns.skip:
         res["checked_over_raw"] = overhead(ns.quick)
     if "scaling" not in ns.skip:

@@ -54,12 +54,22 @@ def time_once(r: Runner) -> float:
     return time.perf_counter() - t0
 
 
+#: Pause before each timed call when variants come from different libraries:
+#: OpenBLAS's threads spin for about 2^28 cycles (~0.1 s) after a call returns, so
+#: a call started right after scipy's runs on cores those threads still hold (on
+#: the 16-core H200 host capqr's n=1024 QR measured 27.6 GF/s interleaved without
+#: a pause, 61 GF/s alone).  Every variant waits the same, outside the timing.
+SETTLE_S = 0.25
+
+
 def interleaved(runners: dict[str, Runner], repeats: int, warmup: int = 1,
-                tick: Callable[[], None] | None = None) -> dict[str, Sample]:
+                tick: Callable[[], None] | None = None,
+                settle_s: float = 0.0) -> dict[str, Sample]:
     """Time every runner ``repeats`` times in rotating order after ``warmup`` untimed rounds.
 
     Round r runs the variants starting at index r mod k, so no variant is
-    always first (cold caches) or always last.
+    always first (cold caches) or always last.  ``settle_s``: untimed pause
+    before each timed call (see SETTLE_S).
     """
     names = list(runners)
     for _ in range(warmup):
@@ -69,6 +79,8 @@ def interleaved(runners: dict[str, Runner], repeats: int, warmup: int = 1,
     for r in range(repeats):
         k = r % len(names)
         for n in names[k:] + names[:k]:
+            if settle_s > 0:
+                time.sleep(settle_s)
             out[n].times.append(time_once(runners[n]))
         if tick is not None:
             tick()
