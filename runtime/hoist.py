@@ -763,20 +763,9 @@ def _range_terms(terms: list[_Term], var: str, span: _Span) -> list[c_ast.FuncCa
     """One range check per group of terms (:func:`_groups`) over [first, first + span]:
     rt_range_ok / rt_lrange_ok for a single term, the *_hull_ok forms for more."""
     strides = [(_coef(t.idx, var),) for t in terms]
-    out = []
-    for term, (d,), members in _groups(terms, strides):
-        firsts = [_corner(terms[k].idx, var, span) for k in members]
-        tail = [copy.deepcopy(d), c_ast.ID(span.hs), _const(term.size)]
-        if len(firsts) == 1:
-            name, lead = "range_ok", firsts
-        else:
-            name, lead = "range_hull_ok", list(_hull(firsts))
-        if term.cap is None:
-            out.append(c_ast.FuncCall(c_ast.ID("rt_l" + name), c_ast.ExprList(lead + tail)))
-        else:
-            out.append(c_ast.FuncCall(c_ast.ID("rt_" + name), c_ast.ExprList(
-                [c_ast.ID(term.cap)] + lead + tail + [_const(term.store)])))
-    return out
+    return [_group_check("range", term, [_corner(terms[k].idx, var, span) for k in members],
+                         [copy.deepcopy(d), c_ast.ID(span.hs)])
+            for term, (d,), members in _groups(terms, strides)]
 
 
 def _box_terms(terms: list[_Term], var: str, span: _Span, ivar: str, ispan: _Span
@@ -787,21 +776,24 @@ def _box_terms(terms: list[_Term], var: str, span: _Span, ivar: str, ispan: _Spa
     dj*(j - j0) mod 2^64)."""
     strides = [(_coef(_subst(t.idx, ivar, c_ast.ID(ispan.h0)), var),
                 _coef(_subst(t.idx, var, c_ast.ID(span.h0)), ivar)) for t in terms]
-    out = []
-    for term, (di, dj), members in _groups(terms, strides):
-        firsts = [_corner(terms[k].idx, var, span, ivar, ispan) for k in members]
-        box = [copy.deepcopy(di), c_ast.ID(span.hs), copy.deepcopy(dj), c_ast.ID(ispan.hs),
-               _const(term.size)]
-        if len(firsts) == 1:
-            name, lead = "range2_ok", firsts
-        else:
-            name, lead = "range2_hull_ok", list(_hull(firsts))
-        if term.cap is None:
-            out.append(c_ast.FuncCall(c_ast.ID("rt_l" + name), c_ast.ExprList(lead + box)))
-        else:
-            out.append(c_ast.FuncCall(c_ast.ID("rt_" + name), c_ast.ExprList(
-                [c_ast.ID(term.cap)] + lead + box + [_const(term.store)])))
-    return out
+    return [_group_check("range2", term,
+                         [_corner(terms[k].idx, var, span, ivar, ispan) for k in members],
+                         [copy.deepcopy(di), c_ast.ID(span.hs), copy.deepcopy(dj),
+                          c_ast.ID(ispan.hs)])
+            for term, (di, dj), members in _groups(terms, strides)]
+
+
+def _group_check(kind: str, term: _Term, firsts: list[c_ast.Node], strides: list[c_ast.Node]
+                 ) -> c_ast.FuncCall:
+    """rt_<kind>_ok (one first index) or rt_<kind>_hull_ok (min and max of several), with
+    an l prefix for a local array: (cap,) first(s), strides and spans, size (, store)."""
+    name, lead = (f"{kind}_ok", firsts) if len(firsts) == 1 else \
+        (f"{kind}_hull_ok", list(_hull(firsts)))
+    args = lead + strides + [_const(term.size)]
+    if term.cap is None:
+        return c_ast.FuncCall(c_ast.ID("rt_l" + name), c_ast.ExprList(args))
+    return c_ast.FuncCall(c_ast.ID("rt_" + name), c_ast.ExprList(
+        [c_ast.ID(term.cap)] + args + [_const(term.store)]))
 
 
 def _irange_term(part: c_ast.Node, var: str, span: _Span) -> c_ast.FuncCall:

@@ -109,6 +109,22 @@ def test_device_bounds_predicate_matches_exact_oracle(tmp_path: Path) -> None:
     assert bad == [], f"{len(bad)} wrong verdicts, e.g. (off, len, S, i) = {bad[:5]}"
 
 
+def _on_both_lanes(tmp_path: Path, harness: str, inp: str) -> dict[str, list[str]]:
+    """Output lines of a C harness fed ``inp``, built once over the host's cap.h and
+    once over the device prelude (both lanes' copies of the ABI fragment)."""
+    out = {}
+    for name, prelude, include in (("host", '#include "cap.h"\n',
+                                    [f"-I{capabilities.INCLUDE_DIR}"]),
+                                   ("device", _device_predicate_source(), [])):
+        src, exe = tmp_path / f"{name}.c", tmp_path / name
+        src.write_text(prelude + harness)
+        subprocess.run(["gcc", "-O1", "-std=gnu11", "-fwrapv", "-w", *include, "-o", str(exe),
+                        str(src)], check=True)
+        out[name] = subprocess.run([str(exe)], input=inp, capture_output=True, text=True,
+                                   check=True).stdout.splitlines()
+    return out
+
+
 _GUARD_HARNESS = r"""
 #include <stdio.h>
 int main(void)
@@ -151,19 +167,10 @@ def test_device_guard_helpers_match_the_host_ones(tmp_path: Path) -> None:
     rows += [[rnd.randrange(-50, 50) for _ in range(5)] for _ in range(2000)]
     inp = "".join(" ".join(map(str, r)) + "\n" for r in rows)
 
-    def run(name: str, prelude: str, include: list[str]) -> str:
-        src, exe = tmp_path / f"{name}.c", tmp_path / name
-        src.write_text(prelude + _GUARD_HARNESS)
-        subprocess.run(["gcc", "-O1", "-std=gnu11", "-fwrapv", "-w", *include, "-o", str(exe),
-                        str(src)], check=True)
-        return subprocess.run([str(exe)], input=inp, capture_output=True, text=True,
-                              check=True).stdout
-
-    host = run("host", '#include "cap.h"\n', [f"-I{capabilities.INCLUDE_DIR}"])
-    dev = run("dev", _device_predicate_source(), [])
-    assert host.count("\n") == len(rows)
-    bad = [(r, h, d) for r, h, d in zip(rows, host.splitlines(), dev.splitlines(), strict=True)
-           if h != d]
+    got = _on_both_lanes(tmp_path, _GUARD_HARNESS, inp)
+    host, dev = got["host"], got["device"]
+    assert len(host) == len(rows)
+    bad = [(r, h, d) for r, h, d in zip(rows, host, dev, strict=True) if h != d]
     assert bad == [], bad[:3]
 
 
@@ -255,17 +262,7 @@ def test_hull_checks_match_every_member_range(tmp_path: Path) -> None:
     inp = "".join(" ".join(map(str, r)) + "\n" for r in rows)
     want = [_hull_oracle(*r) for r in rows]
 
-    def run(name: str, prelude: str, include: list[str]) -> list[str]:
-        src, exe = tmp_path / f"{name}.c", tmp_path / name
-        src.write_text(prelude + _HULL_HARNESS)
-        subprocess.run(["gcc", "-O1", "-std=gnu11", "-fwrapv", "-w", *include, "-o", str(exe),
-                        str(src)], check=True)
-        return subprocess.run([str(exe)], input=inp, capture_output=True, text=True,
-                              check=True).stdout.splitlines()
-
-    for lane_name, got in (("host", run("host", '#include "cap.h"\n',
-                                        [f"-I{capabilities.INCLUDE_DIR}"])),
-                           ("device", run("dev", _device_predicate_source(), []))):
+    for lane_name, got in _on_both_lanes(tmp_path, _HULL_HARNESS, inp).items():
         bad = [(r, g, w) for r, g, w in zip(rows, got, want, strict=True) if g != w]
         assert bad == [], (lane_name, bad[:3])
 
@@ -290,17 +287,7 @@ def test_tile_checks_match_the_element_loop(tmp_path: Path) -> None:
     inp = "".join(" ".join(map(str, r)) + "\n" for r in rows)
     want = [_tile_oracle(*r) for r in rows]
 
-    def run(name: str, prelude: str, include: list[str]) -> list[str]:
-        src, exe = tmp_path / f"{name}.c", tmp_path / name
-        src.write_text(prelude + _TILE_HARNESS)
-        subprocess.run(["gcc", "-O1", "-std=gnu11", "-fwrapv", "-w", *include, "-o", str(exe),
-                        str(src)], check=True)
-        return subprocess.run([str(exe)], input=inp, capture_output=True, text=True,
-                              check=True).stdout.splitlines()
-
-    for lane_name, got in (("host", run("host", '#include "cap.h"\n',
-                                        [f"-I{capabilities.INCLUDE_DIR}"])),
-                           ("device", run("dev", _device_predicate_source(), []))):
+    for lane_name, got in _on_both_lanes(tmp_path, _TILE_HARNESS, inp).items():
         bad = [(r, g, w) for r, g, w in zip(rows, got, want, strict=True) if g != w]
         assert bad == [], (lane_name, bad[:3])
 
