@@ -69,10 +69,12 @@ class Launch:
 
 
 #: Batches up to this size factor panels of more than STEPS_ROWS rows by column steps
-#: (H200, bench/results/gpu-steps-profile-2026-12-03.json: kernel time of the panels of
-#: (2,4096) 64 ms by column steps vs 126 ms one block per matrix; a tie at (8,2048), and
-#: one block per matrix wins from batch 60 on, where the batch alone fills the GPU).
-STEPS_MAX_BATCH, STEPS_ROWS = 4, 256
+#: (H200, bench/results/gpuprof-steps-2026-12-03.json: kernel time of the panels of
+#: (2,4096) 64 ms by column steps vs 126 ms one block per matrix, a tie at (8,2048); one
+#: block per matrix wins from batch 60 on, where the batch alone fills the GPU).  With
+#: launch_many and the hull guards the whole (8,2048) QR took 42.5 ms by column steps vs
+#: 44.8 ms without (bench/results/gpuprof-plan-sweep-2026-12-03.txt).
+STEPS_MAX_BATCH, STEPS_ROWS = 8, 256
 
 
 def default_tall_rows(batch: int) -> int | None:
