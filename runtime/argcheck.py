@@ -9,6 +9,15 @@ from typing import Any
 SCALAR_FIELD = {"int64": "i64", "double": "f64", "float": "f32"}
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def plain_int64(value: Any) -> bool:
+    """An int (not a bool, not a numpy integer) in int64_t range: the argument both
+    lanes store directly, without :func:`scalar_arg`'s general path."""
+    return type(value) is int and INT64_MIN <= value <= INT64_MAX
+
+
 def scalar_arg(kind: str, value: Any, pname: str, kernel: str) -> tuple[str, int | float]:
     """(rt_arg field, value) for one scalar argument, or TypeError/OverflowError.
 
@@ -23,7 +32,7 @@ def scalar_arg(kind: str, value: Any, pname: str, kernel: str) -> tuple[str, int
         except TypeError:
             raise TypeError(f"kernel {kernel!r}: argument {pname!r} is int64_t, "
                             f"got {type(value).__name__}") from None
-        if not -(2**63) <= v < 2**63:
+        if not INT64_MIN <= v <= INT64_MAX:
             raise OverflowError(f"kernel {kernel!r}: argument {pname!r}={v} does not fit int64_t")
         return "i64", v
     if isinstance(value, bool) or not (isinstance(value, (int, float))

@@ -20,7 +20,7 @@ from typing import Any
 from capabilities import abi
 
 from . import core
-from .argcheck import check_counts, check_grid, scalar_arg
+from .argcheck import check_counts, check_grid, plain_int64, scalar_arg
 from .errors import CapabilityFault, KernelTimeout, fault_detail
 
 ffi, lib = core.ffi, core.lib
@@ -155,7 +155,7 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
             else:
                 v = args[si]
                 si += 1
-                if kind == "int64" and type(v) is int and -(2**63) <= v < 2**63:
+                if kind == "int64" and plain_int64(v):
                     argv[i].i64 = v  # the common case, without scalar_arg's general path
                 else:
                     field, v = scalar_arg(kind, v, pname, kernel.name)

@@ -46,7 +46,7 @@ from capabilities import abi
 from capabilities.protocol import RecordedAttributes
 
 from .. import core, heap
-from ..argcheck import check_counts, check_grid, check_perms, scalar_arg
+from ..argcheck import check_counts, check_grid, check_perms, plain_int64, scalar_arg
 from ..errors import CapabilityFault, KernelTimeout, fault_detail
 from ..parse import parse
 from ..verifier import KernelSig, select_kernel, verify
@@ -490,9 +490,6 @@ _PARAM_FORMAT = {"cap": f"{len(abi.CAP_WORDS)}Q", "int64": "q", "double": "d", "
                  "record": "Q", "launch": "i"}
 
 
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-
-
 class _ParamBlock:
     """A kernel's parameters packed into one buffer, laid out once per kernel.
 
@@ -544,7 +541,7 @@ class _ParamBlock:
                 c = caps[ci]
                 values.extend(c.cap_value(ci))
                 ci += 1
-            elif kind == "int64" and type(args[ai]) is int and _I64_MIN <= args[ai] <= _I64_MAX:
+            elif kind == "int64" and plain_int64(args[ai]):
                 values.append(args[ai])  # the common case, without the call (not bool)
                 ai += 1
             else:
