@@ -293,27 +293,8 @@ def _ids(node: c_ast.Node | None) -> set[str]:
 
 
 def _assigned(node: c_ast.Node | None) -> set[str]:
-    """Names assigned (=, op=, ++, --) or declared anywhere under node."""
-    out: set[str] = set()
-
-    class V(c_ast.NodeVisitor):
-        def visit_Assignment(self, n: c_ast.Assignment) -> None:
-            if isinstance(n.lvalue, c_ast.ID):
-                out.add(n.lvalue.name)
-            self.generic_visit(n)
-
-        def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
-            if n.op in ("++", "--", "p++", "p--") and isinstance(n.expr, c_ast.ID):
-                out.add(n.expr.name)
-            self.generic_visit(n)
-
-        def visit_Decl(self, n: c_ast.Decl) -> None:
-            out.add(n.name)
-            self.generic_visit(n)
-
-    if node is not None:
-        V().visit(node)
-    return out
+    """Names assigned (=, op=, ++, --, through &) or declared anywhere under node."""
+    return set() if node is None else set(_write_counts(node))
 
 
 def _subst(expr: c_ast.Node, var: str, repl: c_ast.Node) -> c_ast.Node:
@@ -544,7 +525,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
     # if a guard fails for it, the checked copy runs zero iterations.
     is_int = span.is_int()
     for term in terms:
-        is_int = c_ast.BinaryOp("&&", is_int, _is_int(_subst(term.idx, var, c_ast.ID(span.h0))))
+        is_int = c_ast.BinaryOp("&&", is_int, _is_int(_corner(term.idx, var, span)))
     cond: c_ast.Node = c_ast.ID(span.hok)
     for g in guard_terms + wrap_terms:
         cond = c_ast.BinaryOp("&", cond, g)
@@ -774,8 +755,7 @@ def _box_terms(terms: list[_Term], var: str, span: _Span, ivar: str, ispan: _Spa
     iteration box: the index at the first corner and its strides along each
     counter (exact for an index affine in both: E(i, j) = E00 + di*(i - i0) +
     dj*(j - j0) mod 2^64)."""
-    strides = [(_coef(_subst(t.idx, ivar, c_ast.ID(ispan.h0)), var),
-                _coef(_subst(t.idx, var, c_ast.ID(span.h0)), ivar)) for t in terms]
+    strides = [(_coef(t.idx, var), _coef(t.idx, ivar)) for t in terms]
     return [_group_check("range2", term,
                          [_corner(terms[k].idx, var, span, ivar, ispan) for k in members],
                          [copy.deepcopy(di), c_ast.ID(span.hs), copy.deepcopy(dj),
@@ -805,10 +785,9 @@ def _irange_term(part: c_ast.Node, var: str, span: _Span) -> c_ast.FuncCall:
 def _ibox_term(part: c_ast.Node, var: str, span: _Span, ivar: str, ispan: _Span
                ) -> c_ast.FuncCall:
     """rt_irange2_ok for an int part of an index over a nest's iteration box."""
-    di = _coef(_subst(part, ivar, c_ast.ID(ispan.h0)), var)
-    dj = _coef(_subst(part, var, c_ast.ID(span.h0)), ivar)
     return c_ast.FuncCall(c_ast.ID("rt_irange2_ok"), c_ast.ExprList(
-        [_corner(part, var, span, ivar, ispan), di, c_ast.ID(span.hs), dj, c_ast.ID(ispan.hs)]))
+        [_corner(part, var, span, ivar, ispan), _coef(part, var), c_ast.ID(span.hs),
+         _coef(part, ivar), c_ast.ID(ispan.hs)]))
 
 
 def _narrow_parts(expr: c_ast.Node, narrow: set[str], types: dict[str, int]
@@ -1629,7 +1608,8 @@ class _NestGuard:
 
 
 def _write_counts(node: c_ast.Node) -> dict[str, int]:
-    """How often each name is declared or assigned under node."""
+    """How often each name is declared or assigned under node (an address taken,
+    as the guards' rt_loop_span(..., &span) does, counts as a write)."""
     out: dict[str, int] = {}
 
     class V(c_ast.NodeVisitor):
