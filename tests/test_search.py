@@ -217,6 +217,43 @@ def test_submit_rejects_buggy_kernel(tmp_path: Path) -> None:
     assert "fault" in r.stdout and "CapabilityFault" in r.stdout
 
 
+@pytest.mark.parametrize("origin", ["T, nb * nb", "P, m * nb"])
+def test_gate_rejects_blocks_sharing_workspace(origin: str) -> None:
+    # geqrf with its scratch row (or T and the row) one element further on: block b's
+    # last scratch element is block b + 1's first panel element.  With one worker the
+    # blocks run one after the other and the result is right; with two they race
+    # (the search once picked such a mutant as its best).  The gate must say so
+    # on one worker, as the search runs it (with two the race may show first).
+    from kernels import mutate as mut
+    from kernels.search.evaluate import default_task, evaluate_isolated
+
+    src, entry = mut.render({"family": "geqrf", "params": {"nb": 32}, "edits": []})
+    bad = src.replace(f"cap_offset_f32({origin});", f"cap_offset_f32({origin} + 1);")
+    assert bad != src
+    shape = dict(m=SHAPE[0], n=SHAPE[1], batch=BATCH, reps=0, threads=1)
+    good = evaluate_isolated(default_task(src, entry, **shape))
+    assert good["status"] == "ok", good["reason"]
+    res = evaluate_isolated(default_task(bad, entry, **shape))
+    assert res["status"] == "check_failed", res
+    assert "blocks share workspace" in res["reason"]
+
+
+def test_gate_rejects_depending_on_a_neighbour_matrix() -> None:
+    # geqr2 nudging each tau by 1e-7 times an element of the next matrix: the checker
+    # passes, but a matrix's result depends on another one's data.
+    from kernels import mutate as mut
+    from kernels.search.evaluate import default_task, run_gate
+
+    src, entry = mut.render({"family": "geqr2", "params": {}, "edits": []})
+    line = "cap_store_f32(TAU, j, t);"
+    assert line in src
+    bad = src.replace(line, "cap_store_f32(TAU, j, t + 1e-7f * cap_load_f32(a, ((b + 1) % batch)"
+                            " * m * n + j));")
+    res = run_gate(default_task(bad, entry, m=SHAPE[0], n=SHAPE[1], batch=BATCH, reps=0))
+    assert res["status"] == "check_failed", res
+    assert "alone gives another result" in res["reason"], res["reason"]
+
+
 def test_submit_rejects_wrong_signature() -> None:
     from kernels.search import submit
 

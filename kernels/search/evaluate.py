@@ -1,8 +1,9 @@
 """The gate every candidate (and every submitted kernel) goes through.
 
 verify -> compile checked -> run on fresh random inputs plus stress inputs
--> ``kernels.check`` on every output -> time (median of launches on the
-normal input).  The result is a dict; failures carry a ``status`` and a
+-> ``kernels.check`` on every output -> isolation (each matrix alone, the
+workspace footprint: :func:`_isolation_problem`) -> time (median of
+launches on the normal input).  The result is a dict; failures carry a ``status`` and a
 one-line ``reason``:
 
     ok | verify_error | compile_error | fault | timeout | check_failed | crash
@@ -111,6 +112,8 @@ def _gate(task: dict) -> dict:
             out["reason"] = f"{out['reason']} [input {name} {_shape(a)}]"
             return out
         h, tau = out
+        if not verdicts:
+            first_out = (h, tau)
         rep = _check(a, h, tau)
         for k, v in rep.worst().items():
             worst[k] = max(worst.get(k, 0.0), v)
@@ -120,6 +123,11 @@ def _gate(task: dict) -> dict:
             why = rep.failures[0].reason if rep.failures else "check failed"
             return _fail("check_failed", f"{why} [input {name} {_shape(a)}]",
                          {"inputs": verdicts}, ratios=_nums(worst))
+    leak = _isolation_problem(kern, task, cases[0][1], *first_out)
+    if leak is not None:
+        leak["reason"] = f"{leak['reason']} [input {cases[0][0]} {_shape(cases[0][1])}]"
+        leak["detail"] = {**(leak.get("detail") or {}), "inputs": verdicts}
+        return leak
     res = {"status": "ok", "reason": None, "detail": {"inputs": verdicts}, "ratios": _nums(worst)}
     if task["kind"] != "ood" and task.get("reps", 0) > 0:
         times = _time(kern, task, cases[0][1])
@@ -128,6 +136,69 @@ def _gate(task: dict) -> dict:
         res["times"] = times
         res["time_s"] = statistics.median(times)
     return res
+
+
+def _isolation_problem(kern: Any, task: dict, a: np.ndarray, h: np.ndarray,
+                       tau: np.ndarray) -> dict | None:
+    """Each matrix's result must depend on that matrix alone, and the blocks of a
+    batch must not write the same workspace element.  A kernel that touches a
+    neighbour's elements (an origin one element off, a wrong batch stride, an
+    overlapping workspace slot) can pass the checker by luck, or because its
+    blocks happened to run one after the other, and fail with more workers.
+
+    Two deterministic checks, whatever the worker count: every matrix runs
+    again alone, in a batch of one with buffers sized for one (a neighbour's
+    element is then out of bounds: a fault), and must give bitwise the batch
+    run's result; and the workspace elements written by the batch must number
+    ``batch`` times those written by one matrix alone (with the workspace
+    filled with a marker first), else two blocks wrote the same element: a
+    race once they run at the same time.  None if both hold, else the failure."""
+    batch = a.shape[0]
+    if batch < 2:
+        return None
+    for b in range(batch):
+        out = _launch(kern, task, a[b:b + 1])
+        if isinstance(out, dict):
+            out["reason"] = f"{out['reason']} [matrix {b} run alone]"
+            return out
+        if not (np.array_equal(out[0][0], h[b], equal_nan=True)
+                and np.array_equal(out[1][0], tau[b], equal_nan=True)):
+            return _fail("check_failed", f"matrix {b} alone gives another result than in "
+                         "the batch (it depends on other matrices or on the block order)")
+    alone = _work_written(kern, task, a[:1])
+    together = _work_written(kern, task, np.concatenate([a[:1]] * batch))
+    for out in (alone, together):
+        if isinstance(out, dict):
+            return out
+    if together != batch * alone:
+        return _fail("check_failed", f"the {batch} blocks wrote {together} workspace elements, "
+                     f"one matrix alone {alone}: blocks share workspace (a race between them)")
+    return None
+
+
+#: bit pattern the workspace holds before a footprint run (a NaN no arithmetic makes)
+_MARK = np.uint32(0x7FBADBAD)
+
+
+def _work_written(kern: Any, task: dict, a: np.ndarray) -> int | dict:
+    """Workspace elements written by one launch on ``a``, or a fault/timeout result."""
+    import runtime
+
+    h, tau, caps, args = _buffers(kern, task, a)
+    work = caps[2].numpy().view(np.uint32)
+    work[:] = _MARK
+    try:
+        runtime.launch(kern, caps, args=args, grid=a.shape[0], timeout=task["timeout"])
+        return int(np.count_nonzero(work != _MARK))
+    except runtime.CapabilityFault as e:
+        return _fail("fault", f"CapabilityFault: {e} [workspace footprint run]",
+                     _fault_detail(e, task))
+    except runtime.KernelTimeout as e:
+        return _fail("timeout", f"KernelTimeout: {e} [workspace footprint run]",
+                     {"timeout": task["timeout"]})
+    finally:
+        del work
+        caps[2].free()
 
 
 def _signature_problem(kern: Any) -> str | None:
