@@ -214,6 +214,22 @@ def test_second_free_raises_and_attributes_stay_defined(fake: FakeDriver) -> Non
         assert e.value.reason == "freed"
 
 
+def test_free_revokes_the_collector_header(fake: FakeDriver) -> None:
+    """free() marks the collector's header freed with zero bounds, not only the
+    Python handle: the collector, and anything else reading the header, sees it."""
+    from capabilities import abi
+
+    x = lane.alloc_device(64, np.float32, name="x")
+    obj = x._obj
+    lib.gc_hold(obj)  # keeps the header alive once free() drops the handle's pin
+    try:
+        x.free()
+        assert obj.flags & abi.OBJ_FLAG["FREED"]
+        assert (obj.rlen, obj.wlen) == (0, 0)
+    finally:
+        lib.gc_unhold(obj)
+
+
 def test_device_bytes_pace_the_collector(fake: FakeDriver) -> None:
     """Churn of dropped 8 MiB device buffers, no explicit collection: the
     collector's automatic cycles (triggered by device bytes) and the device

@@ -200,6 +200,9 @@ class DeviceCapability(RecordedAttributes):
         self._ptr = int(ptr)
         self._freed = False
         self._lock = threading.Lock()
+        #: (device address, writable bytes) a launch passes; None once freed
+        self._snapshot: tuple[int, int] | None = (self._ptr,
+                                                  self._nbytes if "w" in self._perms else 0)
         code = _DT_CODES[self._dtype.name]
         bits = abi.PERM_R | (abi.PERM_W if "w" in self._perms else 0)
         label = (name or "dev").encode()[:47]
@@ -246,6 +249,7 @@ class DeviceCapability(RecordedAttributes):
             self._obj.wlen = 0
             self._obj.perms = abi.PERM_R
             self._perms = perms
+            self._snapshot = (self._ptr, 0)
 
     @property
     def device(self) -> str:
@@ -267,12 +271,15 @@ class DeviceCapability(RecordedAttributes):
                                   detail="capability used after free()")
 
     def cap_value(self, slot: int) -> tuple[int, int, int, int, int]:
-        """(p, lo, rlen, wlen, tag) as a launch passes it; ``slot`` is the argument index."""
-        with self._lock:
-            if self._freed:
-                return 0, 0, 0, 0, (slot + 1) | TAG_FREED
-            return (self._ptr, self._ptr, self._nbytes,
-                    self._nbytes if "w" in self._perms else 0, slot + 1)
+        """(p, lo, rlen, wlen, tag) as a launch passes it; ``slot`` is the argument index.
+
+        No lock: ``_snapshot`` is replaced whole (free(), perms narrowing), so one
+        read sees the buffer either before or after such a change, which is the
+        order a launch racing with it may take anyway (its hold keeps the payload)."""
+        snap = self._snapshot
+        if snap is None:
+            return 0, 0, 0, 0, (slot + 1) | TAG_FREED
+        return snap[0], snap[0], self._nbytes, snap[1], slot + 1
 
     def _hold(self) -> Any:
         """Root the object for a launch (refused after free()); returns the header."""
@@ -292,8 +299,9 @@ class DeviceCapability(RecordedAttributes):
             if self._freed:
                 raise CapabilityFault("freed", buffer=self._name, access="free",
                                       detail="double free()")
-                core.lib.gc_free(self._obj)  # cannot be a second free: _freed is set under the lock
+            core.lib.gc_free(self._obj)  # cannot be a second free: _freed is set under the lock
             self._freed = True
+            self._snapshot = None
             self._pin = None  # unpin: the header may be reclaimed from now on
 
     # -- data movement ------------------------------------------------------
@@ -518,6 +526,13 @@ class _ParamBlock:
             fmt += _PARAM_FORMAT[kind]
             off += struct.calcsize("<" + _PARAM_FORMAT[kind])
         self.struct = struct.Struct(fmt)
+        # (kind, index into caps or args, name) per parameter, in declaration order
+        self.order: list[tuple[str, int, str]] = []
+        counts = {"cap": 0, "scalar": 0}
+        for (pname, _), kind in zip(kernel.info.params, self.kinds, strict=True):
+            group = "cap" if kind == "cap" else "scalar"
+            self.order.append((kind, counts[group], pname))
+            counts[group] += 1
         self.buf = bytearray(max(self.struct.size, 8))
         d = drv.ffi()
         self._cbuf = d.from_buffer(self.buf)
@@ -535,21 +550,16 @@ class _ParamBlock:
         if len(caps) != self.n_caps or len(args) != self.n_scalars:
             check_counts(self.info, len(caps), len(args), self.kernel_name)
         values: list[Any] = []
-        ci = ai = 0
-        for (pname, _), kind in zip(self.info.params, self.kinds, strict=True):
+        for kind, i, pname in self.order:
             if kind == "cap":
-                c = caps[ci]
-                values.extend(c.cap_value(ci))
-                ci += 1
-            elif kind == "int64" and plain_int64(args[ai]):
-                values.append(args[ai])  # the common case, without the call (not bool)
-                ai += 1
+                values.extend(caps[i].cap_value(i))
+            elif kind == "int64" and plain_int64(args[i]):
+                values.append(args[i])  # the common case, without the call (not bool)
             else:
-                slot, value = scalar_arg(kind, args[ai], pname, self.kernel_name)
+                slot, value = scalar_arg(kind, args[i], pname, self.kernel_name)
                 if slot == "f32":  # C's double -> float conversion (inf past FLT_MAX)
                     value = ctypes.c_float(value).value
                 values.append(value)
-                ai += 1
         if self.hidden:
             values += (record, index)
         self.struct.pack_into(self.buf, 0, *values)
