@@ -64,6 +64,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault("ARG", 9, "argument"),
     Fault("DIVZERO", 10, "division-by-zero"),
     Fault("TYPE", 11, "type"),
+    Fault("GROUP", 12, "group"),
 )
 FAULT_CODE: dict[str, int] = {f.name: f.code for f in FAULTS}
 FAULT_REASON: dict[int, str] = {f.code: f.reason for f in FAULTS}

@@ -134,9 +134,11 @@ typedef struct rt_api {
     /* cap tables */
     void (*store_cap)(struct rt_block *b, rt_capslot *slot, cap_t v);
     cap_t (*load_cap)(struct rt_block *b, const rt_capslot *slot);
+    /* rt_group_sync: wait for the launch's group blocks (faults outside a group) */
+    void (*group_sync)(struct rt_block *b, int32_t line);
 } rt_api;
 
-#define RT_ABI_VERSION 4
+#define RT_ABI_VERSION 5
 
 typedef struct rt_block {
     int64_t block_idx;
@@ -390,6 +392,11 @@ RT_INLINE uint64_t rt_umod(rt_block *b, uint64_t x, uint64_t y, int32_t line)
 #define RT_MOD(b, x, y, line) _Generic((x) % (y), \
     unsigned long: rt_umod(b, (x), (y), line), unsigned int: (unsigned int)rt_umod(b, (x), (y), line), \
     int: (int)rt_imod(b, (x), (y), line), default: rt_imod(b, (x), (y), line))
+
+/* Both modes: blocks 0 .. group-1 of a launch made with group= wait here for
+ * each other (runtime/csrc/launch.c: group barrier).  A call through the api
+ * table, so the compiler keeps no memory value across it. */
+RT_INLINE void rt_group_sync(rt_block *b, int32_t line) { b->api->group_sync(b, line); }
 
 /* Frame push/pop (both modes: allocation from kernels needs roots). */
 RT_INLINE void rt_frame_push(rt_block *b, rt_frame *f, int32_t nslots)

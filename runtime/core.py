@@ -72,7 +72,7 @@ int rt_core_init(int threads);
 int rt_core_threads(void);
 int64_t rt_core_kernels_running(void);
 const void *rt_core_api(void);
-rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid);
+rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid, int64_t group);
 int rt_launch_wait(rt_launch *L, double seconds);
 void rt_launch_cancel(rt_launch *L, int32_t kind);
 int32_t rt_launch_result(rt_launch *L, rt_fault_rec *out, int64_t *finished);

@@ -231,6 +231,8 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return c_ast.StructRef(rt, "->", _id("block_idx"))
         if name == "rt_grid_dim":
             return c_ast.StructRef(rt, "->", _id("grid_dim"))
+        if name == "rt_group_sync":
+            return _call("rt_group_sync", rt, line)
         node.args = c_ast.ExprList(args) if node.args else None
         return node
 

@@ -56,11 +56,11 @@ class Kernel:
         return self._entry
 
     def launch(self, caps: Any, *, args: tuple = (), grid: int = 1,
-               timeout: float | None = None) -> None:
+               timeout: float | None = None, group: int | None = None) -> None:
         """Shorthand for runtime.launch(self, ...)."""
         from .launch import launch
 
-        launch(self, caps, args=args, grid=grid, timeout=timeout)
+        launch(self, caps, args=args, grid=grid, timeout=timeout, group=group)
 
 
 _compiled: dict[str, Kernel] = {}

@@ -89,7 +89,8 @@ _cpu_seq = _CpuSequence()
 
 
 def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), grid: int = 1,
-           timeout: float | None = None, sync: bool = True, **kw: Any) -> None:
+           timeout: float | None = None, sync: bool = True, group: int | None = None,
+           **kw: Any) -> None:
     """Run ``grid`` blocks of ``kernel``; return when all have ended.
 
     Caps are matched in order to the kernel's ``cap_t`` parameters and
@@ -104,11 +105,18 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
     to :func:`sync`.  Argument errors still raise here.  A ``sync=True``
     launch first ends a pending sequence, raising its fault (this launch then
     does not run).
+
+    ``group`` (CPU, for kernels that call ``rt_group_sync``): blocks
+    0 .. group-1 run at the same time and wait for each other at every
+    ``rt_group_sync()``; needs 1 <= group <= grid and group <= the worker
+    count (ValueError before anything runs otherwise).
     """
     capability, nobounds, cuda_kernel = _classes or _launch_classes()
     if isinstance(kernel, cuda_kernel):
         from . import cuda
 
+        if group is not None:
+            raise ValueError("group= is for CPU kernels: the GPU lane has no rt_group_sync")
         return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, sync=sync, **kw)
     if kw:
         raise TypeError(f"unexpected launch options {sorted(kw)} for a CPU kernel")
@@ -129,6 +137,8 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
         check_counts(sig, len(caps), len(args), kernel.name)
     if type(grid) is not int or grid < 0 or timeout is not None:
         check_grid(grid, timeout)
+    if group is not None or sig.group_sync:
+        check_group(kernel.name, sig.group_sync, group, grid)
 
     argv = ffi.new("rt_arg[]", plan.size)
     held: list[Any] = []
@@ -161,15 +171,31 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
                     field, v = scalar_arg(kind, v, pname, kernel.name)
                     setattr(argv[i], field, v)
         if sync:
-            _run(kernel, argv, grid, timeout)
+            _run(kernel, argv, grid, timeout, group=group or 0)
         elif grid:
-            _run_in_sequence(kernel, argv, grid)
+            _run_in_sequence(kernel, argv, grid, group or 0)
     finally:
         for obj in held:
             lib.gc_unhold(obj)
 
 
-def _run_in_sequence(kernel: Any, argv: Any, grid: int) -> None:
+def check_group(name: str, uses: bool, group: int | None, grid: int) -> None:
+    """ValueError unless ``group`` fits a launch of kernel ``name`` on ``grid`` blocks
+    (``uses``: the kernel calls rt_group_sync)."""
+    if not uses:
+        raise ValueError(f"group= is for kernels that call rt_group_sync; {name!r} does not")
+    if group is None:
+        raise ValueError(f"kernel {name!r} calls rt_group_sync: launch it with group=N (the "
+                         "blocks 0 .. N-1 wait for each other there)")
+    if type(group) is not int or not 1 <= group <= max(grid, 1):
+        raise ValueError(f"group must be an int in 1 .. grid ({grid}), not {group!r}")
+    workers = lib.rt_core_threads()
+    if group > workers:
+        raise ValueError(f"a group of {group} blocks must run at once and the pool has "
+                         f"{workers} workers ($CAPQR_THREADS): they would wait forever")
+
+
+def _run_in_sequence(kernel: Any, argv: Any, grid: int, group: int = 0) -> None:
     """Run a sync=False launch now; record its fault for sync() instead of raising."""
     seq = _cpu_seq
     with seq.lock:
@@ -178,7 +204,7 @@ def _run_in_sequence(kernel: Any, argv: Any, grid: int) -> None:
         if seq.fault is not None:
             return  # an earlier launch of the sequence faulted: this one does not run
     try:
-        _run(kernel, argv, grid, None, index)
+        _run(kernel, argv, grid, None, index, group)
     except CapabilityFault as e:
         with seq.lock:
             if seq.fault is None:
@@ -223,8 +249,8 @@ def pending() -> int:
 
 
 def _run(kernel: Any, argv: Any, grid: int, timeout: float | None,
-         launch_index: int | None = None) -> None:
-    L = lib.rt_launch_start(ffi.cast("void *", kernel.entry_address), argv, grid)
+         launch_index: int | None = None, group: int = 0) -> None:
+    L = lib.rt_launch_start(ffi.cast("void *", kernel.entry_address), argv, grid, group)
     if L == ffi.NULL:
         raise MemoryError("capqr: cannot start launch")
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -55,6 +55,7 @@ _API_SIGS.update({
     "cap_from_int": (("num",), "cap"),
     "rt_block_idx": ((), "num"),
     "rt_grid_dim": ((), "num"),
+    "rt_group_sync": ((), "void"),
 })
 _CUDA_SIGS: dict[str, tuple[tuple[str, ...], str]] = {
     "rt_thread_idx": ((), "num"),
@@ -148,6 +149,8 @@ class KernelSig:
     name: str
     params: list[tuple[str, str]]
     line: int = 0
+    #: the kernel (or a helper it calls) calls rt_group_sync: launched with group=
+    group_sync: bool = False
 
     @property
     def n_caps(self) -> int:
@@ -292,6 +295,19 @@ def _callees(body: c_ast.Node, names: set[str]) -> set[str]:
     return found
 
 
+def _reaching(graph: dict[str, set[str]], targets: set[str]) -> set[str]:
+    """Functions of ``graph`` that are in ``targets`` or call one, directly or not."""
+    found = set(targets)
+    grew = True
+    while grew:
+        grew = False
+        for f, callees in graph.items():
+            if f not in found and callees & found:
+                found.add(f)
+                grew = True
+    return found
+
+
 def _cycle_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
     """Call edges (f, g) that lie on a cycle, mapped to a path g -> ... -> f."""
     def path(src: str, dst: str) -> list[str] | None:
@@ -357,6 +373,8 @@ class _Verifier(c_ast.NodeVisitor):
             graph.setdefault(f.decl.name, set()).update(_callees(f.body, names))
         self.result.call_graph = graph
         self._cycles = _cycle_edges(graph)
+        self._group_sync = _reaching(graph, {f.decl.name for f in funcs
+                                             if _callees(f.body, {"rt_group_sync"})})
 
     @staticmethod
     def _loose_sig(fdecl: c_ast.Node) -> tuple[tuple[str, ...], str]:
@@ -762,7 +780,8 @@ class _Verifier(c_ast.NodeVisitor):
         self.result.local_arrays[name] = fn.arrays
         if is_kernel:
             self.result.kernels[name] = KernelSig(
-                name, list(params), decl.coord.line if decl.coord else 0)
+                name, list(params), decl.coord.line if decl.coord else 0,
+                group_sync=name in self._group_sync)
         else:
             self.result.helpers.append(name)
 
@@ -965,6 +984,10 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(node, f"call to '{name}'",
                        "not available on the GPU lane: device-side allocation and cap tables "
                        "need the host collector")
+        if self.target == "cuda" and name == "rt_group_sync":
+            self._fail(node, f"call to '{name}'",
+                       "not available on the GPU lane: a CUDA block can wait for other blocks "
+                       "only in a cooperative launch, which the lane does not make")
         sig = self._sig(name)
         if sig is None:
             if name.startswith("__"):

@@ -39,6 +39,12 @@ struct rt_launch {
     int32_t done;          /* all blocks accounted for (under pool_mu) */
     rt_fault_rec fault;    /* first fault */
     struct rt_launch *next_active;
+    /* Group barrier (rt_group_sync) of blocks 0 .. group-1; group 0: none. */
+    int64_t group;
+    pthread_mutex_t group_mu;
+    int64_t group_live;    /* group blocks that have not returned (under group_mu) */
+    int64_t group_arrived; /* arrivals in the open round (under group_mu) */
+    int64_t group_round;   /* rounds completed (written under group_mu, read atomically) */
 };
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -58,10 +64,11 @@ static void poll_impl(rt_block *b);
 static cap_t alloc_impl(rt_block *b, int64_t n, int32_t dtype, int32_t line);
 static void store_cap_impl(rt_block *b, rt_capslot *slot, cap_t v);
 static cap_t load_cap_impl(rt_block *b, const rt_capslot *slot);
+static void group_sync_impl(rt_block *b, int32_t line);
 
 static const rt_api api_table = {
     RT_ABI_VERSION, fault_impl, fault_local_impl, fault_div_impl, poll_impl, alloc_impl, store_cap_impl,
-    load_cap_impl,
+    load_cap_impl, group_sync_impl,
 };
 
 /* ---- stopping a launch ------------------------------------------------- */
@@ -210,6 +217,61 @@ static cap_t load_cap_impl(rt_block *b, const rt_capslot *slot)
     return c;
 }
 
+/* ---- the group barrier --------------------------------------------------
+ *
+ * A launch made with group = G (1 <= G <= grid, G <= workers: the host checks
+ * both) lets blocks 0 .. G-1 call rt_group_sync(); each call returns once
+ * every group block that has not returned has called it as often.
+ *
+ * Why it cannot deadlock: blocks are handed out in index order and launches
+ * in FIFO order, so blocks 0 .. G-1 are the first of their launch to get a
+ * worker, after blocks of earlier launches that run to their end without
+ * waiting for this launch; with G <= workers they all get one.  A group
+ * block that returns (or unwinds after a fault) leaves the group, so the
+ * others never wait for a block that will not come.  Waiting blocks spin on
+ * the round counter with pollchecks: collector handshakes are answered, and
+ * a fault, timeout or cancel (the launch's stop flag) unwinds them.
+ * The mutex makes every write before a block's arrival visible to every
+ * block leaving that round (arrival and the round's opening are ordered by it). */
+
+static void open_round(rt_launch *L)
+{
+    L->group_arrived = 0;
+    __atomic_store_n(&L->group_round, L->group_round + 1, __ATOMIC_RELEASE);
+}
+
+static void group_sync_impl(rt_block *b, int32_t line)
+{
+    rt_launch *L = b->launch;
+    if (b->block_idx >= L->group)
+        fault_plain(b, RT_FAULT_GROUP, b->block_idx, line,
+                    L->group ? "<outside the group>" : "<no group>");
+    pthread_mutex_lock(&L->group_mu);
+    int64_t round = L->group_round;
+    if (++L->group_arrived >= L->group_live) {
+        open_round(L);
+        pthread_mutex_unlock(&L->group_mu);
+        return;
+    }
+    pthread_mutex_unlock(&L->group_mu);
+    for (unsigned spins = 0; __atomic_load_n(&L->group_round, __ATOMIC_ACQUIRE) == round;
+         spins++) {
+        if (*b->poll) poll_impl(b);
+        if (spins < 20000)
+            __builtin_ia32_pause();
+        else
+            sched_yield(); /* a long wait: leave the core to whoever needs it */
+    }
+}
+
+static void group_leave(rt_launch *L)
+{
+    pthread_mutex_lock(&L->group_mu);
+    L->group_live--;
+    if (L->group_arrived > 0 && L->group_arrived >= L->group_live) open_round(L);
+    pthread_mutex_unlock(&L->group_mu);
+}
+
 /* ---- the worker pool --------------------------------------------------- */
 
 static void run_block(rt_thread *self, rt_launch *L, int64_t idx)
@@ -232,6 +294,7 @@ static void run_block(rt_thread *self, rt_launch *L, int64_t idx)
     }
     /* After a longjmp the shadow frames of the unwound calls are dead. */
     __atomic_store_n(&blk.frames, NULL, __ATOMIC_RELEASE);
+    if (idx < L->group) group_leave(L);
     gc_exit(self);
     __atomic_store_n(&self->block, NULL, __ATOMIC_RELEASE);
     __atomic_fetch_sub(&kernels_running, 1, __ATOMIC_ACQ_REL);
@@ -313,13 +376,16 @@ int rt_core_threads(void) { return nworkers; }
 int64_t rt_core_kernels_running(void) { return __atomic_load_n(&kernels_running, __ATOMIC_ACQUIRE); }
 const rt_api *rt_core_api(void) { return &api_table; }
 
-rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid)
+rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid, int64_t group)
 {
     rt_launch *L = calloc(1, sizeof *L);
     if (!L) return NULL;
     L->entry = (rt_entry_fn)entry;
     L->args = args;
     L->grid = grid;
+    L->group = group > 0 ? group : 0;
+    L->group_live = L->group;
+    pthread_mutex_init(&L->group_mu, NULL);
     pthread_mutex_lock(&pool_mu);
     if (grid <= 0) {
         L->done = 1;
@@ -394,7 +460,11 @@ int32_t rt_launch_result(rt_launch *L, rt_fault_rec *out, int64_t *finished)
     return L->stop ? L->stop_kind : RT_OK;
 }
 
-void rt_launch_free(rt_launch *L) { free(L); }
+void rt_launch_free(rt_launch *L)
+{
+    pthread_mutex_destroy(&L->group_mu);
+    free(L);
+}
 
 /* Argument helpers for the host. */
 void rt_arg_set_cap(rt_arg *a, rt_obj *o, int64_t offset_bytes) { a->cap = rt_cap_of(o, offset_bytes); }
