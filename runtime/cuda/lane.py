@@ -605,11 +605,15 @@ def _unhold_all(held: list[Any]) -> None:
 
 
 def _launch_async(kernel: CudaKernel, params: _ParamBlock, grid: int, block: int,
-                  shared_bytes: int) -> None:
-    L, f = drv.lib(), drv.ffi()
-    drv.check(L.cuLaunchKernel(kernel.function, int(grid), 1, 1, int(block), 1, 1,
-                               int(shared_bytes), f.NULL, params.params, f.NULL),
-              "cuLaunchKernel")
+                  shared_bytes: int, driver: tuple[Any, Any] | None = None) -> None:
+    """cuLaunchKernel on the launch stream; ``driver``: (cuLaunchKernel, NULL) looked
+    up once by a caller that launches many times."""
+    if driver is None:
+        L, f = drv.lib(), drv.ffi()
+        driver = (L.cuLaunchKernel, f.NULL)
+    fn, null = driver
+    drv.check(fn(kernel.function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
+                 params.params, null), "cuLaunchKernel")
 
 
 def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
@@ -632,12 +636,15 @@ def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
 
 
 def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[Any], grid: int,
-             block: int, shared_bytes: int, caller_holds: bool = False) -> None:
+             block: int, shared_bytes: int, caller_holds: bool = False, dev: Any = None,
+             driver: tuple[Any, Any] | None = None) -> None:
     """Add one launch to the pending sequence (caller holds ``_seq.lock``).
 
     ``caller_holds``: the caller already holds every buffer of ``caps`` until the
-    sync (:func:`launch_many`); otherwise this launch takes its own holds."""
-    dev = drv.device()
+    sync (:func:`launch_many`); otherwise this launch takes its own holds.
+    ``dev`` and ``driver``: the device (current on this thread) and the launch
+    entry point, when the caller looked them up once for many launches."""
+    dev = dev or drv.device()
     if not 1 <= block <= dev.max_threads:
         raise ValueError(f"block must be in 1..{dev.max_threads}")
     record = dev.seq_record or _record(dev)
@@ -650,7 +657,7 @@ def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[An
             return
         if not _seq.launches:
             _reset_record(record)
-        _launch_async(kernel, params, grid, block, shared_bytes)
+        _launch_async(kernel, params, grid, block, shared_bytes, driver)
     except BaseException:
         _unhold_all(own)
         raise
@@ -678,8 +685,12 @@ def launch_many(launches: Sequence[tuple[CudaKernel, Sequence[DeviceCapability],
         held = _hold_all(list(distinct.values()))  # all or none, before any launch
         before = len(_seq.launches)
         try:
+            dev = drv.device()  # binds the context to this thread for the whole batch
+            L, f = drv.lib(), drv.ffi()
+            driver = (L.cuLaunchKernel, f.NULL)
             for kernel, caps, args, grid, block in plan:
-                _enqueue(kernel, caps, args, grid, block, 0, caller_holds=True)
+                _enqueue(kernel, caps, args, grid, block, 0, caller_holds=True, dev=dev,
+                         driver=driver)
         finally:
             if len(_seq.launches) > before:
                 _seq.held.extend(held)  # released by the sync that covers the batch
