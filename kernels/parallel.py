@@ -9,6 +9,14 @@ sequence at the launch that made it and is raised as that launch's
 CapabilityFault; a deadline covers the whole sequence.
 
 The two paths give bitwise the same result (tests/test_qr_parallel.py).
+
+A single float32 matrix on a pool of at least GROUP_MIN_WORKERS runs the
+steps as ``qrt_gstep`` launches instead: the look-ahead panel, which is the
+critical path there, is factored by a group of GROUP blocks (rt_group_sync,
+one barrier per column) while the other blocks update tiles.  Its panel sums
+in double and in a fixed chunk order, so its result does not depend on the
+group size or the worker count, but it is not bitwise the per-matrix
+kernel's (rounding differs; both pass the same checks).
 """
 
 from __future__ import annotations
@@ -24,24 +32,36 @@ from . import sources
 #: Largest panel width and column tile (qrt.c's local tiles are 64 x 64).
 NB_MAX = 64
 TW_MAX = 64
+#: Group size of the look-ahead panel, and the pool size from which it is used.
+#: On the 16-core H200 host a group of 4 was fastest at n = 1024 (109 vs 79
+#: GF/s by qrt_step) and even with it at 2048 / 4096; with 2 workers a group
+#: leaves no worker for the tiles (bench/results/cpu-gstep-2026-12-03.txt).
+GROUP, GROUP_MIN_WORKERS = 4, 8
 
 
 @cache
-def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...]) -> tuple[Any, Any]:
-    """(per-matrix kernel, step kernel), compiled once per process and flags."""
+def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
+             which: tuple[str, ...] = ("qrt", "qrt_step")) -> tuple[Any, ...]:
+    """The named kernels of qrt.c, compiled once per process and flags."""
     import runtime
 
     src = sources.source("qrt", dtype)
     suffix = "f64" if dtype == "float64" else "f32"
-    return (runtime.compile(src, f"qrt_{suffix}", checked=checked),
-            runtime.compile(src, f"qrt_step_{suffix}", checked=checked))
+    return tuple(runtime.compile(src, f"{w}_{suffix}", checked=checked) for w in which)
 
 
 def kernels_for(dtype: str, checked: bool) -> tuple[Any, Any]:
     """The compiled (qrt, qrt_step) pair for ``dtype`` ("float32"/"float64")."""
     from runtime.kernel import cflags
 
-    return _kernels(dtype, checked, tuple(cflags()))
+    return _kernels(dtype, checked, tuple(cflags()))  # type: ignore[return-value]
+
+
+def group_kernel_for(dtype: str, checked: bool) -> Any:
+    """The compiled qrt_gstep for ``dtype`` (built on first use only)."""
+    from runtime.kernel import cflags
+
+    return _kernels(dtype, checked, tuple(cflags()), ("qrt_gstep",))[0]
 
 
 def default_nb(m: int, n: int) -> int:
@@ -66,6 +86,21 @@ def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
     return threads > 1 and batch < threads and min(m, n) > 2 * nb
 
 
+def default_group(batch: int, dtype: str, threads: int) -> int:
+    """Group size of the steps' look-ahead panel (0: qrt_step, one block per panel).
+
+    float32 only: the group panel sums squares in double, which cannot
+    overflow for float data but could for float64 data."""
+    if batch == 1 and dtype == "float32" and threads >= GROUP_MIN_WORKERS:
+        return min(GROUP, threads)
+    return 0
+
+
+def group_work_elems(m: int) -> int:
+    """Doubles of qrt_gstep's S (the panel's chunk sums and pivot rows, two parities)."""
+    return 2 * (64 * -(-m // 64) + 64)
+
+
 def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
     """Workspace elements (P, T, a column X): per block (qrt) or per matrix, two slots
     (qrt_step)."""
@@ -76,7 +111,7 @@ def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
 
 def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: bool,
         grid: int | None, timeout: float | None, steps: bool | None = None,
-        trace: list[tuple[int, int, float]] | None = None) -> None:
+        trace: list[tuple[int, int, float]] | None = None, group: int | None = None) -> None:
     """Factor ``h`` (batch x m x n, C order, ``dtype``) in place; tau receives the scales.
 
     ``steps`` forces the launch sequence (True) or one block per matrix
@@ -85,6 +120,9 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     after it has passed, and the KernelTimeout names the sequence's timeout.
     ``trace``, when given, receives (panel j, blocks, seconds) per launch
     (j = -1: the first panel; one entry with j = -2 for a one-launch run).
+    ``group`` forces the group look-ahead panel (qrt_gstep, batch 1) with that
+    many blocks (0: qrt_step); None decides by :func:`default_group` (never
+    with an explicit ``grid``).
     """
     import capabilities
     import runtime
@@ -95,11 +133,18 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     tw = max(1, min(TW_MAX, tw))
     if steps is None:
         steps = use_steps(batch, m, n, nb, runtime.threads())
+    if group is None:
+        group = default_group(batch, dtype, runtime.threads()) if grid is None else 0
+    if group and (not steps or batch != 1):
+        raise ValueError("the group look-ahead panel is for the steps of a single matrix")
     kmat, kstep = kernels_for(dtype, checked)
+    kgroup = group_kernel_for(dtype, checked) if group else None
     g = batch if grid is None else max(1, min(int(grid), batch))
     hc = capabilities.wrap(h, name="qr.a")
     tc = capabilities.wrap(tau, name="qr.tau")
     work = capabilities.alloc((work_elems(batch, m, nb, steps, g),), h.dtype, name="qr.work")
+    sums = capabilities.alloc((group_work_elems(m) if group else 1,), np.float64,
+                              name="qr.sums")
     clock = time.perf_counter
     try:
         if not steps:
@@ -110,11 +155,14 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
                 trace.append((-2, g, clock() - t0))
             return
         deadline = None if timeout is None else time.monotonic() + timeout
-        caps = [hc, tc, work]
+        caps = [hc, tc, work, sums] if group else [hc, tc, work]
         for j in [-1, *range(0, min(m, n), nb)]:
             items = step_items(batch, m, n, nb, j, tw)
             if items == 0:
                 continue
+            if group:  # the panel item becomes the group's blocks 0 .. group-1
+                has_panel = (j + nb if j >= 0 else 0) < min(m, n)
+                items += group - 1 if has_panel else group
             left = None
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -123,11 +171,16 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
             blocks = items if grid is None else max(1, min(int(grid), items))
             t0 = clock()
             try:
-                runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw), grid=blocks,
-                               timeout=left)
+                if group:
+                    runtime.launch(kgroup, caps, args=(m, n, nb, j, tw, group), grid=blocks,
+                                   timeout=left, group=group)
+                else:
+                    runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw), grid=blocks,
+                                   timeout=left)
             except runtime.KernelTimeout as e:
                 raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
             if trace is not None:
                 trace.append((j, blocks, clock() - t0))
     finally:
         work.free()
+        sums.free()

@@ -47,6 +47,7 @@ _F64_SUBS: list[tuple[str, str]] = [
     (r"\bgeqrf_f32\b", "geqrf_f64"),
     (r"\bqrt_f32\b", "qrt_f64"),
     (r"\bqrt_step_f32\b", "qrt_step_f64"),
+    (r"\bqrt_gstep_f32\b", "qrt_gstep_f64"),
     (r"\bfloat\b", "double"),
     (r"\b(sqrt|fabs|copysign|hypot|fmax|fmin|fma)f\(", r"\1("),
     (r"1\.17549435e-38f", "2.2250738585072014e-308"),

@@ -275,3 +275,71 @@ def test_no_launch_starts_after_the_sequence_deadline(monkeypatch):
                      None, 25.0, steps=True, trace=trace)
     assert ei.value.kernel == "qrt_step_f32" and ei.value.timeout == 25.0
     assert [j for j, _, _ in trace] == [-1, 0]
+
+
+# The group look-ahead panel (qrt_gstep: rt_group_sync between the panel's blocks)
+
+
+@pytest.mark.parametrize("shape", [(130, 130), (300, 200), (200, 300), (257, 129), (70, 70),
+                                   (1000, 150)])
+def test_group_panel_passes_the_checker_and_ignores_the_group_size(shape):
+    """Its result passes the checker, is close to the per-matrix kernel's, and is
+    bitwise the same for every group size (the chunk sums are added in chunk
+    order, whoever formed them)."""
+    a3 = _rand((1, *shape), seed=sum(shape))
+    out = {}
+    for g in sorted({1, min(2, runtime.threads())}):
+        h, tau = np.array(a3), np.zeros((1, min(shape)), np.float32)
+        parallel.run(h, tau, "float32", 64, 64, True, None, None, steps=True, group=g)
+        rep = check(a3, h, tau)
+        assert rep.ok, (g, str(rep))
+        out[g] = h.tobytes() + tau.tobytes()
+    assert len(set(out.values())) == 1
+    H1, t1 = _run(a3, False)
+    assert np.allclose(h, H1, rtol=1e-3, atol=1e-3 * np.abs(H1).max())
+
+
+def test_group_panel_side_paths():
+    """Tiny values (squares summed in double: no rescaling needed), a zero column
+    (tau = 0, H = I) and a triangular matrix (nothing to do)."""
+    for a, what in ((_rand((1, 150, 120), seed=4) * np.float32(1e-36), "tiny"),
+                    (_rand((1, 150, 120), seed=5) * np.float32(1e30), "huge"),
+                    (np.triu(_rand((1, 150, 120), seed=6)), "triangular")):
+        h, tau = np.array(a), np.zeros((1, 120), np.float32)
+        parallel.run(h, tau, "float32", 32, 64, True, None, None, steps=True, group=1)
+        assert check(a, h, tau).ok, what
+        if what == "triangular":
+            assert not tau.any() and h.tobytes() == a.tobytes()
+        else:
+            assert np.abs(np.diag(h[0])).min() > 0, what
+
+
+def test_group_panel_fault_while_the_group_waits(monkeypatch, restore_kernels):
+    """tau of the group's panel written 8 columns too far on: block 0 stores tau
+    past its end at column 14 of the last panel while the rest of the group waits
+    at the next barrier.  An exact CapabilityFault, and the waiting blocks stop."""
+    old = "cap_offset_f32(tau, jn), Tn, nb,\n"
+    _mutate(monkeypatch, old, old.replace("jn)", "jn + 8)"))
+    m = n = 150
+    a3 = _rand((1, m, n), seed=13)
+    trace: list = []
+    with pytest.raises(runtime.CapabilityFault) as ei:
+        parallel.run(np.array(a3), np.zeros((1, n), np.float32), "float32", 32, 64, True,
+                     None, 60.0, steps=True, group=min(2, runtime.threads()), trace=trace)
+    f = ei.value
+    assert (f.reason, f.access, f.buffer, f.kernel, f.block) == (
+        "out-of-bounds", "store", "qr.tau", "qrt_gstep_f32", 0)
+    assert f.index == 14  # column 14 of panel 128, from tau + 128 + 8: tau[150], past the end
+    assert sources.locate("qrt", f.line)[0] == "qrt.c"
+    assert [j for j, _, _ in trace] == [-1, 0, 32, 64]  # the step that factors panel 128
+
+
+def test_group_panel_default_and_refusals():
+    assert parallel.default_group(1, "float32", 16) == parallel.GROUP
+    assert parallel.default_group(1, "float32", 2) == 0      # no worker left for the tiles
+    assert parallel.default_group(1, "float64", 16) == 0     # squares could overflow double
+    assert parallel.default_group(2, "float32", 16) == 0
+    a3 = _rand((2, 100, 100))
+    with pytest.raises(ValueError, match="single matrix"):
+        parallel.run(np.array(a3), np.zeros((2, 100), np.float32), "float32", 32, 64, True,
+                     None, None, steps=True, group=2)

@@ -41,10 +41,10 @@ struct rt_launch {
     struct rt_launch *next_active;
     /* Group barrier (rt_group_sync) of blocks 0 .. group-1; group 0: none. */
     int64_t group;
-    pthread_mutex_t group_mu;
-    int64_t group_live;    /* group blocks that have not returned (under group_mu) */
-    int64_t group_arrived; /* arrivals in the open round (under group_mu) */
-    int64_t group_round;   /* rounds completed (written under group_mu, read atomically) */
+    int32_t group_lock;    /* spin lock: a round's bookkeeping is a few stores */
+    int64_t group_live;    /* group blocks that have not returned (under group_lock) */
+    int64_t group_arrived; /* arrivals in the open round (under group_lock) */
+    int64_t group_round;   /* rounds completed (written under group_lock, read atomically) */
 };
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -231,8 +231,20 @@ static cap_t load_cap_impl(rt_block *b, const rt_capslot *slot)
  * others never wait for a block that will not come.  Waiting blocks spin on
  * the round counter with pollchecks: collector handshakes are answered, and
  * a fault, timeout or cancel (the launch's stop flag) unwinds them.
- * The mutex makes every write before a block's arrival visible to every
- * block leaving that round (arrival and the round's opening are ordered by it). */
+ * The lock makes every write before a block's arrival visible to every block
+ * leaving that round (arrival and the round's opening are ordered by it).  A
+ * spin lock, not a pthread mutex: with 8 or 16 blocks arriving at once a
+ * mutex sleeps in the kernel (a round took 9 us with 8 blocks, 20 us with 16,
+ * on the 16-core H200 host). */
+
+static void group_lock(rt_launch *L)
+{
+    while (__atomic_exchange_n(&L->group_lock, 1, __ATOMIC_ACQUIRE))
+        while (__atomic_load_n(&L->group_lock, __ATOMIC_RELAXED))
+            __builtin_ia32_pause();
+}
+
+static void group_unlock(rt_launch *L) { __atomic_store_n(&L->group_lock, 0, __ATOMIC_RELEASE); }
 
 static void open_round(rt_launch *L)
 {
@@ -246,14 +258,14 @@ static void group_sync_impl(rt_block *b, int32_t line)
     if (b->block_idx >= L->group)
         fault_plain(b, RT_FAULT_GROUP, b->block_idx, line,
                     L->group ? "<outside the group>" : "<no group>");
-    pthread_mutex_lock(&L->group_mu);
+    group_lock(L);
     int64_t round = L->group_round;
     if (++L->group_arrived >= L->group_live) {
         open_round(L);
-        pthread_mutex_unlock(&L->group_mu);
+        group_unlock(L);
         return;
     }
-    pthread_mutex_unlock(&L->group_mu);
+    group_unlock(L);
     for (unsigned spins = 0; __atomic_load_n(&L->group_round, __ATOMIC_ACQUIRE) == round;
          spins++) {
         if (*b->poll) poll_impl(b);
@@ -266,10 +278,10 @@ static void group_sync_impl(rt_block *b, int32_t line)
 
 static void group_leave(rt_launch *L)
 {
-    pthread_mutex_lock(&L->group_mu);
+    group_lock(L);
     L->group_live--;
     if (L->group_arrived > 0 && L->group_arrived >= L->group_live) open_round(L);
-    pthread_mutex_unlock(&L->group_mu);
+    group_unlock(L);
 }
 
 /* ---- the worker pool --------------------------------------------------- */
@@ -385,7 +397,6 @@ rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid, int64_
     L->grid = grid;
     L->group = group > 0 ? group : 0;
     L->group_live = L->group;
-    pthread_mutex_init(&L->group_mu, NULL);
     pthread_mutex_lock(&pool_mu);
     if (grid <= 0) {
         L->done = 1;
@@ -460,11 +471,7 @@ int32_t rt_launch_result(rt_launch *L, rt_fault_rec *out, int64_t *finished)
     return L->stop ? L->stop_kind : RT_OK;
 }
 
-void rt_launch_free(rt_launch *L)
-{
-    pthread_mutex_destroy(&L->group_mu);
-    free(L);
-}
+void rt_launch_free(rt_launch *L) { free(L); }
 
 /* Argument helpers for the host. */
 void rt_arg_set_cap(rt_arg *a, rt_obj *o, int64_t offset_bytes) { a->cap = rt_cap_of(o, offset_bytes); }
