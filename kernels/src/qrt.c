@@ -108,6 +108,24 @@ static float panel_larfg(cap_t P, int64_t ldp, int64_t p, int64_t mr, cap_t X)
     return tau;
 }
 
+/* xLARFT (forward, columnwise) from the Gram entries v_p . v_q (q < p), which
+ * the panel factorisations leave in T's strictly lower triangle (the block
+ * reflector's T is upper triangular; larfb_tile reads only that part):
+ * T[0:p, p] = -tau_p T[0:p, 0:p] G[p][0:p], column by column. */
+static void larft_from_gram(cap_t T, int64_t ldt, cap_t TAU, int64_t jb)
+{
+    for (int64_t p = 0; p < jb; p++) {
+        float tp = cap_load_f32(TAU, p);
+        for (int64_t q = 0; q < p; q++) {
+            float s = 0.0f;
+            for (int64_t s_i = q; s_i < p; s_i++)
+                s = fmaf(cap_load_f32(T, q * ldt + s_i), cap_load_f32(T, p * ldt + s_i), s);
+            cap_store_f32(T, q * ldt + p, tp == 0.0f ? 0.0f : -tp * s);
+        }
+        cap_store_f32(T, p * ldt + p, tp);
+    }
+}
+
 /* xGEQR2 + xLARFT on the packed panel P (mr x jb, row t at P[t * ldp + p],
  * jb <= 64, ldp <= 64): tau into TAU[0:jb], T into T (leading dimension ldt)
  * when want_t.  Every sweep runs along rows (unit stride, vectorised):
@@ -120,7 +138,6 @@ static void panel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, ca
                      int64_t ldt, int64_t want_t, cap_t X)
 {
     float w[64];
-    float g[64][64];
     if (jb > 64)
         jb = 64;
     for (int64_t p = 0; p < jb; p++) {
@@ -150,7 +167,7 @@ static void panel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, ca
                 w[c] = fmaf(vt, cap_load_f32(P, t * ldp + c), w[c]);
         }
         for (int64_t q = 0; q < p; q++)
-            g[p][q] = w[q];
+            cap_store_f32(T, p * ldt + q, w[q]);
         if (tp == 0.0f)
             continue;
         for (int64_t c = r1; c < jb; c++) {
@@ -180,19 +197,8 @@ static void panel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, ca
                 cap_store_f32(P, t * ldp + c, fmaf(-vt, w[c], cap_load_f32(P, t * ldp + c)));
         }
     }
-    if (!want_t)
-        return;
-    /* T[0:p, p] = -tau_p T[0:p, 0:p] G[p][0:p] (xLARFT, forward, columnwise). */
-    for (int64_t p = 0; p < jb; p++) {
-        float tp = cap_load_f32(TAU, p);
-        for (int64_t q = 0; q < p; q++) {
-            float s = 0.0f;
-            for (int64_t s_i = q; s_i < p; s_i++)
-                s = fmaf(cap_load_f32(T, q * ldt + s_i), g[p][s_i], s);
-            cap_store_f32(T, q * ldt + p, tp == 0.0f ? 0.0f : -tp * s);
-        }
-        cap_store_f32(T, p * ldt + p, tp);
-    }
+    if (want_t)
+        larft_from_gram(T, ldt, TAU, jb);
 }
 
 /* Factor A[j:m, j:j+jb] (leading dimension n): copy it to P (leading
@@ -212,15 +218,25 @@ static void factor_panel(cap_t A, int64_t m, int64_t n, int64_t j, int64_t jb,
             cap_store_f32(A, (j + t) * n + j + p, cap_load_f32(P, t * nb + p));
 }
 
+static int64_t clamp_i64(int64_t x, int64_t lo, int64_t hi)
+{
+    return x < lo ? lo : (x > hi ? hi : x);
+}
+
+/* Columns of the panel starting at column j of k (0 when j < 0 or past k). */
+static int64_t panel_width(int64_t k, int64_t j, int64_t nb)
+{
+    if (j < 0 || j >= k)
+        return 0;
+    return k - j < nb ? k - j : nb;
+}
+
 /* work: grid * (m*nb + nb*nb + m) elements (P, T and a column X per block). */
 KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
                     int64_t nb)
 {
     int64_t k = m < n ? m : n;
-    if (nb < 1)
-        nb = 1;
-    if (nb > 64)
-        nb = 64;
+    nb = clamp_i64(nb, 1, 64);
     int64_t wsz = m * nb + nb * nb + m;
     cap_t P = cap_offset_f32(work, rt_block_idx() * wsz);
     cap_t T = cap_offset_f32(P, m * nb);
@@ -251,25 +267,14 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
                          int64_t nb, int64_t j, int64_t tw)
 {
     int64_t k = m < n ? m : n;
-    if (nb < 1)
-        nb = 1;
-    if (nb > 64)
-        nb = 64;
-    if (tw < 1)
-        tw = 1;
-    if (tw > 64)
-        tw = 64;
+    nb = clamp_i64(nb, 1, 64);
+    tw = clamp_i64(tw, 1, 64);
     int64_t slot = m * nb + nb * nb + m;
     int64_t wsz = 2 * slot;
-    int64_t jb = 0;
-    int64_t jn = 0;
-    if (j >= 0) {
-        jb = k - j < nb ? k - j : nb;
-        jn = j + nb;
-    }
-    int64_t jbn = 0;
-    if (jn < k)
-        jbn = k - jn < nb ? k - jn : nb;
+    /* panel j (none for j < 0), the next panel jn and their widths */
+    int64_t jb = panel_width(k, j, nb);
+    int64_t jn = j >= 0 ? j + nb : 0;
+    int64_t jbn = panel_width(k, jn, nb);
     int64_t cs = jbn > 0 ? jn + jbn : j + jb;
     int64_t ntiles = 0;
     if (j >= 0 && cs < n)
@@ -347,7 +352,6 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
     double s[64];
     double piv[64];
     float w[64];
-    float y[64][64];
     if (jb > 64)
         jb = 64;
     int64_t nc = (mr + 63) / 64;
@@ -393,13 +397,13 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
             tau = (beta - alpha) / beta;
             scale = 1.0 / (alpha - beta);
         }
-        for (int64_t c = 0; c < jb; c++) {
-            double vc = piv[c] + s[c] * scale;
-            w[c] = c > p ? (float)(tau * vc) : 0.0f;
-            y[p][c] = c < p ? (float)vc : 0.0f;
-        }
-        if (g == 0)
+        for (int64_t c = 0; c < jb; c++)
+            w[c] = c > p ? (float)(tau * (piv[c] + s[c] * scale)) : 0.0f;
+        if (g == 0) {
             cap_store_f32(TAU, p, (float)tau);
+            for (int64_t c = 0; c < p; c++)
+                cap_store_f32(T, p * ldt + c, (float)(piv[c] + s[c] * scale));
+        }
         float scalef = (float)scale;
         for (int64_t k = k0; k < k1; k++) {
             int64_t tb = 64 * k > p ? 64 * k : p;
@@ -435,19 +439,8 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
                     cap_store_f64(Sn, 64 * k + c, acc[c]);
         }
     }
-    if (g != 0)
-        return;
-    /* T[0:p, p] = -tau_p T[0:p, 0:p] y[p][0:p] (xLARFT, forward, columnwise). */
-    for (int64_t p = 0; p < jb; p++) {
-        float tp = cap_load_f32(TAU, p);
-        for (int64_t q = 0; q < p; q++) {
-            float sum = 0.0f;
-            for (int64_t s_i = q; s_i < p; s_i++)
-                sum = fmaf(cap_load_f32(T, q * ldt + s_i), y[p][s_i], sum);
-            cap_store_f32(T, q * ldt + p, tp == 0.0f ? 0.0f : -tp * sum);
-        }
-        cap_store_f32(T, p * ldt + p, tp);
-    }
+    if (g == 0)
+        larft_from_gram(T, ldt, TAU, jb);
 }
 
 /*
@@ -464,26 +457,14 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
                           int64_t nb, int64_t j, int64_t tw, int64_t G)
 {
     int64_t k = m < n ? m : n;
-    if (nb < 1)
-        nb = 1;
-    if (nb > 64)
-        nb = 64;
-    if (tw < 1)
-        tw = 1;
-    if (tw > 64)
-        tw = 64;
-    if (G < 1)
-        G = 1;
+    nb = clamp_i64(nb, 1, 64);
+    tw = clamp_i64(tw, 1, 64);
+    G = G < 1 ? 1 : G;
     int64_t slot = m * nb + nb * nb + m;
-    int64_t jb = 0;
-    int64_t jn = 0;
-    if (j >= 0) {
-        jb = k - j < nb ? k - j : nb;
-        jn = j + nb;
-    }
-    int64_t jbn = 0;
-    if (jn < k)
-        jbn = k - jn < nb ? k - jn : nb;
+    /* panel j (none for j < 0), the next panel jn and their widths */
+    int64_t jb = panel_width(k, j, nb);
+    int64_t jn = j >= 0 ? j + nb : 0;
+    int64_t jbn = panel_width(k, jn, nb);
     int64_t cs = jbn > 0 ? jn + jbn : j + jb;
     int64_t cur = j >= 0 ? (j / nb) % 2 : 0;
     cap_t Pc = cap_offset_f32(work, cur * slot);
