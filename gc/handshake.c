@@ -59,15 +59,6 @@ static pthread_cond_t hs_cv = PTHREAD_COND_INITIALIZER;
 static pthread_mutex_t park_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t park_cv = PTHREAD_COND_INITIALIZER;
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 void gc_thread_register(rt_thread *t)
 {
     gc_init();
@@ -148,7 +139,7 @@ void gc_enter(rt_thread *t)
             continue;
         }
         /* BUSY: the collector is running our handshake; it is short. */
-        if (++spins < 64) cpu_relax(); else sched_yield();
+        if (++spins < 64) rt_cpu_relax(); else sched_yield();
     }
 }
 
@@ -244,7 +235,7 @@ double gc_handshake(int kind)
             /* Busy threads answer within one loop iteration: spin briefly
              * before paying for a sleep/wakeup. */
             pthread_mutex_unlock(&hs_mu);
-            for (int i = 0; i < 50; i++) cpu_relax();
+            for (int i = 0; i < 50; i++) rt_cpu_relax();
             if (rounds > 20) sched_yield();
             pthread_mutex_lock(&hs_mu);
         } else {

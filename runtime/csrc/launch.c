@@ -241,7 +241,7 @@ static void group_lock(rt_launch *L)
 {
     while (__atomic_exchange_n(&L->group_lock, 1, __ATOMIC_ACQUIRE))
         while (__atomic_load_n(&L->group_lock, __ATOMIC_RELAXED))
-            __builtin_ia32_pause();
+            rt_cpu_relax();
 }
 
 static void group_unlock(rt_launch *L) { __atomic_store_n(&L->group_lock, 0, __ATOMIC_RELEASE); }
@@ -270,7 +270,7 @@ static void group_sync_impl(rt_block *b, int32_t line)
          spins++) {
         if (*b->poll) poll_impl(b);
         if (spins < 20000)
-            __builtin_ia32_pause();
+            rt_cpu_relax();
         else
             sched_yield(); /* a long wait: leave the core to whoever needs it */
     }
