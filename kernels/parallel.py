@@ -137,6 +137,8 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
         group = default_group(batch, dtype, runtime.threads()) if grid is None else 0
     if group and (not steps or batch != 1):
         raise ValueError("the group look-ahead panel is for the steps of a single matrix")
+    if group and grid is not None:
+        raise ValueError("group= and grid= do not combine: the group steps size their own grid")
     kmat, kstep = kernels_for(dtype, checked)
     kgroup = group_kernel_for(dtype, checked) if group else None
     g = batch if grid is None else max(1, min(int(grid), batch))

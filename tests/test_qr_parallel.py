@@ -343,3 +343,26 @@ def test_group_panel_default_and_refusals():
     with pytest.raises(ValueError, match="single matrix"):
         parallel.run(np.array(a3), np.zeros((2, 100), np.float32), "float32", 32, 64, True,
                      None, None, steps=True, group=2)
+    with pytest.raises(ValueError, match="do not combine"):
+        parallel.run(np.array(a3[:1]), np.zeros((1, 100), np.float32), "float32", 32, 64, True,
+                     3, None, steps=True, group=1)
+
+
+def test_group_step_kernel_with_fewer_tile_blocks():
+    """qrt_gstep called directly with one tile block (grid = G + 1) covers every
+    tile by striding: the same result as with one block per tile."""
+    import capabilities
+
+    m = n = 200
+    nb, tw, G = 32, 32, 1
+    a3 = _rand((1, m, n), seed=14)
+    want, wtau = np.array(a3), np.zeros((1, n), np.float32)
+    parallel.run(want, wtau, "float32", nb, tw, True, None, None, steps=True, group=G)
+    k = parallel.group_kernel_for("float32", True)
+    h, tau = np.array(a3), np.zeros((1, n), np.float32)
+    caps = [capabilities.wrap(h), capabilities.wrap(tau),
+            capabilities.alloc((parallel.work_elems(1, m, nb, True, 1),), np.float32),
+            capabilities.alloc((parallel.group_work_elems(m),), np.float64)]
+    for j in [-1, *range(0, n, nb)]:
+        runtime.launch(k, caps, args=(m, n, nb, j, tw, G), grid=G + 1, group=G)
+    assert h.tobytes() == want.tobytes() and tau.tobytes() == wtau.tobytes()

@@ -472,8 +472,8 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
     cap_t Vc = cap_offset_f32(Pc, j > 0 ? nb * nb : 0);
     int64_t blk = rt_block_idx();
     if (blk >= G) {
-        int64_t c0 = cs + (blk - G) * tw;
-        if (j >= 0 && c0 < n) {
+        /* the tiles, one per block when the grid is G + tiles (any grid > G works) */
+        for (int64_t c0 = cs + (blk - G) * tw; j >= 0 && c0 < n; c0 += (rt_grid_dim() - G) * tw) {
             int64_t cw = n - c0 < tw ? n - c0 : tw;
             larfb_tile(Vc, nb, jb, Tc, nb, a, n, j, c0, cw, m - j);
         }
