@@ -10,13 +10,14 @@ CapabilityFault; a deadline covers the whole sequence.
 
 The two paths give bitwise the same result (tests/test_qr_parallel.py).
 
-A single float32 matrix on a pool of at least GROUP_MIN_WORKERS runs the
-steps as ``qrt_gstep`` launches instead: the look-ahead panel, which is the
-critical path there, is factored by a group of GROUP blocks (rt_group_sync,
-one barrier per column) while the other blocks update tiles.  Its panel sums
-in double and in a fixed chunk order, so its result does not depend on the
-group size or the worker count, but it is not bitwise the per-matrix
-kernel's (rounding differs; both pass the same checks).
+A single float32 matrix of at least GROUP_MIN_ROWS rows on a pool of at
+least GROUP_MIN_WORKERS runs the steps as ``qrt_gstep`` launches instead:
+the look-ahead panel, which is the critical path there, is factored by a
+group of GROUP blocks (rt_group_sync, one barrier per column) while the
+other blocks update tiles.  Its panel sums in double and in a fixed chunk
+order, so its result does not depend on the group size or the worker count,
+but it is not bitwise the per-matrix kernel's (rounding differs; both pass
+the same checks).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from . import sources
 #: Largest panel width and column tile (qrt.c's local tiles are 64 x 64).
 NB_MAX = 64
 TW_MAX = 64
-#: Group size of the look-ahead panel, and the pool size from which it is used.
-#: On the 16-core H200 host a group of 4 was fastest at n = 1024 (109 vs 79
-#: GF/s by qrt_step) and even with it at 2048 / 4096; with 2 workers a group
-#: leaves no worker for the tiles (bench/results/cpu-gstep-2026-12-03.txt).
-GROUP, GROUP_MIN_WORKERS = 4, 8
+#: Group size of the look-ahead panel, and the pool size and panel height from
+#: which it is used.  On the 16-core H200 host a group of 4 was fastest at
+#: n = 1024 (99 vs 81 GF/s by qrt_step, median) and even with it at 2048 / 4096;
+#: with 2 workers a group leaves no worker for the tiles; below 1024 rows it
+#: was not measured (bench/results/cpu-gstep-2026-12-03.txt).
+GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
 
 
 @cache
@@ -86,12 +88,14 @@ def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
     return threads > 1 and batch < threads and min(m, n) > 2 * nb
 
 
-def default_group(batch: int, dtype: str, threads: int) -> int:
-    """Group size of the steps' look-ahead panel (0: qrt_step, one block per panel).
+def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
+    """Group size of the steps' look-ahead panel for ``batch`` matrices of ``m`` rows
+    (0: qrt_step, one block per panel).
 
     float32 only: the group panel sums squares in double, which cannot
     overflow for float data but could for float64 data."""
-    if batch == 1 and dtype == "float32" and threads >= GROUP_MIN_WORKERS:
+    if (batch == 1 and m >= GROUP_MIN_ROWS and dtype == "float32"
+            and threads >= GROUP_MIN_WORKERS):
         return min(GROUP, threads)
     return 0
 
@@ -134,7 +138,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     if steps is None:
         steps = use_steps(batch, m, n, nb, runtime.threads())
     if group is None:
-        group = default_group(batch, dtype, runtime.threads()) if grid is None else 0
+        group = default_group(batch, m, dtype, runtime.threads()) if grid is None else 0
     if group and (not steps or batch != 1):
         raise ValueError("the group look-ahead panel is for the steps of a single matrix")
     if group and grid is not None:

@@ -335,10 +335,11 @@ def test_group_panel_fault_while_the_group_waits(monkeypatch, restore_kernels):
 
 
 def test_group_panel_default_and_refusals():
-    assert parallel.default_group(1, "float32", 16) == parallel.GROUP
-    assert parallel.default_group(1, "float32", 2) == 0      # no worker left for the tiles
-    assert parallel.default_group(1, "float64", 16) == 0     # squares could overflow double
-    assert parallel.default_group(2, "float32", 16) == 0
+    assert parallel.default_group(1, 1024, "float32", 16) == parallel.GROUP
+    assert parallel.default_group(1, 1024, "float32", 2) == 0   # no worker left for the tiles
+    assert parallel.default_group(1, 1024, "float64", 16) == 0  # squares could overflow double
+    assert parallel.default_group(2, 1024, "float32", 16) == 0
+    assert parallel.default_group(1, 512, "float32", 16) == 0   # not measured below 1024 rows
     a3 = _rand((2, 100, 100))
     with pytest.raises(ValueError, match="single matrix"):
         parallel.run(np.array(a3), np.zeros((2, 100), np.float32), "float32", 32, 64, True,
