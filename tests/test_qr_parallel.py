@@ -3,7 +3,9 @@
 Its two paths (one block per matrix, and host-driven panel steps with one
 block per (matrix, column tile)) must pass the checker, agree bitwise with
 each other whatever the tile width, grid or worker count, and stop with an
-exact CapabilityFault when a tile kernel goes out of bounds.
+exact CapabilityFault when a tile kernel goes out of bounds.  The group
+steps (qrt_gstep: the look-ahead panel on a group of blocks) must pass the
+checker and agree bitwise whatever the group size.
 """
 
 from __future__ import annotations
