@@ -86,6 +86,35 @@ def _kernel(family: str, dtype: str, checked: bool) -> Any:
     return runtime.compile(src, sources.entry(family, dtype), checked=checked)
 
 
+NONFINITE = "input contains NaN or Inf (pass allow_nonfinite=True to factor anyway)"
+#: Inputs from this many elements on are copied (and checked for NaN/Inf) by a
+#: kernel on every worker: numpy's copy of a fresh array is one thread taking
+#: every page fault.
+COPY_ON_WORKERS_MIN = 1 << 22
+
+
+def _copy_on_workers(a3: np.ndarray, dt: str, allow_nonfinite: bool = False
+                     ) -> np.ndarray | None:
+    """A copy of ``a3`` made by kernels/src/copy.c on all workers, or None where
+    numpy copies instead (small, strided, another dtype, one worker).  Raises
+    ValueError for NaN/Inf unless ``allow_nonfinite``."""
+    import capabilities
+    import runtime
+
+    workers = runtime.threads()
+    if (a3.size < COPY_ON_WORKERS_MIN or workers < 2 or a3.dtype != np.dtype(dt)
+            or dt not in ("float32", "float64") or not a3.flags.c_contiguous):
+        return None
+    h = np.empty(a3.shape, a3.dtype)
+    bad = np.zeros(workers, np.int64)
+    runtime.launch(_kernel("copy", dt, True), [capabilities.wrap(a3, "r", "qr.input"),
+                   capabilities.wrap(h, name="qr.a"), capabilities.wrap(bad, name="qr.bad")],
+                   args=(a3.size,), grid=workers)
+    if bad.any() and not allow_nonfinite:
+        raise ValueError(NONFINITE)
+    return h
+
+
 def _as_numpy(A: Any) -> tuple[np.ndarray, bool]:
     if type(A).__module__.startswith("torch"):
         return A.detach().cpu().numpy(), True
@@ -144,10 +173,13 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
     if m == 0 or n == 0:
         raise ValueError(f"empty matrix of shape {a.shape}")
     dt = _compute_dtype(v, a3.dtype)
-    if not allow_nonfinite and not np.isfinite(a3).all():
-        raise ValueError("input contains NaN or Inf (pass allow_nonfinite=True to factor anyway)")
     k = min(m, n)
-    if dt == "float16":
+    h = _copy_on_workers(a3, dt, allow_nonfinite)
+    if h is None and not allow_nonfinite and not np.isfinite(a3).all():
+        raise ValueError(NONFINITE)
+    if h is not None:
+        tdt = np.dtype(dt)
+    elif dt == "float16":
         with np.errstate(over="ignore"):
             h = np.array(a3, dtype=np.float16, order="C", copy=True)
         if not allow_nonfinite and not np.isfinite(h).all():

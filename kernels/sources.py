@@ -21,6 +21,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "geqrf": ("householder.c", "gemm.c", "geqrf.c"),
     "geqrf_f16": ("householder.c", "gemm.c", "geqrf_f16.c"),
     "qrt": ("householder.c", "tile.c", "qrt.c"),
+    "copy": ("copy.c",),
 }
 
 # The half-storage kernel's xLARFB reads and writes the trailing matrix (the
@@ -48,6 +49,7 @@ _F64_SUBS: list[tuple[str, str]] = [
     (r"\bqrt_f32\b", "qrt_f64"),
     (r"\bqrt_step_f32\b", "qrt_step_f64"),
     (r"\bqrt_gstep_f32\b", "qrt_gstep_f64"),
+    (r"\bcopy_f32\b", "copy_f64"),
     (r"\bfloat\b", "double"),
     (r"\b(sqrt|fabs|copysign|hypot|fmax|fmin|fma)f\(", r"\1("),
     (r"1\.17549435e-38f", "2.2250738585072014e-308"),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import kernels
+import runtime
 from bench.peers import BATCHED
 from kernels import check, qr
 
@@ -94,6 +95,27 @@ def test_nonfinite_input_rejected():
     H, tau = qr(A, allow_nonfinite=True)
     rep = check(A, H, tau)
     assert not rep.ok and "NaN/Inf" in rep.matrices[0].reason
+
+
+@pytest.mark.skipif(runtime.threads() < 2, reason="the worker copy needs two workers")
+def test_large_input_copied_and_checked_on_the_workers(monkeypatch):
+    """From COPY_ON_WORKERS_MIN elements the input copy and its NaN/Inf check run as
+    a kernel on every worker: the same refusals, bitwise the same result."""
+    import importlib
+
+    qr_mod = importlib.import_module("kernels.qr")  # the module (kernels.qr is the function)
+
+    A = _rand((2, 1024, 2048), seed=8)
+    assert A.size >= qr_mod.COPY_ON_WORKERS_MIN
+    for bad in (np.nan, np.inf, -np.inf):
+        B = A.copy()
+        B[1, 1023, 2047] = bad  # the last element: the last block's slice
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            qr(B, "parallel", nb=16)
+    H, tau = qr(A, "parallel", nb=16)
+    monkeypatch.setattr(qr_mod, "COPY_ON_WORKERS_MIN", A.size + 1)  # numpy copies
+    H1, tau1 = qr(A, "parallel", nb=16)
+    assert H.tobytes() == H1.tobytes() and tau.tobytes() == tau1.tobytes()
 
 
 def test_f16_overflow_raises_or_flags():
