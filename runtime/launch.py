@@ -11,6 +11,7 @@ on both lanes.
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 import time
@@ -138,7 +139,7 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
     if type(grid) is not int or grid < 0 or timeout is not None:
         check_grid(grid, timeout)
     if group is not None or sig.group_sync:
-        check_group(kernel.name, sig.group_sync, group, grid)
+        group = check_group(kernel.name, sig.group_sync, group, grid)
 
     argv = ffi.new("rt_arg[]", plan.size)
     held: list[Any] = []
@@ -179,20 +180,25 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
             lib.gc_unhold(obj)
 
 
-def check_group(name: str, uses: bool, group: int | None, grid: int) -> None:
-    """ValueError unless ``group`` fits a launch of kernel ``name`` on ``grid`` blocks
-    (``uses``: the kernel calls rt_group_sync)."""
+def check_group(name: str, uses: bool, group: Any, grid: int) -> int:
+    """``group`` as an int, or ValueError unless it fits a launch of kernel ``name`` on
+    ``grid`` blocks (``uses``: the kernel calls rt_group_sync)."""
     if not uses:
         raise ValueError(f"group= is for kernels that call rt_group_sync; {name!r} does not")
     if group is None:
         raise ValueError(f"kernel {name!r} calls rt_group_sync: launch it with group=N (the "
                          "blocks 0 .. N-1 wait for each other there)")
-    if type(group) is not int or not 1 <= group <= max(grid, 1):
-        raise ValueError(f"group must be an int in 1 .. grid ({grid}), not {group!r}")
+    try:
+        group = operator.index(group) if not isinstance(group, bool) else None
+    except TypeError:
+        group = None
+    if group is None or not 1 <= group <= max(grid, 1):
+        raise ValueError(f"group must be an int in 1 .. grid ({grid})")
     workers = lib.rt_core_threads()
     if group > workers:
         raise ValueError(f"a group of {group} blocks must run at once and the pool has "
                          f"{workers} workers ($CAPQR_THREADS): they would wait forever")
+    return group
 
 
 def _run_in_sequence(kernel: Any, argv: Any, grid: int, group: int = 0) -> None:

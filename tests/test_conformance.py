@@ -438,6 +438,8 @@ REJECT_CASES = [
      "call to 'cap_load_cap'", ("cuda",)),
     ("thread-idx-on-cpu", "KERNEL void k(cap_t x) { cap_store_f32(x, rt_thread_idx(), 1.0f); }",
      "call to 'rt_thread_idx'", ("cpu",)),
+    ("group-sync-on-gpu", "KERNEL void k(cap_t x) { rt_group_sync(); }",
+     "call to 'rt_group_sync'", ("cuda",)),
     ("kernel-param", "KERNEL void k(cap_t x, int n) { }", "KERNEL parameter type 'int'",
      ("cpu", "cuda")),
 ]

@@ -106,12 +106,16 @@ def test_group_is_checked_before_anything_runs() -> None:
         runtime.launch(k, caps, args=(1,), grid=1, group=2)
     with pytest.raises(ValueError, match="1 .. grid"):
         runtime.launch(k, caps, args=(1,), grid=1, group=0)
+    with pytest.raises(ValueError, match="1 .. grid"):
+        runtime.launch(k, caps, args=(1,), grid=1, group=True)
+    runtime.launch(k, caps, args=(1,), grid=1, group=np.int64(1))  # any integer type
     plain = runtime.compile("KERNEL void p(cap_t x)\n{\n    cap_store_f64(x, 0, 1.0);\n}\n",
                             "p")
     assert not plain.signature.group_sync
     with pytest.raises(ValueError, match="does not"):
         runtime.launch(plain, [part], grid=1, group=1)
-    assert out.numpy().sum() == 0  # nothing ran
+    # only the np.int64 launch ran: one block, one round, its sum 1
+    assert out.numpy()[0] == 1.0 and not out.numpy()[1:].any()
 
 
 def _pair(what: int, group: int = 2, timeout: float = 20) -> tuple[np.ndarray, BaseException]:
