@@ -43,11 +43,12 @@ GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
 
 @cache
 def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
-             which: tuple[str, ...] = ("qrt", "qrt_step")) -> tuple[Any, ...]:
-    """The named kernels of qrt.c, compiled once per process and flags."""
+             which: tuple[str, ...] = ("qrt", "qrt_step"), family: str = "qrt"
+             ) -> tuple[Any, ...]:
+    """The named kernels of ``family``, compiled once per process and flags."""
     import runtime
 
-    src = sources.source("qrt", dtype)
+    src = sources.source(family, dtype)
     suffix = "f64" if dtype == "float64" else "f32"
     return tuple(runtime.compile(src, f"{w}_{suffix}", checked=checked) for w in which)
 
@@ -63,7 +64,7 @@ def group_kernel_for(dtype: str, checked: bool) -> Any:
     """The compiled qrt_gstep for ``dtype`` (built on first use only)."""
     from runtime.kernel import cflags
 
-    return _kernels(dtype, checked, tuple(cflags()), ("qrt_gstep",))[0]
+    return _kernels(dtype, checked, tuple(cflags()), ("qrt_gstep",), "qrt_group")[0]
 
 
 def default_nb(m: int, n: int) -> int:

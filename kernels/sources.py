@@ -21,6 +21,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "geqrf": ("householder.c", "gemm.c", "geqrf.c"),
     "geqrf_f16": ("householder.c", "gemm.c", "geqrf_f16.c"),
     "qrt": ("householder.c", "tile.c", "qrt.c"),
+    "qrt_group": ("householder.c", "tile.c", "qrt.c", "qrt_group.c"),
     "copy": ("copy.c",),
 }
 

@@ -1,0 +1,187 @@
+/*
+ * The group steps of kernels/src/qrt.c (composed after it: family "qrt_group"):
+ * qrt_step for a single matrix whose look-ahead panel is factored by a group
+ * of blocks (rt_group_sync).  Kept apart so that the one-block kernels of
+ * qrt.c do not carry this code through every build.
+ */
+
+/*
+ * The look-ahead panel of a single matrix on a group of blocks (rt_group_sync):
+ * xGEQR2 + xLARFT of P (mr x jb, row t at P[t * ldp + p], jb <= 64) by blocks
+ * g = 0 .. G-1, one barrier per column.  The rows are cut into chunks of 64;
+ * block g owns chunks [g nc / G, (g+1) nc / G).  In the pass that applies
+ * H_p to its rows a block also forms, per chunk, the partial sums
+ * s_c = sum over rows t > p+1 of P[t][p+1] P[t][c] (double) for every column
+ * c, and the owner of row p+1 copies that row (the next pivot row) aside.
+ * After the barrier every block adds the chunks' partials in chunk order, so
+ * every block derives the same beta, tau, w_c = tau (P[p][c] + s_c / (alpha -
+ * beta)) and, for c < p, the Gram entry v_p . v_c of xLARFT, whatever G is:
+ * the result does not depend on the worker count.  The partials and pivot
+ * rows are double buffered by the parity of p (a block may write column
+ * p+1's while another still reads column p's).  Sums in double: the squares
+ * of float data cannot overflow or underflow there, which is what xLARFG's
+ * rescaling loop is for (so float32 only: kernels/parallel.py).
+ *
+ * S: 2 * (64 * nc + 64) doubles, nc = ceil(mr / 64).  Block 0 writes TAU and T.
+ */
+static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, cap_t T,
+                      int64_t ldt, cap_t S, int64_t g, int64_t G)
+{
+    double acc[64];
+    double s[64];
+    double piv[64];
+    float w[64];
+    if (jb > 64)
+        jb = 64;
+    int64_t nc = (mr + 63) / 64;
+    int64_t k0 = g * nc / G;
+    int64_t k1 = (g + 1) * nc / G;
+    int64_t half = 64 * nc + 64;
+    /* column 0's partials and pivot row */
+    for (int64_t k = k0; k < k1; k++) {
+        int64_t te = mr < 64 * k + 64 ? mr : 64 * k + 64;
+        for (int64_t c = 0; c < jb; c++)
+            acc[c] = 0.0;
+        for (int64_t t = 64 * k; t < te; t++) {
+            if (t == 0) {
+                for (int64_t c = 0; c < jb; c++)
+                    cap_store_f64(S, 64 * nc + c, (double)cap_load_f32(P, c));
+                continue;
+            }
+            double x = (double)cap_load_f32(P, t * ldp);
+            for (int64_t c = 0; c < jb; c++)
+                acc[c] = fma(x, (double)cap_load_f32(P, t * ldp + c), acc[c]);
+        }
+        for (int64_t c = 0; c < jb; c++)
+            cap_store_f64(S, 64 * k + c, acc[c]);
+    }
+    for (int64_t p = 0; p < jb; p++) {
+        rt_group_sync();
+        cap_t Sp = cap_offset_f64(S, (p % 2) * half);
+        cap_t Sn = cap_offset_f64(S, ((p + 1) % 2) * half);
+        for (int64_t c = 0; c < jb; c++) {
+            s[c] = 0.0;
+            piv[c] = cap_load_f64(Sp, 64 * nc + c);
+        }
+        for (int64_t k = 0; k < nc; k++)
+            for (int64_t c = 0; c < jb; c++)
+                s[c] = s[c] + cap_load_f64(Sp, 64 * k + c);
+        double alpha = piv[p];
+        double xn2 = s[p];
+        double tau = 0.0;
+        double beta = alpha;
+        double scale = 0.0;
+        if (xn2 > 0.0 || xn2 != xn2) {
+            beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
+            tau = (beta - alpha) / beta;
+            scale = 1.0 / (alpha - beta);
+        }
+        for (int64_t c = 0; c < jb; c++)
+            w[c] = c > p ? (float)(tau * (piv[c] + s[c] * scale)) : 0.0f;
+        if (g == 0) {
+            cap_store_f32(TAU, p, (float)tau);
+            for (int64_t c = 0; c < p; c++)
+                cap_store_f32(T, p * ldt + c, (float)(piv[c] + s[c] * scale));
+        }
+        float scalef = (float)scale;
+        for (int64_t k = k0; k < k1; k++) {
+            int64_t tb = 64 * k > p ? 64 * k : p;
+            int64_t te = mr < 64 * k + 64 ? mr : 64 * k + 64;
+            for (int64_t c = 0; c < jb; c++)
+                acc[c] = 0.0;
+            for (int64_t t = tb; t < te; t++) {
+                if (t == p) {
+                    for (int64_t c = p + 1; c < jb; c++)
+                        cap_store_f32(P, t * ldp + c, cap_load_f32(P, t * ldp + c) - w[c]);
+                    cap_store_f32(P, t * ldp + p, (float)beta);
+                    continue;
+                }
+                if (tau != 0.0) {
+                    float v = cap_load_f32(P, t * ldp + p) * scalef;
+                    cap_store_f32(P, t * ldp + p, v);
+                    for (int64_t c = p + 1; c < jb; c++)
+                        cap_store_f32(P, t * ldp + c, fmaf(-v, w[c], cap_load_f32(P, t * ldp + c)));
+                }
+                if (p + 1 >= jb)
+                    continue;
+                if (t == p + 1) {
+                    for (int64_t c = 0; c < jb; c++)
+                        cap_store_f64(Sn, 64 * nc + c, (double)cap_load_f32(P, t * ldp + c));
+                    continue;
+                }
+                double x = (double)cap_load_f32(P, t * ldp + p + 1);
+                for (int64_t c = 0; c < jb; c++)
+                    acc[c] = fma(x, (double)cap_load_f32(P, t * ldp + c), acc[c]);
+            }
+            if (p + 1 < jb)
+                for (int64_t c = 0; c < jb; c++)
+                    cap_store_f64(Sn, 64 * k + c, acc[c]);
+        }
+    }
+    if (g == 0)
+        larft_from_gram(T, ldt, TAU, jb);
+}
+
+/*
+ * qrt_step for one matrix, with the look-ahead panel on a group of blocks.
+ * Launched with group = G (2 <= G <= workers) and G + tiles blocks: blocks
+ * 0 .. G-1 copy the next panel's columns into the other workspace slot (rows
+ * split between them), block 0 applies panel j to them (larfb_tile), the
+ * group factors them (gpanel_qr) and copies them back; every other block
+ * updates one column tile by panel j, as in qrt_step.  j < 0: the group
+ * factors panel 0 alone.  work as for qrt_step with batch 1; S: 2 * (64 *
+ * ceil(m / 64) + 64) doubles.
+ */
+KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, int64_t n,
+                          int64_t nb, int64_t j, int64_t tw, int64_t G)
+{
+    int64_t k = m < n ? m : n;
+    nb = clamp_i64(nb, 1, 64);
+    tw = clamp_i64(tw, 1, 64);
+    G = G < 1 ? 1 : G;
+    int64_t slot = m * nb + nb * nb + m;
+    /* panel j (none for j < 0), the next panel jn and their widths */
+    int64_t jb = panel_width(k, j, nb);
+    int64_t jn = j >= 0 ? j + nb : 0;
+    int64_t jbn = panel_width(k, jn, nb);
+    int64_t cs = jbn > 0 ? jn + jbn : j + jb;
+    int64_t cur = j >= 0 ? (j / nb) % 2 : 0;
+    cap_t Pc = cap_offset_f32(work, cur * slot);
+    cap_t Tc = cap_offset_f32(Pc, m * nb);
+    cap_t Vc = cap_offset_f32(Pc, j > 0 ? nb * nb : 0);
+    int64_t blk = rt_block_idx();
+    if (blk >= G) {
+        /* the tiles, one per block when the grid is G + tiles (any grid > G works) */
+        for (int64_t c0 = cs + (blk - G) * tw; j >= 0 && c0 < n; c0 += (rt_grid_dim() - G) * tw) {
+            int64_t cw = n - c0 < tw ? n - c0 : tw;
+            larfb_tile(Vc, nb, jb, Tc, nb, a, n, j, c0, cw, m - j);
+        }
+        return;
+    }
+    if (jbn == 0)
+        return;
+    cap_t Pn = cap_offset_f32(work, ((jn / nb) % 2) * slot);
+    cap_t Tn = cap_offset_f32(Pn, m * nb);
+    /* the rows of the slot: from row j (j >= 0) or 0; the panel to factor starts
+     * nb rows in after an update (see qrt_step) */
+    int64_t r0 = j >= 0 ? j : 0;
+    int64_t mr = m - r0;
+    int64_t top = j >= 0 ? nb : 0;
+    int64_t lo = blk * mr / G;
+    int64_t hi = (blk + 1) * mr / G;
+    for (int64_t t = lo; t < hi; t++)
+        for (int64_t p = 0; p < jbn; p++)
+            cap_store_f32(Pn, t * nb + p, cap_load_f32(a, (r0 + t) * n + jn + p));
+    rt_group_sync();
+    if (j >= 0) {
+        if (blk == 0)
+            larfb_tile(Vc, nb, jb, Tc, nb, Pn, nb, 0, 0, jbn, mr);
+        rt_group_sync();
+    }
+    gpanel_qr(cap_offset_f32(Pn, top * nb), nb, mr - top, jbn, cap_offset_f32(tau, jn), Tn, nb,
+              S, blk, G);
+    rt_group_sync();
+    for (int64_t t = lo; t < hi; t++)
+        for (int64_t p = 0; p < jbn; p++)
+            cap_store_f32(a, (r0 + t) * n + jn + p, cap_load_f32(Pn, t * nb + p));
+}
