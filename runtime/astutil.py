@@ -212,3 +212,31 @@ class Generator(c_generator.CGenerator):
             self.indent_level -= 2 if add_indent else 0
             return indent + self.visit(n) + ";\n"
         return super()._generate_stmt(n, add_indent)
+
+
+def callees(body: c_ast.Node, names: set[str] | frozenset[str]) -> set[str]:
+    """Names in ``names`` called (by plain name) anywhere under ``body``."""
+    found: set[str] = set()
+
+    class _Calls(c_ast.NodeVisitor):
+        def visit_FuncCall(self, node: c_ast.FuncCall) -> None:
+            if isinstance(node.name, c_ast.ID) and node.name.name in names:
+                found.add(node.name.name)
+            self.generic_visit(node)
+
+    _Calls().visit(body)
+    return found
+
+
+def reaching(graph: dict[str, set[str]], targets: set[str]) -> set[str]:
+    """Functions of the call ``graph`` that are in ``targets`` or call one, directly or
+    through other functions."""
+    found = set(targets)
+    grew = True
+    while grew:
+        grew = False
+        for f, called in graph.items():
+            if f not in found and called & found:
+                found.add(f)
+                grew = True
+    return found

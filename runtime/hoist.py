@@ -54,7 +54,7 @@ from pycparser import c_ast, c_generator
 
 from capabilities import abi
 
-from .astutil import INDEX_BUILTINS, int_literal, node_fields, pure_expr
+from .astutil import INDEX_BUILTINS, callees, int_literal, node_fields, pure_expr, reaching
 from .verifier import TILE_FUNCS, WARP_FUNCS
 
 # int counters are guarded by rt_loop_span32 (start fits, no wrap past INT32_MAX).
@@ -236,13 +236,8 @@ def waiting_helpers(ast: c_ast.FileAST) -> frozenset[str]:
     """The source's functions that reach a barrier, directly or through other helpers:
     a call of one counts as a barrier for versioning."""
     funcs = {e.decl.name: e.body for e in ast.ext if isinstance(e, c_ast.FuncDef)}
-    waits: set[str] = set()
-    while True:
-        more = {n for n, body in funcs.items()
-                if n not in waits and _has_barrier(body, frozenset(waits))}
-        if not more:
-            return frozenset(waits)
-        waits |= more
+    graph = {n: callees(body, set(funcs)) for n, body in funcs.items()}
+    return frozenset(reaching(graph, {n for n, body in funcs.items() if _has_barrier(body)}))
 
 
 def _loop_depth(node: c_ast.Node | None) -> int:

@@ -26,7 +26,7 @@ from typing import NoReturn
 
 from pycparser import c_ast
 
-from .astutil import CapTyping, int_literal, pure_lvalue
+from .astutil import CapTyping, callees, int_literal, pure_lvalue, reaching
 from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
@@ -281,33 +281,6 @@ def _prod(dims: tuple[int, ...]) -> int:
     return out
 
 
-def _callees(body: c_ast.Node, names: set[str]) -> set[str]:
-    """Names in ``names`` called (by plain name) anywhere under ``body``."""
-    found: set[str] = set()
-
-    class _Calls(c_ast.NodeVisitor):
-        def visit_FuncCall(self, node: c_ast.FuncCall) -> None:
-            if isinstance(node.name, c_ast.ID) and node.name.name in names:
-                found.add(node.name.name)
-            self.generic_visit(node)
-
-    _Calls().visit(body)
-    return found
-
-
-def _reaching(graph: dict[str, set[str]], targets: set[str]) -> set[str]:
-    """Functions of ``graph`` that are in ``targets`` or call one, directly or not."""
-    found = set(targets)
-    grew = True
-    while grew:
-        grew = False
-        for f, callees in graph.items():
-            if f not in found and callees & found:
-                found.add(f)
-                grew = True
-    return found
-
-
 def _cycle_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
     """Call edges (f, g) that lie on a cycle, mapped to a path g -> ... -> f."""
     def path(src: str, dst: str) -> list[str] | None:
@@ -327,8 +300,8 @@ def _cycle_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]
         return None
 
     edges = {}
-    for f, callees in graph.items():
-        for g in callees:
+    for f, called in graph.items():
+        for g in called:
             p = path(g, f)
             if p is not None:
                 edges[(f, g)] = p
@@ -370,11 +343,11 @@ class _Verifier(c_ast.NodeVisitor):
         graph: dict[str, set[str]] = {}
         names = set(self._sigs)
         for f in funcs:
-            graph.setdefault(f.decl.name, set()).update(_callees(f.body, names))
+            graph.setdefault(f.decl.name, set()).update(callees(f.body, names))
         self.result.call_graph = graph
         self._cycles = _cycle_edges(graph)
-        self._group_sync = _reaching(graph, {f.decl.name for f in funcs
-                                             if _callees(f.body, {"rt_group_sync"})})
+        self._group_sync = reaching(graph, {f.decl.name for f in funcs
+                                             if callees(f.body, {"rt_group_sync"})})
 
     @staticmethod
     def _loose_sig(fdecl: c_ast.Node) -> tuple[tuple[str, ...], str]:
