@@ -200,9 +200,6 @@ class DeviceCapability(RecordedAttributes):
         self._ptr = int(ptr)
         self._freed = False
         self._lock = threading.Lock()
-        #: (device address, writable bytes) a launch passes; None once freed
-        self._snapshot: tuple[int, int] | None = (self._ptr,
-                                                  self._nbytes if "w" in self._perms else 0)
         code = _DT_CODES[self._dtype.name]
         bits = abi.PERM_R | (abi.PERM_W if "w" in self._perms else 0)
         label = (name or "dev").encode()[:47]
@@ -249,7 +246,6 @@ class DeviceCapability(RecordedAttributes):
             self._obj.wlen = 0
             self._obj.perms = abi.PERM_R
             self._perms = perms
-            self._snapshot = (self._ptr, 0)
 
     @property
     def device(self) -> str:
@@ -273,13 +269,13 @@ class DeviceCapability(RecordedAttributes):
     def cap_value(self, slot: int) -> tuple[int, int, int, int, int]:
         """(p, lo, rlen, wlen, tag) as a launch passes it; ``slot`` is the argument index.
 
-        No lock: ``_snapshot`` is replaced whole (free(), perms narrowing), so one
-        read sees the buffer either before or after such a change, which is the
-        order a launch racing with it may take anyway (its hold keeps the payload)."""
-        snap = self._snapshot
-        if snap is None:
+        No lock: each attribute read sees the buffer either before or after a
+        concurrent free() or perms narrowing, which is the order a launch racing
+        with it may take anyway (its hold keeps the payload)."""
+        if self._freed:
             return 0, 0, 0, 0, (slot + 1) | TAG_FREED
-        return snap[0], snap[0], self._nbytes, snap[1], slot + 1
+        return (self._ptr, self._ptr, self._nbytes,
+                self._nbytes if "w" in self._perms else 0, slot + 1)
 
     def _hold(self) -> Any:
         """Root the object for a launch (refused after free()); returns the header."""
@@ -301,7 +297,6 @@ class DeviceCapability(RecordedAttributes):
                                       detail="double free()")
             core.lib.gc_free(self._obj)  # cannot be a second free: _freed is set under the lock
             self._freed = True
-            self._snapshot = None
             self._pin = None  # unpin: the header may be reclaimed from now on
 
     # -- data movement ------------------------------------------------------
