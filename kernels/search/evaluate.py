@@ -168,10 +168,11 @@ def _isolation_problem(kern: Any, task: dict, a: np.ndarray, h: np.ndarray,
                 and np.array_equal(out[1][0], tau[b], equal_nan=True)):
             return _fail("check_failed", f"matrix {b} alone gives another result than in "
                          "the batch (it depends on other matrices or on the block order)")
-    alone = _work_written(kern, task, a[:1])
-    together = _work_written(kern, task, np.concatenate([a[:1]] * batch))
+    alone = _launch(kern, task, a[:1], footprint=True)
+    together = _launch(kern, task, np.concatenate([a[:1]] * batch), footprint=True)
     for out in (alone, together):
         if isinstance(out, dict):
+            out["reason"] = f"{out['reason']} [workspace footprint run]"
             return out
     if together != batch * alone:
         return _fail("check_failed", f"the {batch} blocks wrote {together} workspace elements, "
@@ -181,27 +182,6 @@ def _isolation_problem(kern: Any, task: dict, a: np.ndarray, h: np.ndarray,
 
 #: bit pattern the workspace holds before a footprint run (a NaN no arithmetic makes)
 _MARK = np.uint32(0x7FBADBAD)
-
-
-def _work_written(kern: Any, task: dict, a: np.ndarray) -> int | dict:
-    """Workspace elements written by one launch on ``a``, or a fault/timeout result."""
-    import runtime
-
-    h, tau, caps, args = _buffers(kern, task, a)
-    work = caps[2].numpy().view(np.uint32)
-    work[:] = _MARK
-    try:
-        runtime.launch(kern, caps, args=args, grid=a.shape[0], timeout=task["timeout"])
-        return int(np.count_nonzero(work != _MARK))
-    except runtime.CapabilityFault as e:
-        return _fail("fault", f"CapabilityFault: {e} [workspace footprint run]",
-                     _fault_detail(e, task))
-    except runtime.KernelTimeout as e:
-        return _fail("timeout", f"KernelTimeout: {e} [workspace footprint run]",
-                     {"timeout": task["timeout"]})
-    finally:
-        del work
-        caps[2].free()
 
 
 def _signature_problem(kern: Any) -> str | None:
@@ -230,18 +210,26 @@ def _buffers(kern: Any, task: dict, a: np.ndarray) -> tuple:
     return h, tau, caps, args
 
 
-def _launch(kern: Any, task: dict, a: np.ndarray) -> Any:
-    """Run once on ``a``: (H, tau) or a fault/timeout result dict."""
+def _launch(kern: Any, task: dict, a: np.ndarray, footprint: bool = False) -> Any:
+    """Run once on ``a``: (H, tau), or with ``footprint`` the number of workspace
+    elements the launch wrote (the workspace holds _MARK before it); or a
+    fault/timeout result dict."""
     import runtime
 
     h, tau, caps, args = _buffers(kern, task, a)
+    work = caps[2].numpy().view(np.uint32) if footprint else None
+    if work is not None:
+        work[:] = _MARK
     try:
         runtime.launch(kern, caps, args=args, grid=a.shape[0], timeout=task["timeout"])
+        if work is not None:
+            return int(np.count_nonzero(work != _MARK))
     except runtime.CapabilityFault as e:
         return _fail("fault", f"CapabilityFault: {e}", _fault_detail(e, task))
     except runtime.KernelTimeout as e:
         return _fail("timeout", f"KernelTimeout: {e}", {"timeout": task["timeout"]})
     finally:
+        del work  # the view, before its buffer is freed
         caps[2].free()
     return h, tau
 
