@@ -37,52 +37,39 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
     int64_t k0 = g * nc / G;
     int64_t k1 = (g + 1) * nc / G;
     int64_t half = 64 * nc + 64;
-    /* column 0's partials and pivot row */
-    for (int64_t k = k0; k < k1; k++) {
-        int64_t te = mr < 64 * k + 64 ? mr : 64 * k + 64;
-        for (int64_t c = 0; c < jb; c++)
-            acc[c] = 0.0;
-        for (int64_t t = 64 * k; t < te; t++) {
-            if (t == 0) {
-                for (int64_t c = 0; c < jb; c++)
-                    cap_store_f64(S, 64 * nc + c, (double)cap_load_f32(P, c));
-                continue;
-            }
-            double x = (double)cap_load_f32(P, t * ldp);
-            for (int64_t c = 0; c < jb; c++)
-                acc[c] = fma(x, (double)cap_load_f32(P, t * ldp + c), acc[c]);
-        }
-        for (int64_t c = 0; c < jb; c++)
-            cap_store_f64(S, 64 * k + c, acc[c]);
-    }
-    for (int64_t p = 0; p < jb; p++) {
-        rt_group_sync();
-        cap_t Sp = cap_offset_f64(S, (p % 2) * half);
-        cap_t Sn = cap_offset_f64(S, ((p + 1) % 2) * half);
-        for (int64_t c = 0; c < jb; c++) {
-            s[c] = 0.0;
-            piv[c] = cap_load_f64(Sp, 64 * nc + c);
-        }
-        for (int64_t k = 0; k < nc; k++)
-            for (int64_t c = 0; c < jb; c++)
-                s[c] = s[c] + cap_load_f64(Sp, 64 * k + c);
-        double alpha = piv[p];
-        double xn2 = s[p];
+    /* Column p's reflector from the sums the pass for p - 1 left; p = -1 has no
+     * reflector, its pass only forms column 0's sums and pivot row. */
+    for (int64_t p = -1; p < jb; p++) {
         double tau = 0.0;
-        double beta = alpha;
+        double beta = 0.0;
         double scale = 0.0;
-        if (xn2 > 0.0 || xn2 != xn2) {
-            beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
-            tau = (beta - alpha) / beta;
-            scale = 1.0 / (alpha - beta);
+        if (p >= 0) {
+            rt_group_sync();
+            cap_t Sp = cap_offset_f64(S, (p % 2) * half);
+            for (int64_t c = 0; c < jb; c++) {
+                s[c] = 0.0;
+                piv[c] = cap_load_f64(Sp, 64 * nc + c);
+            }
+            for (int64_t k = 0; k < nc; k++)
+                for (int64_t c = 0; c < jb; c++)
+                    s[c] = s[c] + cap_load_f64(Sp, 64 * k + c);
+            double alpha = piv[p];
+            double xn2 = s[p];
+            beta = alpha;
+            if (xn2 > 0.0 || xn2 != xn2) {
+                beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
+                tau = (beta - alpha) / beta;
+                scale = 1.0 / (alpha - beta);
+            }
+            for (int64_t c = 0; c < jb; c++)
+                w[c] = c > p ? (float)(tau * (piv[c] + s[c] * scale)) : 0.0f;
+            if (g == 0) {
+                cap_store_f32(TAU, p, (float)tau);
+                for (int64_t c = 0; c < p; c++)
+                    cap_store_f32(T, p * ldt + c, (float)(piv[c] + s[c] * scale));
+            }
         }
-        for (int64_t c = 0; c < jb; c++)
-            w[c] = c > p ? (float)(tau * (piv[c] + s[c] * scale)) : 0.0f;
-        if (g == 0) {
-            cap_store_f32(TAU, p, (float)tau);
-            for (int64_t c = 0; c < p; c++)
-                cap_store_f32(T, p * ldt + c, (float)(piv[c] + s[c] * scale));
-        }
+        cap_t Sn = cap_offset_f64(S, ((p + 1) % 2) * half);
         float scalef = (float)scale;
         for (int64_t k = k0; k < k1; k++) {
             int64_t tb = 64 * k > p ? 64 * k : p;
