@@ -11,6 +11,7 @@ mkdir -p "$OUT"
     > "$OUT/machine.txt" 2>&1
 timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_gpu_async.py tests/test_gpu_qr.py tests/test_gpu_builtins.py tests/test_gpu.py \
+    tests/test_gpu_group.py \
     tests/test_conformance.py > "$OUT/gpu-tests.txt" 2>&1
 echo "rc=$?" >> "$OUT/gpu-tests.txt"
 tail -3 "$OUT/gpu-tests.txt"

@@ -391,10 +391,16 @@ typedef struct cap_t {{
 #: sequence.  Every kernel exits at entry while ``flag`` or ``cancel`` is set,
 #: so nothing after the first fault runs.  ``cancel`` is written by the host
 #: when a deadline passes.  The host resets the record when a sequence starts
-#: and reads it once at the sync (C and C++, and a cffi cdef).
+#: and reads it once at the sync (C and C++, and a cffi cdef).  ``group`` and
+#: ``group_gen`` are the grid barrier of a cooperative launch (rt_group_sync):
+#: arrivals in the low 32 bits of ``group``, blocks that returned in the high 32,
+#: ``group_gen`` counts completed rounds; the last block to return zeroes ``group``
+#: for the next cooperative launch of the sequence.
 GPU_FAULT_DECL = ("typedef struct rt_gpu_fault { int flag; int kind; int access; int line; "
                   "long long block; long long index; long long elsize; long long offset; "
-                  "int thread; int slot; int launch; int cancel; } rt_gpu_fault;")
+                  "int thread; int slot; int launch; int cancel; "
+                  "unsigned long long group; unsigned int group_gen; unsigned int group_pad; "
+                  "} rt_gpu_fault;")
 
 
 def write_header() -> None:

@@ -66,3 +66,20 @@ def check_perms(perms: Any) -> str:
     if perms not in ("r", "rw"):
         raise ValueError(f"perms must be 'r' or 'rw', not {perms!r}")
     return perms
+
+
+def group_arg(name: str, uses: bool, group: Any, grid: int) -> int:
+    """``group`` as an int in 1 .. grid, or ValueError (``uses``: kernel ``name`` calls
+    rt_group_sync).  The lanes add their own limits (CPU workers, GPU residency)."""
+    if not uses:
+        raise ValueError(f"group= is for kernels that call rt_group_sync; {name!r} does not")
+    if group is None:
+        raise ValueError(f"kernel {name!r} calls rt_group_sync: launch it with group=N (the "
+                         "blocks 0 .. N-1 wait for each other there)")
+    try:
+        group = operator.index(group) if not isinstance(group, bool) else None
+    except TypeError:
+        group = None
+    if group is None or not 1 <= group <= max(grid, 1):
+        raise ValueError(f"group must be an int in 1 .. grid ({grid})")
+    return group

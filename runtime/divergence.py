@@ -41,7 +41,7 @@ from .verifier import TILE_FUNCS, WARP_FUNCS
 #: Calls whose result differs between the threads of a block by definition.
 VARYING_SOURCES = frozenset({"rt_thread_idx", "rt_lane_idx"})
 #: Calls every thread (of the warp or block) must reach together.
-COLLECTIVES = TILE_FUNCS | WARP_FUNCS | {"rt_sync_threads"}
+COLLECTIVES = TILE_FUNCS | WARP_FUNCS | {"rt_sync_threads", "rt_group_sync"}
 _LOOPS = (c_ast.For, c_ast.While, c_ast.DoWhile)
 
 
@@ -268,7 +268,7 @@ class _Analysis:
         if name in COLLECTIVES and ctl and self.report:
             line = node.coord.line if node.coord else None
             kind = ("a block barrier waits for every thread of the block"
-                    if name == "rt_sync_threads"
+                    if name in ("rt_sync_threads", "rt_group_sync")
                     else "a tile copy ends in a block barrier" if name in TILE_FUNCS
                     else "a warp shuffle waits for every lane of the warp")
             raise VerifyError(line, f"call to '{name}' under thread-dependent control flow",

@@ -139,6 +139,17 @@ INNER_CONST_TRIP = 256
 SHORT_TRIP = 1 << 16
 
 
+#: Block-wide barriers (GPU).  A loop around one is never versioned: the guard
+#: may differ between the threads of a warp, which would then wait at two
+#: different bar.sync instructions (PTX bar.sync is .aligned: undefined, in
+#: practice a hang).  The barrier-free loops inside it are still versioned.
+#: Tile copies end in a barrier; warp shuffles synchronise the warp the same way.
+BARRIERS = frozenset({"rt_sync_threads"}) | TILE_FUNCS | WARP_FUNCS
+#: The GPU lowering's: rt_group_sync starts and ends with a block barrier there (on the
+#: CPU, one thread per block, it waits for other blocks only).
+GPU_BARRIERS = BARRIERS | {"rt_group_sync"}
+
+
 @dataclass
 class _Ctx:
     """Per-function state of one hoisting pass (no module globals: compiles may run
@@ -151,11 +162,12 @@ class _Ctx:
     inner: dict[int, _Inner] = field(default_factory=dict)  # versioned innermost loops by id
     waits: frozenset[str] = frozenset()  # helpers that reach a barrier (waiting_helpers)
     one_thread_blocks: bool = False      # barriers never wait (see hoist_function)
+    barriers: frozenset[str] = BARRIERS  # the lane's barrier calls
 
 
 def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
-                   waits: frozenset[str] = frozenset(), one_thread_blocks: bool = False
-                   ) -> Versioning:
+                   waits: frozenset[str] = frozenset(), one_thread_blocks: bool = False,
+                   barriers: frozenset[str] = BARRIERS) -> Versioning:
     """Version every eligible loop of ``func`` in place; return the side table.
 
     ``arrays`` maps the function's local arrays to their dimensions
@@ -163,14 +175,16 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     result: covered accesses are UncheckedCall/UncheckedRef nodes, quiet
     loops are Quiet* nodes followed by a PollPoint, guards are calls of the
     runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
-    for both lanes).  ``waits``: the source's :func:`waiting_helpers`.
+    for both lanes).  ``waits``: the source's :func:`waiting_helpers`; ``barriers``:
+    the lane's barrier calls (BARRIERS, GPU_BARRIERS).
     ``one_thread_blocks``: the lane runs one thread per block (the CPU), so a
     barrier never waits for another thread and a whole-body guard may enclose
     tile copies.  (On the GPU a per-thread guard around a barrier would split
     the block; one taken by the whole block at entry, __syncthreads_and, was
     measured slower than none: bench/results/gpuprof-wholebody-guard-2026-12-03.txt.)
     """
-    ctx = _Ctx(arrays, _int_types(func), waits=waits, one_thread_blocks=one_thread_blocks)
+    ctx = _Ctx(arrays, _int_types(func), waits=waits, one_thread_blocks=one_thread_blocks,
+               barriers=barriers)
     whole = _body_version(func.body, ctx)
     if whole is not None:
         func.body, checked = whole
@@ -209,35 +223,29 @@ def _maybe_version(loop: c_ast.For, ctx: _Ctx, nested: bool = False) -> c_ast.No
     loop sits inside another loop of the function.
     """
     depth = _loop_depth(loop.stmt)
-    if depth > 1 or _has_barrier(loop.stmt, ctx.waits):
+    if depth > 1 or _has_barrier(loop.stmt, ctx.waits, ctx.barriers):
         return None
     return _version(loop, ctx, innermost=depth == 0, nested=nested)
 
 
-#: Block-wide barriers (GPU).  A loop around one is never versioned: the guard
-#: may differ between the threads of a warp, which would then wait at two
-#: different bar.sync instructions (PTX bar.sync is .aligned: undefined, in
-#: practice a hang).  The barrier-free loops inside it are still versioned.
-#: Tile copies end in a barrier; warp shuffles synchronise the warp the same way.
-BARRIERS = frozenset({"rt_sync_threads"}) | TILE_FUNCS | WARP_FUNCS
-
-
-def _has_barrier(node: c_ast.Node | None, waits: frozenset[str] = frozenset()) -> bool:
+def _has_barrier(node: c_ast.Node | None, waits: frozenset[str] = frozenset(),
+                 barriers: frozenset[str] = BARRIERS) -> bool:
     """Does ``node`` call a barrier, or a helper in ``waits`` (one that reaches one)?"""
     if node is None:
         return False
     if isinstance(node, c_ast.FuncCall) and isinstance(node.name, c_ast.ID) \
-            and (node.name.name in BARRIERS or node.name.name in waits):
+            and (node.name.name in barriers or node.name.name in waits):
         return True
-    return any(_has_barrier(c, waits) for _name, c in node.children())
+    return any(_has_barrier(c, waits, barriers) for _name, c in node.children())
 
 
-def waiting_helpers(ast: c_ast.FileAST) -> frozenset[str]:
+def waiting_helpers(ast: c_ast.FileAST, barriers: frozenset[str] = BARRIERS) -> frozenset[str]:
     """The source's functions that reach a barrier, directly or through other helpers:
     a call of one counts as a barrier for versioning."""
     funcs = {e.decl.name: e.body for e in ast.ext if isinstance(e, c_ast.FuncDef)}
     graph = {n: callees(body, set(funcs)) for n, body in funcs.items()}
-    return frozenset(reaching(graph, {n for n, body in funcs.items() if _has_barrier(body)}))
+    return frozenset(reaching(graph, {n for n, body in funcs.items()
+                                      if _has_barrier(body, barriers=barriers)}))
 
 
 def _loop_depth(node: c_ast.Node | None) -> int:
@@ -1686,7 +1694,8 @@ def _nest_walk(node: c_ast.Node, ctx: _Ctx) -> None:
 
 
 def _nest_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Node | None:
-    if _levels(loop) < 3 or _has_barrier(loop.stmt, ctx.waits):  # loop + at least two levels inside
+    # the loop and at least two levels inside it
+    if _levels(loop) < 3 or _has_barrier(loop.stmt, ctx.waits, ctx.barriers):
         return None
     return _guarded(loop, [], ctx)
 
@@ -1696,7 +1705,8 @@ def _body_version(body: c_ast.Compound, ctx: _Ctx) -> tuple[c_ast.Compound, c_as
     one guard at entry (helpers called once per column: their loops are short).
     The local arrays it declares at its top level move before the guard, so the
     two copies share them.  Returns (new body, checked copy) or None."""
-    if _levels(body) < 1 or (_has_barrier(body, ctx.waits) and not ctx.one_thread_blocks):
+    if _levels(body) < 1 or (_has_barrier(body, ctx.waits, ctx.barriers)
+                             and not ctx.one_thread_blocks):
         return None
     arrays = [d for d in body.block_items or [] if isinstance(d, c_ast.Decl)
               and isinstance(d.type, c_ast.ArrayDecl) and d.init is None]

@@ -11,7 +11,6 @@ on both lanes.
 
 from __future__ import annotations
 
-import operator
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 from capabilities import abi
 
 from . import core
-from .argcheck import check_counts, check_grid, plain_int64, scalar_arg
+from .argcheck import check_counts, check_grid, group_arg, plain_int64, scalar_arg
 from .errors import CapabilityFault, KernelTimeout, fault_detail
 
 ffi, lib = core.ffi, core.lib
@@ -107,18 +106,19 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
     launch first ends a pending sequence, raising its fault (this launch then
     does not run).
 
-    ``group`` (CPU, for kernels that call ``rt_group_sync``): blocks
+    ``group`` (for kernels that call ``rt_group_sync``): blocks
     0 .. group-1 run at the same time and wait for each other at every
-    ``rt_group_sync()``; needs 1 <= group <= grid and group <= the worker
-    count (ValueError before anything runs otherwise).
+    ``rt_group_sync()``.  On the CPU it needs 1 <= group <= grid and group <=
+    the worker count; on the GPU group == grid (a cooperative launch: the
+    whole grid must fit on the device at once).  ValueError before anything
+    runs otherwise.
     """
     capability, nobounds, cuda_kernel = _classes or _launch_classes()
     if isinstance(kernel, cuda_kernel):
         from . import cuda
 
-        if group is not None:
-            raise ValueError("group= is for CPU kernels: the GPU lane has no rt_group_sync")
-        return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, sync=sync, **kw)
+        return cuda.launch(kernel, caps, args=args, grid=grid, timeout=timeout, sync=sync,
+                           group=group, **kw)
     if kw:
         raise TypeError(f"unexpected launch options {sorted(kw)} for a CPU kernel")
     if sync:
@@ -181,19 +181,9 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
 
 
 def check_group(name: str, uses: bool, group: Any, grid: int) -> int:
-    """``group`` as an int, or ValueError unless it fits a launch of kernel ``name`` on
-    ``grid`` blocks (``uses``: the kernel calls rt_group_sync)."""
-    if not uses:
-        raise ValueError(f"group= is for kernels that call rt_group_sync; {name!r} does not")
-    if group is None:
-        raise ValueError(f"kernel {name!r} calls rt_group_sync: launch it with group=N (the "
-                         "blocks 0 .. N-1 wait for each other there)")
-    try:
-        group = operator.index(group) if not isinstance(group, bool) else None
-    except TypeError:
-        group = None
-    if group is None or not 1 <= group <= max(grid, 1):
-        raise ValueError(f"group must be an int in 1 .. grid ({grid})")
+    """``group`` as an int, or ValueError unless it fits a CPU launch of kernel ``name``
+    on ``grid`` blocks (``uses``: the kernel calls rt_group_sync)."""
+    group = group_arg(name, uses, group, grid)
     workers = lib.rt_core_threads()
     if group > workers:
         raise ValueError(f"a group of {group} blocks must run at once and the pool has "

@@ -69,6 +69,7 @@ _CUDA_SIGS: dict[str, tuple[tuple[str, ...], str]] = {
 SHUFFLE_TYPES = ("f32", "f64", "i64")
 for _t in SHUFFLE_TYPES:
     _CUDA_SIGS[f"rt_shfl_xor_{_t}"] = (("num", "mask"), "num")
+    _CUDA_SIGS[f"rt_shfl_idx_{_t}"] = (("num", "num"), "num")
 for _t in ("f32", "f64"):
     _CUDA_SIGS[f"rt_warp_sum_{_t}"] = (("num",), "num")
 _MATH_ARITY = {"sqrt": 1, "fabs": 1, "fma": 3, "copysign": 2, "fmin": 2, "fmax": 2, "exp": 1,
@@ -957,10 +958,6 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(node, f"call to '{name}'",
                        "not available on the GPU lane: device-side allocation and cap tables "
                        "need the host collector")
-        if self.target == "cuda" and name == "rt_group_sync":
-            self._fail(node, f"call to '{name}'",
-                       "not available on the GPU lane: a CUDA block can wait for other blocks "
-                       "only in a cooperative launch, which the lane does not make")
         sig = self._sig(name)
         if sig is None:
             if name.startswith("__"):

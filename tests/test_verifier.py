@@ -445,6 +445,7 @@ def test_api_constants():
             "rt_block_idx", "rt_grid_dim"} <= API_FUNCS
     assert CUDA_API_FUNCS == {"rt_thread_idx", "rt_block_dim", "rt_sync_threads", "rt_lane_idx",
                               "rt_shfl_xor_f32", "rt_shfl_xor_f64", "rt_shfl_xor_i64",
+                              "rt_shfl_idx_f32", "rt_shfl_idx_f64", "rt_shfl_idx_i64",
                               "rt_warp_sum_f32", "rt_warp_sum_f64", "rt_block_idx_y",
                               "rt_grid_dim_y"}
     assert not CUDA_API_FUNCS & API_FUNCS

@@ -57,6 +57,7 @@ from capabilities import abi
 
 from ..astutil import Generator, tile_call
 from ..hoist import (
+    GPU_BARRIERS,
     QUIET_LOOPS,
     PollPoint,
     UncheckedCall,
@@ -178,6 +179,10 @@ static __device__ __forceinline__ void rt_sync_threads(void)
     __syncthreads();
     if (__rt_bfault) asm volatile("exit;");   /* a thread of this block faulted */
 }
+/* The grid barrier's words live in the sequence record (reset with it). */
+#define RT_GROUP_WORDS() (&__rt_bseq->group)
+#define RT_GROUP_GEN() (&__rt_bseq->group_gen)
+#define RT_GROUP_POLL() rt_poll_slow()
 static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
 {
     if ((unsigned long long)i >= (unsigned long long)n) {
@@ -211,6 +216,13 @@ static __device__ __forceinline__ long long rt_lidx(long long i, long long n, in
 static __device__ __forceinline__ void rt_sync_threads(void) { __syncthreads(); }
 static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
 { return i; }
+/* Raw kernels have no sequence record: the grid barrier's words are module globals
+ * (zero at load; the last block of each cooperative launch zeroes them again). */
+__device__ unsigned long long __rt_group_words;
+__device__ unsigned int __rt_group_gen;
+#define RT_GROUP_WORDS() (&__rt_group_words)
+#define RT_GROUP_GEN() (&__rt_group_gen)
+#define RT_GROUP_POLL() ((void)0)
 #define RT_DEFINE_ACCESS(T, CT, S, LD, ST)                                            \
     static __device__ __forceinline__ float_or_##T rt_load_##T(cap_t c, long long i, int line) \
     { return LD(((const CT *)c.p)[i]); }                                             \
@@ -218,6 +230,65 @@ static __device__ __forceinline__ long long rt_lidx(long long i, long long n, in
                                                         int line)                    \
     { ((CT *)c.p)[i] = ST(v); }
 #endif
+/* rt_group_sync(): a barrier over every block of a cooperative launch (the lane
+ * launches kernels that call it with cuLaunchCooperativeKernel after checking
+ * that the whole grid fits on the device at once, so every block runs).
+ * Thread 0 of each block arrives for its block; the round's last arrival
+ * releases it by bumping the generation.  Why it cannot hang:
+ *  - a block that returns leaves the group (rt_group_leave, run by the kernel
+ *    wrapper after the body), and a round counts leavers as arrived;
+ *  - a fault (or the host's cancel) sets the sequence record's flag, and the
+ *    waiters poll it (RT_GROUP_POLL: exit, after recording a cancel);
+ *  - the verifier admits the call only under block-uniform control flow, as
+ *    rt_sync_threads, so every thread of a block reaches the block barriers.
+ * The __threadfence before arriving and after leaving makes the block's writes
+ * of this round visible to every block after the barrier (the pattern of
+ * cooperative groups' grid sync). */
+static __device__ __forceinline__ void rt_group_release(unsigned long long *w, unsigned int *gen,
+                                                        unsigned int arrived)
+{
+    atomicAdd(w, 0ull - (unsigned long long)arrived);   /* next round starts at 0 */
+    __threadfence();
+    atomicAdd(gen, 1u);
+}
+static __device__ __forceinline__ unsigned int rt_group_size(void)
+{ return gridDim.x * gridDim.y * gridDim.z; }
+static __device__ __forceinline__ void rt_group_sync(void)
+{
+    rt_sync_threads();
+    if (threadIdx.x == 0) {
+        unsigned long long *w = RT_GROUP_WORDS();
+        unsigned int *gen = RT_GROUP_GEN();
+        unsigned int g = *(volatile unsigned int *)gen;   /* before arriving: see above */
+        __threadfence();
+        unsigned long long old = atomicAdd(w, 1ull);
+        unsigned int arrived = (unsigned int)old + 1u, left = (unsigned int)(old >> 32);
+        if (arrived + left == rt_group_size()) {
+            rt_group_release(w, gen, arrived);
+        } else {
+            while (*(volatile unsigned int *)gen == g) {
+                RT_GROUP_POLL();
+                __nanosleep(32);
+            }
+        }
+        __threadfence();
+    }
+    rt_sync_threads();
+}
+static __device__ __forceinline__ void rt_group_leave(void)
+{
+    __syncthreads();   /* every thread of the block still running has returned */
+    if (threadIdx.x == 0) {
+        unsigned long long *w = RT_GROUP_WORDS();
+        __threadfence();
+        unsigned long long old = atomicAdd(w, 1ull << 32);
+        unsigned int arrived = (unsigned int)old, left = (unsigned int)(old >> 32) + 1u;
+        if (left == rt_group_size())
+            atomicExch(w, 0ull);   /* the launch's last block: clean for the next launch */
+        else if (arrived != 0u && arrived + left == rt_group_size())
+            rt_group_release(w, RT_GROUP_GEN(), arrived);   /* the rest were waiting for us */
+    }
+}
 /* Integer division and remainder: a zero divisor faults "division-by-zero" with
  * its line (as on the CPU); floating-point division is left alone. */
 template <class T> struct rt_is_int { enum { value = 0 }; };
@@ -395,9 +466,21 @@ static __device__ __forceinline__ unsigned int rt_warp_live(void)
         CT o = __shfl_xor_sync(live, v, m);                                           \
         return ((live >> ((threadIdx.x & 31u) ^ (unsigned int)m)) & 1u) ? o : v;      \
     }
+/* Broadcast: lane src's value (src taken mod 32; a lane past the block's end has
+ * no value, so the caller keeps its own). */
+#define RT_DEFINE_SHUFFLE_IDX(T, CT)                                                  \
+    static __device__ __forceinline__ CT rt_shfl_idx_##T(CT v, long long src)         \
+    {                                                                                 \
+        unsigned int live = rt_warp_live(), s = (unsigned int)src & 31u;              \
+        CT o = __shfl_sync(live, v, (int)s);                                          \
+        return ((live >> s) & 1u) ? o : v;                                            \
+    }
 RT_DEFINE_SHUFFLE(f32, float)
 RT_DEFINE_SHUFFLE(f64, double)
 RT_DEFINE_SHUFFLE(i64, long long)
+RT_DEFINE_SHUFFLE_IDX(f32, float)
+RT_DEFINE_SHUFFLE_IDX(f64, double)
+RT_DEFINE_SHUFFLE_IDX(i64, long long)
 /* Sum over the warp's lanes, the same value in every lane.  Butterfly from
  * stride 16 down; a missing partner adds nothing.  Lane 0's partners at each
  * stride carry classes that either exist or are entirely missing, so lane 0's
@@ -562,7 +645,7 @@ class _Rewriter:
             return _call("rt_cap_from_int", args, coord)
         if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
                     "rt_sync_threads", "rt_lane_idx", "rt_block_idx_y",
-                    "rt_grid_dim_y") or name in WARP_FUNCS:
+                    "rt_grid_dim_y", "rt_group_sync") or name in WARP_FUNCS:
             return node
         if name in TILE_FUNCS:
             return self.tile(name, args, line, coord)
@@ -590,7 +673,7 @@ class _Instrumenter:
         self.checked = checked
         self.hoist = hoist and checked
         self.kernel_names = set(verified.parsed.kernels)
-        self.waits = waiting_helpers(self.ast)
+        self.waits = waiting_helpers(self.ast, GPU_BARRIERS)
         self.arrays: list[str] = []
         self.gen = Generator()
 
@@ -616,7 +699,8 @@ class _Instrumenter:
         name = fn.decl.name
         arrays = self.local_arrays(fn)
         if self.hoist:
-            hoist_function(fn, {k: tuple(v) for k, v in arrays.items()}, self.waits)
+            hoist_function(fn, {k: tuple(v) for k, v in arrays.items()}, self.waits,
+                           barriers=GPU_BARRIERS)
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
         _map_types(fn)
@@ -637,8 +721,10 @@ class _Instrumenter:
         if self.checked:  # raw builds have neither the hidden parameters nor the entry check
             decl_txt = _with_hidden_params(decl_txt)
             prologue = f"  RT_PROLOGUE({SEQ_PARAM}, {LAUNCH_PARAM});\n"
+        # a block that returns leaves the group, so the other blocks' barriers complete
+        leave = "  rt_group_leave();\n" if sig.group_sync else ""
         out += (f'extern "C" __global__ {decl_txt}\n{{\n{prologue}'
-                f"  __rtk_{name}({argnames});\n}}\n")
+                f"  __rtk_{name}({argnames});\n{leave}}}\n")
         return out, sig
 
     def run(self) -> CudaSource:

@@ -46,7 +46,14 @@ from capabilities import abi
 from capabilities.protocol import RecordedAttributes
 
 from .. import core, heap
-from ..argcheck import check_counts, check_grid, check_perms, plain_int64, scalar_arg
+from ..argcheck import (
+    check_counts,
+    check_grid,
+    check_perms,
+    group_arg,
+    plain_int64,
+    scalar_arg,
+)
 from ..errors import CapabilityFault, KernelTimeout, fault_detail
 from ..parse import parse
 from ..verifier import KernelSig, select_kernel, verify
@@ -400,6 +407,7 @@ class CudaKernel:
     function: Any
     cubin_bytes: int
     param_block: Any = field(default=None, repr=False, compare=False)  # see _ParamBlock
+    resident: dict = field(default_factory=dict, repr=False, compare=False)  # see max_group
 
     def registers(self) -> int:
         """Registers per thread of the compiled kernel."""
@@ -408,6 +416,41 @@ class CudaKernel:
         drv.check(drv.lib().cuFuncGetAttribute(v, drv.CU_FUNC_ATTRIBUTE_NUM_REGS,
                                                self.function), "cuFuncGetAttribute")
         return v[0]
+
+
+    def max_group(self, block: int, shared_bytes: int = 0) -> int:
+        """Blocks of ``block`` threads that the device runs at once (the largest grid of
+        a cooperative launch; 0 where the device makes none)."""
+        key = (block, shared_bytes)
+        if key not in self.resident:
+            dev = drv.device()
+            if not dev.attribute(drv.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH):
+                self.resident[key] = 0
+            else:
+                v = drv.ffi().new("int *")
+                drv.check(drv.lib().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    v, self.function, int(block), int(shared_bytes)),
+                    "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+                self.resident[key] = v[0] * dev.sm_count
+        return self.resident[key]
+
+
+def check_group(kernel: CudaKernel, group: Any, grid: int, block: int,
+                shared_bytes: int = 0) -> bool:
+    """Whether the launch is cooperative (the kernel calls rt_group_sync); ValueError
+    unless ``group`` is the whole grid and the grid fits on the device at once."""
+    if group is None and not kernel.info.group_sync:
+        return False
+    g = group_arg(kernel.name, kernel.info.group_sync, group, grid)
+    if grid and g != grid:
+        raise ValueError(f"kernel {kernel.name!r}: on the GPU a group is the whole grid (a "
+                         f"cooperative launch), so group must be {grid}, got {g}")
+    fits = kernel.max_group(block, shared_bytes)
+    if grid > fits:
+        raise ValueError(f"kernel {kernel.name!r}: its {grid} blocks of {block} threads must "
+                         f"all run at once and the device runs at most {fits} of them "
+                         "(cooperative launch): they would wait forever")
+    return True
 
 
 def translate(source: str, *, checked: bool = True, hoist: bool = True) -> CudaSource:
@@ -600,13 +643,20 @@ def _unhold_all(held: list[Any]) -> None:
 
 
 def _launch_async(kernel: CudaKernel, params: _ParamBlock, grid: int, block: int,
-                  shared_bytes: int, driver: tuple[Any, Any] | None = None) -> None:
-    """cuLaunchKernel on the launch stream; ``driver``: (cuLaunchKernel, NULL) looked
-    up once by a caller that launches many times."""
+                  shared_bytes: int, driver: tuple[Any, Any] | None = None,
+                  cooperative: bool = False) -> None:
+    """cuLaunchKernel (cuLaunchCooperativeKernel: every block resident at once) on the
+    launch stream; ``driver``: (cuLaunchKernel, NULL) looked up once by a caller that
+    launches many times."""
     if driver is None:
         L, f = drv.lib(), drv.ffi()
         driver = (L.cuLaunchKernel, f.NULL)
     fn, null = driver
+    if cooperative:
+        drv.check(drv.lib().cuLaunchCooperativeKernel(
+            kernel.function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
+            params.params), "cuLaunchCooperativeKernel")
+        return
     drv.check(fn(kernel.function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
                  params.params, null), "cuLaunchKernel")
 
@@ -632,16 +682,18 @@ def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
 
 def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[Any], grid: int,
              block: int, shared_bytes: int, caller_holds: bool = False, dev: Any = None,
-             driver: tuple[Any, Any] | None = None) -> None:
+             driver: tuple[Any, Any] | None = None, group: Any = None) -> None:
     """Add one launch to the pending sequence (caller holds ``_seq.lock``).
 
     ``caller_holds``: the caller already holds every buffer of ``caps`` until the
     sync (:func:`launch_many`); otherwise this launch takes its own holds.
     ``dev`` and ``driver``: the device (current on this thread) and the launch
-    entry point, when the caller looked them up once for many launches."""
+    entry point, when the caller looked them up once for many launches.
+    ``group``: see :func:`launch`."""
     dev = dev or drv.device()
     if not 1 <= block <= dev.max_threads:
         raise ValueError(f"block must be in 1..{dev.max_threads}")
+    cooperative = check_group(kernel, group, grid, block, shared_bytes)
     record = dev.seq_record or _record(dev)
     own = [] if caller_holds else _hold_all(caps)
     try:
@@ -652,7 +704,7 @@ def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[An
             return
         if not _seq.launches:
             _reset_record(record)
-        _launch_async(kernel, params, grid, block, shared_bytes, driver)
+        _launch_async(kernel, params, grid, block, shared_bytes, driver, cooperative)
     except BaseException:
         _unhold_all(own)
         raise
@@ -660,10 +712,10 @@ def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[An
     _seq.held.extend(own)
 
 
-def launch_many(launches: Sequence[tuple[CudaKernel, Sequence[DeviceCapability],
-                                         Sequence[Any], int, int]]) -> None:
-    """Enqueue ``(kernel, caps, args, grid, block)`` launches in order, each as
-    ``launch(kernel, caps, args=args, grid=grid, block=block, sync=False)``.
+def launch_many(launches: Sequence[tuple[Any, ...]]) -> None:
+    """Enqueue ``(kernel, caps, args, grid, block)`` launches (or ``(..., block, group)``)
+    in order, each as ``launch(kernel, caps, args=args, grid=grid, block=block,
+    group=group, sync=False)``.
 
     The same sequence semantics (one :func:`sync` raises the first fault, with
     its ``launch_index``), at a lower host cost per launch: the lock is taken
@@ -672,20 +724,21 @@ def launch_many(launches: Sequence[tuple[CudaKernel, Sequence[DeviceCapability],
     argument error raises at its launch; the launches before it stay enqueued.
     """
     plan = [(kernel, [caps] if isinstance(caps, DeviceCapability) else list(caps), args, grid,
-             block) for kernel, caps, args, grid, block in launches]
-    for _, _, _, grid, _ in plan:
+             block, group[0] if group else None)
+            for kernel, caps, args, grid, block, *group in launches]
+    for _, _, _, grid, _, _ in plan:
         check_grid(grid, None)
     with _seq.lock:
-        distinct = {id(c): c for _, caps, _, _, _ in plan for c in caps}
+        distinct = {id(c): c for _, caps, _, _, _, _ in plan for c in caps}
         held = _hold_all(list(distinct.values()))  # all or none, before any launch
         before = len(_seq.launches)
         try:
             dev = drv.device()  # binds the context to this thread for the whole batch
             L, f = drv.lib(), drv.ffi()
             driver = (L.cuLaunchKernel, f.NULL)
-            for kernel, caps, args, grid, block in plan:
+            for kernel, caps, args, grid, block, group in plan:
                 _enqueue(kernel, caps, args, grid, block, 0, caller_holds=True, dev=dev,
-                         driver=driver)
+                         driver=driver, group=group)
         finally:
             if len(_seq.launches) > before:
                 _seq.held.extend(held)  # released by the sync that covers the batch
@@ -787,8 +840,12 @@ def _cancel(record: int) -> None:
 
 def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
            args: Sequence[Any] = (), grid: int = 1, block: int = 128, shared_bytes: int = 0,
-           timeout: float | None = None, sync: bool = True) -> None:
+           timeout: float | None = None, sync: bool = True, group: int | None = None) -> None:
     """Run ``kernel`` on ``grid`` blocks of ``block`` threads.
+
+    ``group`` (for kernels that call ``rt_group_sync``, and only for them): the
+    whole grid, ``group == grid``; the launch is cooperative, and ValueError
+    (before anything runs) when the grid does not fit on the device at once.
 
     ``sync=True`` (default): first sync the pending sequence (raising its
     fault, if any, before this launch runs), then run the kernel and wait for
@@ -813,7 +870,7 @@ def launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapabili
         if sync:
             _drain_all()
             _sync_locked(timeout)
-        _enqueue(kernel, caps, args, grid, block, shared_bytes)
+        _enqueue(kernel, caps, args, grid, block, shared_bytes, group=group)
         del caps  # the launch holds the objects, not the handles
         if sync:
             _sync_locked(timeout, sequence=False)
@@ -841,7 +898,7 @@ def pending() -> int:
 def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCapability, *,
                 args: Sequence[Any] = (), grid: int = 1, block: int = 128,
                 shared_bytes: int = 0, repeat: int = 7, warmup: int = 1,
-                before: Any = None) -> list[float]:
+                before: Any = None, group: int | None = None) -> list[float]:
     """Milliseconds per launch measured with CUDA events (``repeat`` samples).
 
     ``before`` (optional callable) runs before each launch outside the timed
@@ -850,6 +907,7 @@ def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCap
     """
     caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
     dev = drv.device()
+    cooperative = check_group(kernel, group, grid, block, shared_bytes)
     _drain_all()
     out = []
     start, end = drv.Event(), drv.Event()
@@ -866,7 +924,8 @@ def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCap
                     _sync_locked(None)  # ``before`` may have launched
                 _reset_record(record)
                 start.record()
-                _launch_async(kernel, params, grid, block, shared_bytes)
+                _launch_async(kernel, params, grid, block, shared_bytes,
+                              cooperative=cooperative)
                 end.record()
                 end.synchronize()
                 rec = _read_record(record)
