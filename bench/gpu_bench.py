@@ -128,7 +128,7 @@ def _profile(g, A, tau, ws, plan: list) -> dict:
         caps = ws.caps(step, A, tau)
         s.record()
         cuda.launch(ks[step.kernel], caps, args=step.args, grid=step.grid, block=step.block,
-                    sync=False)
+                    group=step.group, sync=False)
         e.record()
     enqueue = (time.perf_counter() - t0) * 1e3
     cuda.sync()

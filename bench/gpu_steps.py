@@ -41,7 +41,8 @@ def profile(batch: int, n: int, tall_rows: int | None | str, checked: bool = Tru
     kinds: dict[str, dict[str, float]] = {}
     for step in plan:
         ms = cuda.time_launch(ks[step.kernel], ws.caps(step, A, tau), args=step.args,
-                              grid=step.grid, block=step.block, repeat=1, warmup=0)[0]
+                              grid=step.grid, block=step.block, repeat=1, warmup=0,
+                              group=step.group)[0]
         k = kinds.setdefault(step.kernel, {"launches": 0, "kernel_ms": 0.0})
         k["launches"] += 1
         k["kernel_ms"] += ms

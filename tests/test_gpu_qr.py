@@ -87,21 +87,21 @@ def _t_from(taus: np.ndarray, G: np.ndarray, nb: int, size: int = 32) -> np.ndar
 
 def model_steps(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int, batch: int,
                 nrb: int) -> np.ndarray:
-    """gpu_qr_steps_init + one gpu_qr_steps_column per column on one matrix (in place),
-    block by block: each row block adds the parts of the sums that the previous launch
-    left in the double buffer (indexed by column parity) and updates only its rows.
-    Returns the 32 x 32 T that the last launch forms from the y columns and tau."""
+    """gpu_qr_steps on one matrix (in place), block by block: between two grid
+    barriers each row block adds the parts of the sums that the previous column left in
+    the double buffer (indexed by column parity) and updates only its rows.  Returns
+    the 32 x 32 T that block 0 forms at the end from the y columns and tau."""
     R = g.STEP_ROWS
     Pv = np.zeros((2, 32))
     Pp = np.zeros((2, nrb, 32))
     Y = np.zeros((32, 32), np.float32)
     cols = slice(k0, k0 + nb)
-    for rbi in range(nrb):                                # gpu_qr_steps_init
+    for rbi in range(nrb):                                # column 0's sums
         lo, hi = max(k0 + rbi * R, k0 + 1), min(k0 + (rbi + 1) * R, n)
         x = M[lo:hi, k0].astype(np.float64)
         Pp[0, rbi, :nb] = x @ M[lo:hi, cols].astype(np.float64)
     Pv[0, :nb] = M[k0, cols]
-    for j in range(nb):                                   # gpu_qr_steps_column, j
+    for j in range(nb):                                   # column j, then a barrier
         kj, par, nxt = k0 + j, j % 2, 1 - j % 2
         s, pv = Pp[par].sum(axis=0), Pv[par].copy()
         alpha, xn2 = pv[j], s[j]
@@ -154,7 +154,7 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, n
                 T[b] = model_panel(H[b], tau[b], *step.args)
             elif step.kernel == "panel_small":
                 T[b] = model_panel(H[b], tau[b], *step.args)  # same arithmetic, in smem
-            elif step.kernel == "steps_init":
+            elif step.kernel == "steps":
                 T[b] = model_steps(H[b], tau[b], *step.args)
             elif step.kernel == "update_apply":
                 model_update(H[b], T[b], *step.args[:3])
@@ -167,7 +167,7 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, n
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100)])
 def test_plan_covers_each_column_once(batch: int, n: int) -> None:
     plan = g.launch_plan(batch, n, tall_rows=None)
-    panels = [s for s in plan if s.kernel.startswith("panel") or s.kernel == "steps_init"]
+    panels = [s for s in plan if s.kernel.startswith("panel") or s.kernel == "steps"]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))
     kinds = [s.kernel for s in plan]
@@ -192,30 +192,36 @@ def test_plan_covers_each_column_once(batch: int, n: int) -> None:
 
 @pytest.mark.parametrize("batch,n", [(2, 4096), (8, 2048), (3, 130), (1, 65)])
 def test_plan_column_steps(batch: int, n: int) -> None:
-    """Panels taller than tall_rows: one init and one launch per column, over row blocks."""
+    """Panels taller than tall_rows: one cooperative launch over row blocks (the grid is
+    its group), where the grid fits in max_group; one block per matrix otherwise."""
     plan = g.launch_plan(batch, n, tall_rows=64)
-    inits = [i for i, s in enumerate(plan) if s.kernel == "steps_init"]
-    assert inits and all(plan[i].args[1] < n - 64 for i in inits)
-    for i in inits:
-        n_, k0, nb, nbatch, nrb = plan[i].args
+    steps = [s for s in plan if s.kernel == "steps"]
+    assert steps and all(s.args[1] < n - 64 for s in steps)
+    for s in steps:
+        n_, k0, nb, nbatch, nrb = s.args
         assert (n_, nbatch) == (n, batch) and nrb * g.STEP_ROWS >= n - k0 > (nrb - 1) * g.STEP_ROWS
-        cols = plan[i + 1:i + 1 + nb]
-        assert [s.args for s in cols] == [(n, k0, nb, batch, nrb, j) for j in range(nb)]
-        assert all(s.kernel == "steps_column" and s.grid == batch * nrb == plan[i].grid
-                   and s.block == g.STEP_BLOCK for s in cols)
-    # the kernels are written for 256 threads of 8 rows each in blocks of 64 rows
+        assert s.grid == s.group == batch * nrb <= g.STEPS_MAX_GROUP
+        assert s.block == g.STEP_BLOCK
+    assert all(s.group is None for s in plan if s.kernel != "steps")
+    # the kernel is written for 256 threads of 8 rows each in blocks of 64 rows
     assert g.STEP_BLOCK // 32 * 8 == g.STEP_ROWS
     assert "rlo = k0 + rbi * 64;" in g.PANEL_STEPS_SOURCE
-    need = max(2 * s.args[3] * 32 + 2 * s.args[3] * s.args[4] * 32 for s in plan
-               if s.kernel == "steps_init")
+    need = max(2 * s.args[3] * 32 + 2 * s.args[3] * s.args[4] * 32 for s in steps)
     assert g.steps_size(batch, n) >= need
+    # a grid that does not fit at once falls back to one block per matrix
+    small = g.launch_plan(batch, n, tall_rows=64, max_group=batch * 2)
+    for s in small:
+        rows = n - s.args[1]
+        if s.kernel.startswith("panel") or s.kernel == "steps":
+            nrb = -(-rows // g.STEP_ROWS)
+            assert (s.kernel == "steps") == (rows > 64 and batch * nrb <= batch * 2)
 
 
 def test_default_plan_uses_column_steps_for_small_batches() -> None:
     for batch, n in CONTEST_SHAPES:
         kinds = {s.kernel for s in g.launch_plan(batch, n)}
         steps = batch <= g.STEPS_MAX_BATCH and n > g.STEPS_ROWS
-        assert ("steps_column" in kinds) == steps and ("panel" not in kinds or not steps)
+        assert ("steps" in kinds) == steps and ("panel" not in kinds or not steps)
 
 
 def test_plan_rejects_empty() -> None:
@@ -243,8 +249,7 @@ def test_model_matches_lapack_compact_form() -> None:
 
 @pytest.mark.parametrize("name,src", [("gpu_qr_panel", g.PANEL_SOURCE),
                                       ("gpu_qr_panel_small", g.PANEL_SMALL_SOURCE),
-                                      ("gpu_qr_steps_init", g.PANEL_STEPS_SOURCE),
-                                      ("gpu_qr_steps_column", g.PANEL_STEPS_SOURCE),
+                                      ("gpu_qr_steps", g.PANEL_STEPS_SOURCE),
                                       ("gpu_qr_update_z", g.UPDATE_SOURCE),
                                       ("gpu_qr_update_apply", g.UPDATE_SOURCE)])
 def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
@@ -379,17 +384,17 @@ def test_panel_launch_past_the_matrix_faults() -> None:
     tau = cuda.alloc_device(32, np.float32, name="tau")
     ws = g.Workspace.alloc(1, 32, prefix="")
     with pytest.raises(CapabilityFault) as ei:
-        cuda.launch(g.blocked_kernels(True)["steps_column"], [A, tau, ws.work, ws.steps],
-                    args=(40, 0, 32, 1, 1, 0), grid=1, block=g.STEP_BLOCK)
-    assert ei.value.kernel == "gpu_qr_steps_column" and ei.value.buffer == "A"
+        cuda.launch(g.blocked_kernels(True)["steps"], [A, tau, ws.work, ws.steps],
+                    args=(40, 0, 32, 1, 1), grid=1, block=g.STEP_BLOCK, group=1)
+    assert ei.value.kernel == "gpu_qr_steps" and ei.value.buffer == "A"
     with pytest.raises(CapabilityFault) as ei:
         cuda.launch(g.blocked_kernels(True)["panel"], [A, tau, ws.work], args=(40, 0, 32),
                     grid=1, block=g.PANEL_BLOCK)
     assert ei.value.kernel == "gpu_qr_panel" and ei.value.buffer == "A"
     with pytest.raises(CapabilityFault) as ei:  # more row blocks than the sums buffer holds
-        cuda.launch(g.blocked_kernels(True)["steps_init"], [A, ws.steps],
-                    args=(32, 0, 32, 1, 64), grid=64, block=g.STEP_BLOCK)
-    assert ei.value.kernel == "gpu_qr_steps_init" and ei.value.buffer == "steps"
+        cuda.launch(g.blocked_kernels(True)["steps"], [A, tau, ws.work, ws.steps],
+                    args=(32, 0, 32, 1, 64), grid=64, block=g.STEP_BLOCK, group=64)
+    assert ei.value.kernel == "gpu_qr_steps" and ei.value.buffer == "steps"
 
 
 @gpu

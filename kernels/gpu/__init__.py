@@ -7,9 +7,10 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
    ``gpu_qr_panel_small`` (kernels/gpu/panel_small.c: one block per matrix, the
    panel in shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel``
    (kernels/gpu/panel.c: one block per matrix) above, or, for panels of more
-   than ``tall_rows`` rows, ``gpu_qr_steps_init`` and one ``gpu_qr_steps_column``
-   launch per column (kernels/gpu/panel_steps.c: blocks of ``STEP_ROWS`` rows,
-   so a batch of two 4096-row panels runs on 128 blocks, not 2);
+   than ``tall_rows`` rows, one cooperative launch of ``gpu_qr_steps``
+   (kernels/gpu/panel_steps.c: blocks of ``STEP_ROWS`` rows and a grid barrier,
+   rt_group_sync, between columns, so a batch of two 4096-row panels runs on
+   128 blocks, not 2);
 2. ``gpu_qr_update_z`` and ``gpu_qr_update_apply`` (kernels/gpu/update.c, one
    block per (matrix, 32-column strip, row block)) apply ``I - V T^T V^T`` to
    the trailing columns; the row blocks are cut so that the grid has at least
@@ -39,54 +40,69 @@ PANEL_SMALL_SOURCE = (_HERE / "panel_small.c").read_text()
 UPDATE_SOURCE = (_HERE / "update.c").read_text()
 
 NB = 32            #: panel width (one warp lane per panel column)
-STRIP = 32         #: trailing columns per update block
-UPDATE_BLOCK = 256
+#: The update kernels' shapes (kernels/gpu/gen_update.py writes them into update.c):
+#: trailing columns per block, threads per block, rows per shared-memory chunk, and
+#: floats of one block's part of Z.
+STRIP, UPDATE_BLOCK, CHUNK = 64, 128, 64
+ZP_SIZE = NB * STRIP
 SMALL_ROWS = 256   #: panels with at most this many rows go to gpu_qr_panel_small
-CHUNK = 128        #: rows per shared-memory chunk of the update kernels
-TARGET_BLOCKS = 264  #: two resident update blocks on each of the H200's 132 SMs
+TARGET_BLOCKS = 528  #: four resident update blocks on each of the H200's 132 SMs
 #: Threads of each panel kernel: written into its source as P (constant loop steps).
 PANEL_BLOCK, SMALL_BLOCK = 512, 256
-#: gpu_qr_steps_*: 256 threads, 8 warps x 8 rows each (the constants of panel_steps.c).
+#: gpu_qr_steps: 256 threads, 8 warps x 8 rows each (the constants of panel_steps.c).
 STEP_BLOCK, STEP_ROWS = 256, 64
 T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
 #: Register caps of the update kernels, the same for checked and raw builds so the
-#: overhead comparison stays like for like: update_z fits 64 without spilling in either
-#: build (4 blocks per SM; ptxas -v, NVRTC 13, sm_90), update_apply needs 128 (2 per SM).
-UPDATE_Z_OPTIONS = ("--maxrregcount=64",)
+#: overhead comparison stays like for like: update_z fits 96 and update_apply 128
+#: without spilling in either build (ptxas -v, NVRTC 13, sm_90; apply spills at 96).
+UPDATE_Z_OPTIONS = ("--maxrregcount=96",)
 UPDATE_OPTIONS = ("--maxrregcount=128",)
 #: gpu_qr_panel runs 512 threads, so at most 128 registers each.
 PANEL_OPTIONS = ("--maxrregcount=128",)
+#: gpu_qr_steps: 96 registers (no spills in either build, NVRTC 13, sm_90) let two
+#: blocks share an SM, so a cooperative grid of 256 blocks ((8,2048)) fits an H200.
+STEPS_OPTIONS = ("--maxrregcount=96",)
 
 
 @dataclass(frozen=True)
 class Launch:
     """One step of the launch sequence: kernel name, grid, block and scalar args."""
 
-    kernel: str  # "panel", "panel_small", "steps_init", "steps_column", "update_z", "update_apply"
+    kernel: str  # "panel", "panel_small", "steps", "update_z", "update_apply"
     grid: int
     block: int
     args: tuple[int, ...]
+    group: int | None = None  # cooperative launches (rt_group_sync): the whole grid
 
 
-#: Batches up to this size factor panels of more than STEPS_ROWS rows by column steps
-#: (H200, bench/results/gpuprof-steps-2026-12-03.json: kernel time of the panels of
-#: (2,4096) 64 ms by column steps vs 126 ms one block per matrix, a tie at (8,2048); one
-#: block per matrix wins from batch 60 on, where the batch alone fills the GPU).  With
-#: launch_many and the hull guards the whole (8,2048) QR took 42.5 ms by column steps vs
-#: 44.8 ms without (bench/results/gpuprof-plan-sweep-2026-12-03.txt).
+#: Batches up to this size factor panels of more than STEPS_ROWS rows over row blocks
+#: (H200: one launch per column at first, bench/results/gpuprof-steps-2026-12-03.json:
+#: kernel time of the panels of (2,4096) 64 ms that way vs 126 ms one block per matrix, a
+#: tie at (8,2048); one block per matrix wins from batch 60 on, where the batch alone
+#: fills the GPU).  One cooperative launch per panel (gpu_qr_steps) gives bitwise the
+#: same results: (2,4096) 86 -> 61 ms, (8,2048) 42.7 -> 30.7 ms, (4,1024) 11.8 -> 7.5 ms
+#: (bench/results/gpu-coop-2026-12-03.txt).
 STEPS_MAX_BATCH, STEPS_ROWS = 8, 256
 
 
 def default_tall_rows(batch: int) -> int | None:
-    """The panel height above which the plan uses column steps (None: never)."""
+    """The panel height above which the plan uses gpu_qr_steps (None: never)."""
     return STEPS_ROWS if batch <= STEPS_MAX_BATCH else None
 
 
-def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto") -> list[Launch]:
+#: Blocks of gpu_qr_steps the plan assumes the device runs at once when it is not
+#: told (H200: 2 per SM of 132 at STEP_OPTIONS' register cap).
+STEPS_MAX_GROUP = 264
+
+
+def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
+                max_group: int = STEPS_MAX_GROUP) -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
 
-    Panels of more than ``tall_rows`` rows are factored by column-step launches
-    over row blocks (kernels/gpu/panel_steps.c); None: never; "auto":
+    Panels of more than ``tall_rows`` rows are factored over row blocks of
+    STEP_ROWS rows (kernels/gpu/panel_steps.c) by one cooperative launch of
+    gpu_qr_steps, where its grid (batch x row blocks) fits in ``max_group``
+    blocks, else by one block per matrix; tall_rows None: never; "auto":
     :func:`default_tall_rows`.
     """
     if batch < 1 or n < 1:
@@ -96,11 +112,10 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto") -> lis
     plan = []
     for k0 in range(0, n, NB):
         nb, m = min(NB, n - k0), n - k0
-        if tall_rows is not None and m > tall_rows:
-            nrb = -(-m // STEP_ROWS)
-            plan.append(Launch("steps_init", batch * nrb, STEP_BLOCK, (n, k0, nb, batch, nrb)))
-            plan.extend(Launch("steps_column", batch * nrb, STEP_BLOCK,
-                               (n, k0, nb, batch, nrb, j)) for j in range(nb))
+        nrb = -(-m // STEP_ROWS)
+        if tall_rows is not None and m > tall_rows and batch * nrb <= max_group:
+            plan.append(Launch("steps", batch * nrb, STEP_BLOCK, (n, k0, nb, batch, nrb),
+                               batch * nrb))
         elif m <= SMALL_ROWS:
             plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb)))
         else:
@@ -128,10 +143,8 @@ def blocked_kernels(checked: bool = True) -> dict[str, Any]:
                                   options=PANEL_OPTIONS),
             "panel_small": cuda.compile(PANEL_SMALL_SOURCE, "gpu_qr_panel_small",
                                         checked=checked),
-            "steps_init": cuda.compile(PANEL_STEPS_SOURCE, "gpu_qr_steps_init",
-                                       checked=checked),
-            "steps_column": cuda.compile(PANEL_STEPS_SOURCE, "gpu_qr_steps_column",
-                                         checked=checked),
+            "steps": cuda.compile(PANEL_STEPS_SOURCE, "gpu_qr_steps", checked=checked,
+                                  options=STEPS_OPTIONS),
             "update_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_z", checked=checked,
                                      options=UPDATE_Z_OPTIONS),
             "update_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_apply",
@@ -144,15 +157,15 @@ def work_size(batch: int) -> int:
 
 
 def scratch_size(batch: int, n: int) -> int:
-    """Floats of the scratch buffer: the update's parts of Z (32 x 32 per block; the
+    """Floats of the scratch buffer: the update's parts of Z (ZP_SIZE per block; the
     row blocks do not depend on tall_rows)."""
     z = max((s.grid for s in launch_plan(batch, n, None) if s.kernel == "update_z"),
             default=0)
-    return max(1, z * T_SIZE)
+    return max(1, z * ZP_SIZE)
 
 
 def steps_size(batch: int, n: int) -> int:
-    """Doubles of the column-step buffer: two pivot rows and two sets of row-block
+    """Doubles of gpu_qr_steps' buffer: two pivot rows and two sets of row-block
     sums (double buffered by column parity) per matrix."""
     return 2 * batch * 32 * (1 + -(-n // STEP_ROWS))
 
@@ -160,7 +173,7 @@ def steps_size(batch: int, n: int) -> int:
 @dataclass
 class Workspace:
     """The device buffers a factorization needs besides A and tau: ``work`` (T),
-    ``scratch`` (the update's parts of Z) and ``steps`` (the column steps' pivot
+    ``scratch`` (the update's parts of Z) and ``steps`` (gpu_qr_steps' pivot
     rows and sums)."""
 
     work: Any
@@ -180,7 +193,7 @@ class Workspace:
         """The capability arguments of one launch of the plan."""
         w, z, d = self.work, self.scratch, self.steps
         return {"panel": [A, tau, w], "panel_small": [A, tau, w],
-                "steps_init": [A, d], "steps_column": [A, tau, w, d],
+                "steps": [A, tau, w, d],
                 "update_z": [A, z], "update_apply": [A, w, z]}[step.kernel]
 
     def free(self) -> None:
@@ -201,8 +214,9 @@ def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
     batch = A.nbytes // (4 * n * n)
     ks = blocked_kernels(checked)
     # one batch: the host enqueues (2,4096)'s 4222 launches faster than one call each
-    cuda.launch_many([(ks[step.kernel], ws.caps(step, A, tau), step.args, step.grid, step.block)
-                      for step in launch_plan(batch, n, tall_rows)])
+    plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK))
+    cuda.launch_many([(ks[step.kernel], ws.caps(step, A, tau), step.args, step.grid, step.block,
+                       step.group) for step in plan])
     cuda.sync(timeout)
 
 

@@ -5,72 +5,76 @@
  * After a panel kernel factored columns k0 .. k0+nb-1, apply its block
  * reflector Q_k^T = I - V T^T V^T to the trailing columns k0+nb .. n-1 of rows
  * k0 .. n-1:   Z = V^T C,  W = T^T Z,  C -= V W.
- * Two launches, each with a one-dimensional grid over (matrix, 32-column
+ * Two launches, each with a one-dimensional grid over (matrix, 64-column
  * strip, row block of rb rows):
- *   gpu_qr_update_z      its row block's part of Z, to Zp;
+ *   gpu_qr_update_z      its row block's part of Z (32 x 64), to Zp;
  *   gpu_qr_update_apply  Z = sum of the strip's parts, W = T^T Z, then C -= V W
  *                        on its row block (a second launch: the parts of Z
  *                        come from other blocks).
  * So a batch of two 4096 x 4096 matrices keeps hundreds of blocks busy, not 2.
  * V (unit lower trapezoidal, read from A below the diagonal) and C go through
- * shared memory in chunks of 128 rows, each copied by one checked tile copy
- * (cap_tile_load_f32: one bounds check per tile, 16-byte moves); each thread
- * keeps a 4 x 4 register tile (fp32, fmaf), so every shared-memory load feeds
- * two multiply-adds.  Row stride 36 in smem_v keeps 16-byte alignment and puts
- * the four rows a warp reads in distinct banks.  256 threads per block.
+ * shared memory in chunks of 64 rows, each copied by one checked tile copy
+ * (cap_tile_load_f32: one bounds check per tile, 16-byte moves).  128 threads.
  *
- * Z: thread t sums rows g, g+4, ... of each chunk (g = t / 64) for reflectors
- * qg + 8i and columns cg + 8j (qg = t % 64 / 8, cg = t % 8); the four partial
- * sums are added through shared memory.  C -= V W: thread t updates rows
- * rg + 32i (rg = t / 8) and columns cg + 8j of each chunk.
+ * Z: thread t owns reflectors 4 qg .. 4 qg + 3 and columns 4 cg .. 4 cg + 3
+ * (qg = t / 16, cg = t % 16) and runs down the chunk's rows: per row two
+ * 16-byte shared loads (four consecutive V and C entries) feed 16 multiply-adds.
+ * C -= V W: thread t owns rows 8 rg .. 8 rg + 7 and columns 4 cg .. 4 cg + 3
+ * (rg = t / 16): per reflector q, eight consecutive entries of column q of V
+ * (from V^T, which the chunk's fix-up pass writes) and four of row q of W,
+ * three 16-byte loads for 32 multiply-adds.  Row strides 36 and 68 keep
+ * rows 16-byte aligned.
  */
 KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb,
                             int64_t nstrips, int64_t nrb, int64_t rb)
 {
-    float smem_v[4608];
+    float smem_v[2304];
     float smem_c[4096];
     int64_t t = rt_thread_idx();
-    int64_t cg = t % 8;
-    int64_t g = t / 64;
-    int64_t qg = (t % 64) / 8;
+    int64_t cg = t % 16;
     int64_t bid = rt_block_idx();
     int64_t per = nstrips * nrb;
     int64_t b = bid / per;
     int64_t sp = (bid % per) / nrb;
     int64_t rbi = bid % nrb;
-    int64_t cs = k0 + nb + sp * 32;
+    int64_t cs = k0 + nb + sp * 64;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
-    int64_t cols = n - cs < 32 ? n - cs : 32;
+    int64_t cols = n - cs < 64 ? n - cs : 64;
     cap_t M = cap_offset_f32(A, b * n * n);
+    int64_t qg = t / 16;
     float z00 = 0.0f; float z01 = 0.0f; float z02 = 0.0f; float z03 = 0.0f;
     float z10 = 0.0f; float z11 = 0.0f; float z12 = 0.0f; float z13 = 0.0f;
     float z20 = 0.0f; float z21 = 0.0f; float z22 = 0.0f; float z23 = 0.0f;
     float z30 = 0.0f; float z31 = 0.0f; float z32 = 0.0f; float z33 = 0.0f;
-    for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {
-        int64_t rows = rhi - r0 < 128 ? rhi - r0 : 128;
+    for (int64_t r0 = rlo; r0 < rhi; r0 += 64) {
+        int64_t rows = rhi - r0 < 64 ? rhi - r0 : 64;
         cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, 36);
-        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 32);
-        for (int64_t e = t; e < 4096; e += 256) {
-            int64_t r = e / 32;
-            int64_t q = e % 32;
+        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 64);
+        for (int64_t e = t; e < 2048; e += 128) {
+            int64_t r = e % 64;
+            int64_t q = e / 64;
             float v = smem_v[r * 36 + q];
             int64_t d = r0 + r - k0 - q;
             float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);
             smem_v[r * 36 + q] = r < rows && q < nb ? u : 0.0f;
-            float c = smem_c[e];
-            smem_c[e] = r < rows && q < cols ? c : 0.0f;
+        }
+        for (int64_t e = t; e < 4096; e += 128) {
+            int64_t r = e / 64;
+            int64_t c = e % 64;
+            float h = smem_c[e];
+            smem_c[e] = r < rows && c < cols ? h : 0.0f;
         }
         rt_sync_threads();
-        for (int64_t rr = g; rr < 128; rr += 4) {
-            float p0 = smem_v[rr * 36 + qg + 0];
-            float p1 = smem_v[rr * 36 + qg + 8];
-            float p2 = smem_v[rr * 36 + qg + 16];
-            float p3 = smem_v[rr * 36 + qg + 24];
-            float h0 = smem_c[rr * 32 + cg + 0];
-            float h1 = smem_c[rr * 32 + cg + 8];
-            float h2 = smem_c[rr * 32 + cg + 16];
-            float h3 = smem_c[rr * 32 + cg + 24];
+        for (int64_t rr = 0; rr < 64; rr++) {
+            float p0 = smem_v[rr * 36 + qg * 4 + 0];
+            float p1 = smem_v[rr * 36 + qg * 4 + 1];
+            float p2 = smem_v[rr * 36 + qg * 4 + 2];
+            float p3 = smem_v[rr * 36 + qg * 4 + 3];
+            float h0 = smem_c[rr * 64 + cg * 4 + 0];
+            float h1 = smem_c[rr * 64 + cg * 4 + 1];
+            float h2 = smem_c[rr * 64 + cg * 4 + 2];
+            float h3 = smem_c[rr * 64 + cg * 4 + 3];
             z00 = fmaf(p0, h0, z00);
             z01 = fmaf(p0, h1, z01);
             z02 = fmaf(p0, h2, z02);
@@ -90,115 +94,105 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb
         }
         rt_sync_threads();
     }
-    smem_c[g * 1024 + (qg + 0) * 32 + cg + 0] = z00;
-    smem_c[g * 1024 + (qg + 0) * 32 + cg + 8] = z01;
-    smem_c[g * 1024 + (qg + 0) * 32 + cg + 16] = z02;
-    smem_c[g * 1024 + (qg + 0) * 32 + cg + 24] = z03;
-    smem_c[g * 1024 + (qg + 8) * 32 + cg + 0] = z10;
-    smem_c[g * 1024 + (qg + 8) * 32 + cg + 8] = z11;
-    smem_c[g * 1024 + (qg + 8) * 32 + cg + 16] = z12;
-    smem_c[g * 1024 + (qg + 8) * 32 + cg + 24] = z13;
-    smem_c[g * 1024 + (qg + 16) * 32 + cg + 0] = z20;
-    smem_c[g * 1024 + (qg + 16) * 32 + cg + 8] = z21;
-    smem_c[g * 1024 + (qg + 16) * 32 + cg + 16] = z22;
-    smem_c[g * 1024 + (qg + 16) * 32 + cg + 24] = z23;
-    smem_c[g * 1024 + (qg + 24) * 32 + cg + 0] = z30;
-    smem_c[g * 1024 + (qg + 24) * 32 + cg + 8] = z31;
-    smem_c[g * 1024 + (qg + 24) * 32 + cg + 16] = z32;
-    smem_c[g * 1024 + (qg + 24) * 32 + cg + 24] = z33;
-    rt_sync_threads();
-    for (int64_t e = t; e < 1024; e += 256)
-        cap_store_f32(Zp, bid * 1024 + e, (smem_c[e] + smem_c[1024 + e]) + (smem_c[2048 + e] + smem_c[3072 + e]));
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 0) * 64 + cg * 4 + 0, z00);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 0) * 64 + cg * 4 + 1, z01);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 0) * 64 + cg * 4 + 2, z02);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 0) * 64 + cg * 4 + 3, z03);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 1) * 64 + cg * 4 + 0, z10);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 1) * 64 + cg * 4 + 1, z11);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 1) * 64 + cg * 4 + 2, z12);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 1) * 64 + cg * 4 + 3, z13);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 2) * 64 + cg * 4 + 0, z20);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 2) * 64 + cg * 4 + 1, z21);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 2) * 64 + cg * 4 + 2, z22);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 2) * 64 + cg * 4 + 3, z23);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 3) * 64 + cg * 4 + 0, z30);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 3) * 64 + cg * 4 + 1, z31);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 3) * 64 + cg * 4 + 2, z32);
+    cap_store_f32(Zp, bid * 2048 + (qg * 4 + 3) * 64 + cg * 4 + 3, z33);
 }
 
 KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
                                 int64_t k0, int64_t nb, int64_t nstrips,
                                 int64_t nrb, int64_t rb)
 {
-    float smem_v[4608];
+    float smem_v[2304];
+    float smem_vt[2176];
     float smem_c[4096];
-    float smem_t[1024];
-    float smem_z[1024];
-    float smem_w[1024];
+    float smem_w[2048];
     int64_t t = rt_thread_idx();
-    int64_t cg = t % 8;
-    int64_t rg = t / 8;
+    int64_t cg = t % 16;
     int64_t bid = rt_block_idx();
     int64_t per = nstrips * nrb;
     int64_t b = bid / per;
     int64_t sp = (bid % per) / nrb;
     int64_t rbi = bid % nrb;
-    int64_t cs = k0 + nb + sp * 32;
+    int64_t cs = k0 + nb + sp * 64;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
-    int64_t cols = n - cs < 32 ? n - cs : 32;
+    int64_t cols = n - cs < 64 ? n - cs : 64;
     cap_t M = cap_offset_f32(A, b * n * n);
+    int64_t rg = t / 16;
     cap_t TT = cap_offset_f32(Tw, b * 1024);
-    float tl0 = cap_load_f32(TT, t + 0);
-    float tl1 = cap_load_f32(TT, t + 256);
-    float tl2 = cap_load_f32(TT, t + 512);
-    float tl3 = cap_load_f32(TT, t + 768);
-    smem_t[t + 0] = tl0;
-    smem_t[t + 256] = tl1;
-    smem_t[t + 512] = tl2;
-    smem_t[t + 768] = tl3;
-    int64_t zb = (bid - rbi) * 1024;
-    for (int64_t e = t; e < 1024; e += 256) {
+    for (int64_t e = t; e < 1024; e += 128)
+        smem_c[e] = cap_load_f32(TT, e);
+    int64_t zb = (bid - rbi) * 2048;
+    for (int64_t e = t; e < 2048; e += 128) {
         float s = 0.0f;
         for (int64_t i = 0; i < nrb; i++)
-            s += cap_load_f32(Zp, zb + i * 1024 + e);
-        smem_z[e] = s;
+            s += cap_load_f32(Zp, zb + i * 2048 + e);
+        smem_c[1024 + e] = s;
     }
     rt_sync_threads();
-    for (int64_t e = t; e < 1024; e += 256) {
-        int64_t q = e / 32;
-        int64_t c = e % 32;
+    for (int64_t e = t; e < 2048; e += 128) {
+        int64_t q = e / 64;
+        int64_t c = e % 64;
         float s = 0.0f;
         for (int64_t l = 0; l <= q; l++)
-            s = fmaf(smem_t[l * 32 + q], smem_z[l * 32 + c], s);
+            s = fmaf(smem_c[l * 32 + q], smem_c[1024 + l * 64 + c], s);
         smem_w[e] = s;
     }
     rt_sync_threads();
-    for (int64_t r0 = rlo; r0 < rhi; r0 += 128) {
-        int64_t rows = rhi - r0 < 128 ? rhi - r0 : 128;
+    for (int64_t r0 = rlo; r0 < rhi; r0 += 64) {
+        int64_t rows = rhi - r0 < 64 ? rhi - r0 : 64;
         cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, 36);
-        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 32);
-        for (int64_t e = t; e < 4096; e += 256) {
-            int64_t r = e / 32;
-            int64_t q = e % 32;
+        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 64);
+        for (int64_t e = t; e < 2048; e += 128) {
+            int64_t r = e % 64;
+            int64_t q = e / 64;
             float v = smem_v[r * 36 + q];
             int64_t d = r0 + r - k0 - q;
             float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);
-            smem_v[r * 36 + q] = r < rows && q < nb ? u : 0.0f;
-            float c = smem_c[e];
-            smem_c[e] = r < rows && q < cols ? c : 0.0f;
+            smem_vt[q * 68 + r] = r < rows && q < nb ? u : 0.0f;
+        }
+        for (int64_t e = t; e < 4096; e += 128) {
+            int64_t r = e / 64;
+            int64_t c = e % 64;
+            float h = smem_c[e];
+            smem_c[e] = r < rows && c < cols ? h : 0.0f;
         }
         rt_sync_threads();
-        float a00 = smem_c[(rg + 0) * 32 + cg + 0];
-        float a01 = smem_c[(rg + 0) * 32 + cg + 8];
-        float a02 = smem_c[(rg + 0) * 32 + cg + 16];
-        float a03 = smem_c[(rg + 0) * 32 + cg + 24];
-        float a10 = smem_c[(rg + 32) * 32 + cg + 0];
-        float a11 = smem_c[(rg + 32) * 32 + cg + 8];
-        float a12 = smem_c[(rg + 32) * 32 + cg + 16];
-        float a13 = smem_c[(rg + 32) * 32 + cg + 24];
-        float a20 = smem_c[(rg + 64) * 32 + cg + 0];
-        float a21 = smem_c[(rg + 64) * 32 + cg + 8];
-        float a22 = smem_c[(rg + 64) * 32 + cg + 16];
-        float a23 = smem_c[(rg + 64) * 32 + cg + 24];
-        float a30 = smem_c[(rg + 96) * 32 + cg + 0];
-        float a31 = smem_c[(rg + 96) * 32 + cg + 8];
-        float a32 = smem_c[(rg + 96) * 32 + cg + 16];
-        float a33 = smem_c[(rg + 96) * 32 + cg + 24];
-        for (int64_t q = 0; q < nb; q++) {
-            float u0 = smem_v[(rg + 0) * 36 + q];
-            float u1 = smem_v[(rg + 32) * 36 + q];
-            float u2 = smem_v[(rg + 64) * 36 + q];
-            float u3 = smem_v[(rg + 96) * 36 + q];
-            float w0 = smem_w[q * 32 + cg + 0];
-            float w1 = smem_w[q * 32 + cg + 8];
-            float w2 = smem_w[q * 32 + cg + 16];
-            float w3 = smem_w[q * 32 + cg + 24];
+        float a00 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 0]; float a01 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 1]; float a02 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 2]; float a03 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 3];
+        float a10 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 0]; float a11 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 1]; float a12 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 2]; float a13 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 3];
+        float a20 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 0]; float a21 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 1]; float a22 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 2]; float a23 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 3];
+        float a30 = smem_c[(rg * 8 + 3) * 64 + cg * 4 + 0]; float a31 = smem_c[(rg * 8 + 3) * 64 + cg * 4 + 1]; float a32 = smem_c[(rg * 8 + 3) * 64 + cg * 4 + 2]; float a33 = smem_c[(rg * 8 + 3) * 64 + cg * 4 + 3];
+        float a40 = smem_c[(rg * 8 + 4) * 64 + cg * 4 + 0]; float a41 = smem_c[(rg * 8 + 4) * 64 + cg * 4 + 1]; float a42 = smem_c[(rg * 8 + 4) * 64 + cg * 4 + 2]; float a43 = smem_c[(rg * 8 + 4) * 64 + cg * 4 + 3];
+        float a50 = smem_c[(rg * 8 + 5) * 64 + cg * 4 + 0]; float a51 = smem_c[(rg * 8 + 5) * 64 + cg * 4 + 1]; float a52 = smem_c[(rg * 8 + 5) * 64 + cg * 4 + 2]; float a53 = smem_c[(rg * 8 + 5) * 64 + cg * 4 + 3];
+        float a60 = smem_c[(rg * 8 + 6) * 64 + cg * 4 + 0]; float a61 = smem_c[(rg * 8 + 6) * 64 + cg * 4 + 1]; float a62 = smem_c[(rg * 8 + 6) * 64 + cg * 4 + 2]; float a63 = smem_c[(rg * 8 + 6) * 64 + cg * 4 + 3];
+        float a70 = smem_c[(rg * 8 + 7) * 64 + cg * 4 + 0]; float a71 = smem_c[(rg * 8 + 7) * 64 + cg * 4 + 1]; float a72 = smem_c[(rg * 8 + 7) * 64 + cg * 4 + 2]; float a73 = smem_c[(rg * 8 + 7) * 64 + cg * 4 + 3];
+        for (int64_t q = 0; q < 32; q++) {
+            float u0 = smem_vt[q * 68 + rg * 8 + 0];
+            float u1 = smem_vt[q * 68 + rg * 8 + 1];
+            float u2 = smem_vt[q * 68 + rg * 8 + 2];
+            float u3 = smem_vt[q * 68 + rg * 8 + 3];
+            float u4 = smem_vt[q * 68 + rg * 8 + 4];
+            float u5 = smem_vt[q * 68 + rg * 8 + 5];
+            float u6 = smem_vt[q * 68 + rg * 8 + 6];
+            float u7 = smem_vt[q * 68 + rg * 8 + 7];
+            float w0 = smem_w[q * 64 + cg * 4 + 0];
+            float w1 = smem_w[q * 64 + cg * 4 + 1];
+            float w2 = smem_w[q * 64 + cg * 4 + 2];
+            float w3 = smem_w[q * 64 + cg * 4 + 3];
             a00 = fmaf(-u0, w0, a00);
             a01 = fmaf(-u0, w1, a01);
             a02 = fmaf(-u0, w2, a02);
@@ -215,23 +209,55 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
             a31 = fmaf(-u3, w1, a31);
             a32 = fmaf(-u3, w2, a32);
             a33 = fmaf(-u3, w3, a33);
+            a40 = fmaf(-u4, w0, a40);
+            a41 = fmaf(-u4, w1, a41);
+            a42 = fmaf(-u4, w2, a42);
+            a43 = fmaf(-u4, w3, a43);
+            a50 = fmaf(-u5, w0, a50);
+            a51 = fmaf(-u5, w1, a51);
+            a52 = fmaf(-u5, w2, a52);
+            a53 = fmaf(-u5, w3, a53);
+            a60 = fmaf(-u6, w0, a60);
+            a61 = fmaf(-u6, w1, a61);
+            a62 = fmaf(-u6, w2, a62);
+            a63 = fmaf(-u6, w3, a63);
+            a70 = fmaf(-u7, w0, a70);
+            a71 = fmaf(-u7, w1, a71);
+            a72 = fmaf(-u7, w2, a72);
+            a73 = fmaf(-u7, w3, a73);
         }
-        smem_c[(rg + 0) * 32 + cg + 0] = a00;
-        smem_c[(rg + 0) * 32 + cg + 8] = a01;
-        smem_c[(rg + 0) * 32 + cg + 16] = a02;
-        smem_c[(rg + 0) * 32 + cg + 24] = a03;
-        smem_c[(rg + 32) * 32 + cg + 0] = a10;
-        smem_c[(rg + 32) * 32 + cg + 8] = a11;
-        smem_c[(rg + 32) * 32 + cg + 16] = a12;
-        smem_c[(rg + 32) * 32 + cg + 24] = a13;
-        smem_c[(rg + 64) * 32 + cg + 0] = a20;
-        smem_c[(rg + 64) * 32 + cg + 8] = a21;
-        smem_c[(rg + 64) * 32 + cg + 16] = a22;
-        smem_c[(rg + 64) * 32 + cg + 24] = a23;
-        smem_c[(rg + 96) * 32 + cg + 0] = a30;
-        smem_c[(rg + 96) * 32 + cg + 8] = a31;
-        smem_c[(rg + 96) * 32 + cg + 16] = a32;
-        smem_c[(rg + 96) * 32 + cg + 24] = a33;
-        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 32);
+        smem_c[(rg * 8 + 0) * 64 + cg * 4 + 0] = a00;
+        smem_c[(rg * 8 + 0) * 64 + cg * 4 + 1] = a01;
+        smem_c[(rg * 8 + 0) * 64 + cg * 4 + 2] = a02;
+        smem_c[(rg * 8 + 0) * 64 + cg * 4 + 3] = a03;
+        smem_c[(rg * 8 + 1) * 64 + cg * 4 + 0] = a10;
+        smem_c[(rg * 8 + 1) * 64 + cg * 4 + 1] = a11;
+        smem_c[(rg * 8 + 1) * 64 + cg * 4 + 2] = a12;
+        smem_c[(rg * 8 + 1) * 64 + cg * 4 + 3] = a13;
+        smem_c[(rg * 8 + 2) * 64 + cg * 4 + 0] = a20;
+        smem_c[(rg * 8 + 2) * 64 + cg * 4 + 1] = a21;
+        smem_c[(rg * 8 + 2) * 64 + cg * 4 + 2] = a22;
+        smem_c[(rg * 8 + 2) * 64 + cg * 4 + 3] = a23;
+        smem_c[(rg * 8 + 3) * 64 + cg * 4 + 0] = a30;
+        smem_c[(rg * 8 + 3) * 64 + cg * 4 + 1] = a31;
+        smem_c[(rg * 8 + 3) * 64 + cg * 4 + 2] = a32;
+        smem_c[(rg * 8 + 3) * 64 + cg * 4 + 3] = a33;
+        smem_c[(rg * 8 + 4) * 64 + cg * 4 + 0] = a40;
+        smem_c[(rg * 8 + 4) * 64 + cg * 4 + 1] = a41;
+        smem_c[(rg * 8 + 4) * 64 + cg * 4 + 2] = a42;
+        smem_c[(rg * 8 + 4) * 64 + cg * 4 + 3] = a43;
+        smem_c[(rg * 8 + 5) * 64 + cg * 4 + 0] = a50;
+        smem_c[(rg * 8 + 5) * 64 + cg * 4 + 1] = a51;
+        smem_c[(rg * 8 + 5) * 64 + cg * 4 + 2] = a52;
+        smem_c[(rg * 8 + 5) * 64 + cg * 4 + 3] = a53;
+        smem_c[(rg * 8 + 6) * 64 + cg * 4 + 0] = a60;
+        smem_c[(rg * 8 + 6) * 64 + cg * 4 + 1] = a61;
+        smem_c[(rg * 8 + 6) * 64 + cg * 4 + 2] = a62;
+        smem_c[(rg * 8 + 6) * 64 + cg * 4 + 3] = a63;
+        smem_c[(rg * 8 + 7) * 64 + cg * 4 + 0] = a70;
+        smem_c[(rg * 8 + 7) * 64 + cg * 4 + 1] = a71;
+        smem_c[(rg * 8 + 7) * 64 + cg * 4 + 2] = a72;
+        smem_c[(rg * 8 + 7) * 64 + cg * 4 + 3] = a73;
+        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 64);
     }
 }
