@@ -204,6 +204,7 @@ class FakeDevice:
 
     CUDA_SUCCESS = 0
     CUDA_ERROR_NOT_READY = 600
+    CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = real_drv.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH
     CudaError = real_drv.CudaError
     CudaUnavailable = real_drv.CudaUnavailable
 
@@ -219,7 +220,8 @@ class FakeDevice:
         self.calls: dict[str, int] = {}
         self.stuck = True
         self.dev = SimpleNamespace(max_threads=1024, side_stream="side", arch="sm_90",
-                                   seq_record=0)
+                                   seq_record=0, sm_count=4, attribute=lambda attr: 1)
+        self.per_sm = 2  # blocks of any kernel resident per SM (cuOccupancy...)
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -294,6 +296,17 @@ class FakeDevice:
                 for i, kind in enumerate(kinds) if kind == "cap"]
         self.queue.append(SimpleNamespace(fn=fn, record=hidden[0], index=hidden[1], caps=caps,
                                           grid=gx, started=False))
+        return 0
+
+    def cuLaunchCooperativeKernel(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int,
+                                  bz: int, shared: int, stream: Any, params: Any) -> int:
+        self._count("cooperative launch")
+        assert gx <= self.per_sm * self.dev.sm_count, "a cooperative grid that cannot fit"
+        return self.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared, stream, params, None)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, v: Any, fn: Any, block: int,
+                                                    shared: int) -> int:
+        v[0] = self.per_sm
         return 0
 
     def _step(self) -> bool:
@@ -608,3 +621,51 @@ def test_fake_interrupt_while_waiting_cancels_and_keeps_the_holds(
     assert fake.record().cancel == 1 and _holds(x) == 2 and lane.pending() == 0
     runtime.sync()  # the spinning kernel saw the cancel; the next launch exited at entry
     assert fake.exited_at_entry == [(after.function, 1)] and _holds(x) == 0
+
+
+GROUP_SRC = """
+KERNEL void total(cap_t part, int64_t i)
+{
+    cap_store_f32(part, i, 1.0f);
+    rt_group_sync();
+}
+"""
+
+
+def test_fake_group_kernels_launch_cooperatively(fake: FakeDevice) -> None:
+    """A kernel that calls rt_group_sync goes through cuLaunchCooperativeKernel, alone
+    or in a launch_many batch (6-tuples), and takes part in the sequence as any launch;
+    other kernels still go through cuLaunchKernel."""
+    g = _fake_kernel(fake, GROUP_SRC, "total")
+    put = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(8, np.float32, name="x")
+    runtime.launch(g, [x], args=(0,), grid=8, block=64, group=8, sync=False)
+    lane.launch_many([(put, [x], (1, 1.0), 1, 32), (g, [x], (2,), 4, 64, 4)])
+    assert fake.calls["cooperative launch"] == 2 and fake.calls["launch"] == 3
+    runtime.sync()
+    assert [f for f, _ in fake.ran] == [g.function, put.function, g.function]
+    assert _holds(x) == 0
+
+
+def test_fake_group_arguments_are_refused_before_anything_runs(fake: FakeDevice) -> None:
+    g = _fake_kernel(fake, GROUP_SRC, "total")
+    put = _fake_kernel(fake, PUT_SRC, "put")
+    x = lane.alloc_device(8, np.float32, name="x")
+    cases = [
+        (lambda: runtime.launch(g, [x], args=(0,), grid=8, block=64), "group=N"),
+        (lambda: runtime.launch(g, [x], args=(0,), grid=8, block=64, group=4), "whole grid"),
+        (lambda: runtime.launch(g, [x], args=(0,), grid=8, block=64, group=True),
+         "group must be an int"),
+        (lambda: runtime.launch(g, [x], args=(0,), grid=9, block=64, group=9),
+         "at most 8 of them"),  # 4 SMs x 2 resident blocks
+        (lambda: runtime.launch(put, [x], args=(0, 1.0), grid=1, block=32, group=1),
+         "does not"),
+        (lambda: lane.launch_many([(g, [x], (0,), 8, 64)]), "group=N"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+        assert lane.pending() == 0 and _holds(x) == 0
+    with pytest.raises(TypeError, match="tuples"):
+        lane.launch_many([(g, [x], (0,), 8, 64, 8, "extra")])
+    assert fake.calls.get("launch", 0) == 0 and lane.pending() == 0

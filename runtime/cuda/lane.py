@@ -723,6 +723,10 @@ def launch_many(launches: Sequence[tuple[Any, ...]]) -> None:
     host-driven plan (thousands of launches) costs the host less per launch.  An
     argument error raises at its launch; the launches before it stay enqueued.
     """
+    for entry in launches:
+        if len(entry) not in (5, 6):
+            raise TypeError("launch_many takes (kernel, caps, args, grid, block) or (kernel, "
+                            f"caps, args, grid, block, group) tuples, got {len(entry)} items")
     plan = [(kernel, [caps] if isinstance(caps, DeviceCapability) else list(caps), args, grid,
              block, group[0] if group else None)
             for kernel, caps, args, grid, block, *group in launches]
