@@ -50,124 +50,112 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
     for (int64_t p = 0; p < jbp; p++)
         for (int64_t l = 0; l < cwp; l++)
             w[p][l] = 0.0f;
-    /* Step 1: W = V^T C, accumulated over 64-row chunks. */
-    for (int64_t t0 = 0; t0 < mr; t0 += 64) {
-        int64_t kc = mr - t0 < 64 ? mr - t0 : 64;
-        for (int64_t tt = 0; tt < kc; tt++) {
-            int64_t rc = (r0 + t0 + tt) * ld + c0;
-            for (int64_t l = 0; l < cw; l++)
-                cp[tt][l] = cap_load_f32(A, rc + l);
-            for (int64_t l = cw; l < cwp; l++)
-                cp[tt][l] = 0.0f;
-            int64_t t = t0 + tt;
-            int64_t pe = t < jb ? t : jb;
-            int64_t rv = t * ldp;
-            for (int64_t p = 0; p < pe; p++)
-                vp[tt][p] = cap_load_f32(P, rv + p);
-            for (int64_t p = pe; p < jbp; p++)
-                vp[tt][p] = 0.0f;
-            if (t < jb)
-                vp[tt][t] = 1.0f;
-        }
-        for (int64_t tt = kc; tt < 64; tt++) {
-            for (int64_t l = 0; l < cwp; l++)
-                cp[tt][l] = 0.0f;
-            for (int64_t p = 0; p < jbp; p++)
-                vp[tt][p] = 0.0f;
-        }
-        /* Indices are written as 4u + i and 2q + r with clamped trip counts,
-         * so gcc can prove every local-array guard of the inner loop. */
-        int64_t ku = (kc + 3) / 4;
-        if (ku > 16)
-            ku = 16;
-        for (int64_t q = 0; q < jh; q++) {
-            for (int64_t u = 0; u < ku; u++) {
-                float v00 = vp[4 * u][2 * q];
-                float v01 = vp[4 * u][2 * q + 1];
-                float v10 = vp[4 * u + 1][2 * q];
-                float v11 = vp[4 * u + 1][2 * q + 1];
-                float v20 = vp[4 * u + 2][2 * q];
-                float v21 = vp[4 * u + 2][2 * q + 1];
-                float v30 = vp[4 * u + 3][2 * q];
-                float v31 = vp[4 * u + 3][2 * q + 1];
-                for (int64_t l = 0; l < cwp; l++) {
-                    float x0 = cp[4 * u][l];
-                    float x1 = cp[4 * u + 1][l];
-                    float x2 = cp[4 * u + 2][l];
-                    float x3 = cp[4 * u + 3][l];
-                    w[2 * q][l] = fmaf(v30, x3, fmaf(v20, x2, fmaf(v10, x1,
-                                                                   fmaf(v00, x0, w[2 * q][l]))));
-                    w[2 * q + 1][l] = fmaf(v31, x3, fmaf(v21, x2, fmaf(v11, x1,
-                                                                       fmaf(v01, x0, w[2 * q + 1][l]))));
+    /* Two passes over the 64-row chunks, which pack C and V the same way: pass 0
+     * is step 1, W = V^T C; pass 1 is step 3, C -= V W, after step 2. */
+    for (int64_t pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            /* Step 2: W := T^T W; row p needs rows q <= p, so go from the bottom up. */
+            for (int64_t p = jb - 1; p >= 0; p--) {
+                float tpp = cap_load_f32(T, p * ldt + p);
+                for (int64_t l = 0; l < cwp; l++)
+                    w[p][l] *= tpp;
+                for (int64_t q = 0; q < p; q++) {
+                    float tq = cap_load_f32(T, q * ldt + p);
+                    for (int64_t l = 0; l < cwp; l++)
+                        w[p][l] = fmaf(tq, w[q][l], w[p][l]);
                 }
             }
         }
-    }
-    /* Step 2: W := T^T W; row p needs rows q <= p, so go from the bottom up. */
-    for (int64_t p = jb - 1; p >= 0; p--) {
-        float tpp = cap_load_f32(T, p * ldt + p);
-        for (int64_t l = 0; l < cwp; l++)
-            w[p][l] *= tpp;
-        for (int64_t q = 0; q < p; q++) {
-            float tq = cap_load_f32(T, q * ldt + p);
-            for (int64_t l = 0; l < cwp; l++)
-                w[p][l] = fmaf(tq, w[q][l], w[p][l]);
-        }
-    }
-    /* Step 3: C -= V W, chunk by chunk, four rows at a time. */
-    for (int64_t t0 = 0; t0 < mr; t0 += 64) {
-        int64_t kc = mr - t0 < 64 ? mr - t0 : 64;
-        for (int64_t tt = 0; tt < kc; tt++) {
-            int64_t rc = (r0 + t0 + tt) * ld + c0;
-            for (int64_t l = 0; l < cw; l++)
-                cp[tt][l] = cap_load_f32(A, rc + l);
-            for (int64_t l = cw; l < cwp; l++)
-                cp[tt][l] = 0.0f;
-            int64_t t = t0 + tt;
-            int64_t pe = t < jb ? t : jb;
-            int64_t rv = t * ldp;
-            for (int64_t p = 0; p < pe; p++)
-                vp[tt][p] = cap_load_f32(P, rv + p);
-            for (int64_t p = pe; p < jbp; p++)
-                vp[tt][p] = 0.0f;
-            if (t < jb)
-                vp[tt][t] = 1.0f;
-        }
-        for (int64_t tt = kc; tt < 64; tt++) {
-            for (int64_t l = 0; l < cwp; l++)
-                cp[tt][l] = 0.0f;
-            for (int64_t p = 0; p < jbp; p++)
-                vp[tt][p] = 0.0f;
-        }
-        int64_t kh = (kc + 1) / 2;
-        if (kh > 32)
-            kh = 32;
-        for (int64_t h = 0; h < kh; h++) {
-            for (int64_t q = 0; q < jq; q++) {
-                float v00 = vp[2 * h][4 * q];
-                float v01 = vp[2 * h][4 * q + 1];
-                float v02 = vp[2 * h][4 * q + 2];
-                float v03 = vp[2 * h][4 * q + 3];
-                float v10 = vp[2 * h + 1][4 * q];
-                float v11 = vp[2 * h + 1][4 * q + 1];
-                float v12 = vp[2 * h + 1][4 * q + 2];
-                float v13 = vp[2 * h + 1][4 * q + 3];
-                for (int64_t l = 0; l < cwp; l++) {
-                    float x0 = w[4 * q][l];
-                    float x1 = w[4 * q + 1][l];
-                    float x2 = w[4 * q + 2][l];
-                    float x3 = w[4 * q + 3][l];
-                    cp[2 * h][l] = fmaf(-v03, x3, fmaf(-v02, x2, fmaf(-v01, x1,
-                                                                       fmaf(-v00, x0, cp[2 * h][l]))));
-                    cp[2 * h + 1][l] = fmaf(-v13, x3, fmaf(-v12, x2, fmaf(-v11, x1,
-                                                                           fmaf(-v10, x0, cp[2 * h + 1][l]))));
+        for (int64_t t0 = 0; t0 < mr; t0 += 64) {
+            int64_t kc = mr - t0 < 64 ? mr - t0 : 64;
+            for (int64_t tt = 0; tt < kc; tt++) {
+                int64_t rc = (r0 + t0 + tt) * ld + c0;
+                for (int64_t l = 0; l < cw; l++)
+                    cp[tt][l] = cap_load_f32(A, rc + l);
+                for (int64_t l = cw; l < cwp; l++)
+                    cp[tt][l] = 0.0f;
+                int64_t t = t0 + tt;
+                int64_t pe = t < jb ? t : jb;
+                int64_t rv = t * ldp;
+                for (int64_t p = 0; p < pe; p++)
+                    vp[tt][p] = cap_load_f32(P, rv + p);
+                for (int64_t p = pe; p < jbp; p++)
+                    vp[tt][p] = 0.0f;
+                if (t < jb)
+                    vp[tt][t] = 1.0f;
+            }
+            for (int64_t tt = kc; tt < 64; tt++) {
+                for (int64_t l = 0; l < cwp; l++)
+                    cp[tt][l] = 0.0f;
+                for (int64_t p = 0; p < jbp; p++)
+                    vp[tt][p] = 0.0f;
+            }
+            if (pass == 0) {
+                /* Step 1, W += V^T C for the chunk.  Indices are written as 4u + i and
+                 * 2q + r with clamped trip counts, so gcc can prove every local-array
+                 * guard of the inner loop. */
+                int64_t ku = (kc + 3) / 4;
+                if (ku > 16)
+                    ku = 16;
+                for (int64_t q = 0; q < jh; q++) {
+                    for (int64_t u = 0; u < ku; u++) {
+                        float v00 = vp[4 * u][2 * q];
+                        float v01 = vp[4 * u][2 * q + 1];
+                        float v10 = vp[4 * u + 1][2 * q];
+                        float v11 = vp[4 * u + 1][2 * q + 1];
+                        float v20 = vp[4 * u + 2][2 * q];
+                        float v21 = vp[4 * u + 2][2 * q + 1];
+                        float v30 = vp[4 * u + 3][2 * q];
+                        float v31 = vp[4 * u + 3][2 * q + 1];
+                        for (int64_t l = 0; l < cwp; l++) {
+                            float x0 = cp[4 * u][l];
+                            float x1 = cp[4 * u + 1][l];
+                            float x2 = cp[4 * u + 2][l];
+                            float x3 = cp[4 * u + 3][l];
+                            float a = w[2 * q][l];
+                            float b = w[2 * q + 1][l];
+                            w[2 * q][l] = fmaf(v30, x3, fmaf(v20, x2, fmaf(v10, x1,
+                                                                           fmaf(v00, x0, a))));
+                            w[2 * q + 1][l] = fmaf(v31, x3, fmaf(v21, x2, fmaf(v11, x1,
+                                                                               fmaf(v01, x0, b))));
+                        }
+                    }
+                }
+            } else {
+                /* Step 3, C -= V W for the chunk, four rows of W at a time. */
+                int64_t kh = (kc + 1) / 2;
+                if (kh > 32)
+                    kh = 32;
+                for (int64_t h = 0; h < kh; h++) {
+                    for (int64_t q = 0; q < jq; q++) {
+                        float v00 = vp[2 * h][4 * q];
+                        float v01 = vp[2 * h][4 * q + 1];
+                        float v02 = vp[2 * h][4 * q + 2];
+                        float v03 = vp[2 * h][4 * q + 3];
+                        float v10 = vp[2 * h + 1][4 * q];
+                        float v11 = vp[2 * h + 1][4 * q + 1];
+                        float v12 = vp[2 * h + 1][4 * q + 2];
+                        float v13 = vp[2 * h + 1][4 * q + 3];
+                        for (int64_t l = 0; l < cwp; l++) {
+                            float x0 = w[4 * q][l];
+                            float x1 = w[4 * q + 1][l];
+                            float x2 = w[4 * q + 2][l];
+                            float x3 = w[4 * q + 3][l];
+                            float a = cp[2 * h][l];
+                            float b = cp[2 * h + 1][l];
+                            cp[2 * h][l] = fmaf(-v03, x3, fmaf(-v02, x2, fmaf(-v01, x1,
+                                                                               fmaf(-v00, x0, a))));
+                            cp[2 * h + 1][l] = fmaf(-v13, x3, fmaf(-v12, x2, fmaf(-v11, x1,
+                                                                                   fmaf(-v10, x0, b))));
+                        }
+                    }
+                }
+                for (int64_t tt = 0; tt < kc; tt++) {
+                    int64_t rc = (r0 + t0 + tt) * ld + c0;
+                    for (int64_t l = 0; l < cw; l++)
+                        cap_store_f32(A, rc + l, cp[tt][l]);
                 }
             }
-        }
-        for (int64_t tt = 0; tt < kc; tt++) {
-            int64_t rc = (r0 + t0 + tt) * ld + c0;
-            for (int64_t l = 0; l < cw; l++)
-                cap_store_f32(A, rc + l, cp[tt][l]);
         }
     }
 }
