@@ -117,8 +117,8 @@ def test_same_result_for_any_worker_count():
 # The store-back loop of larfb_tile's step 3 writes one column too many: inside
 # the matrix that lands in the next row (silent, as any in-bounds bug is), but
 # the last row of the last matrix's last tile goes one element past the buffer.
-_STORE_BACK = ("            for (int64_t l = 0; l < cw; l++)\n"
-               "                cap_store_f32(A, rc + l,")
+_STORE_BACK = ("                    for (int64_t l = 0; l < cw; l++)\n"
+               "                        cap_store_f32(A, rc + l,")
 _PLANTED = _STORE_BACK.replace("l < cw", "l <= cw")
 
 
@@ -132,6 +132,7 @@ def _mutate(monkeypatch, old: str, new: str) -> None:
             text = text.replace(old, new)
         return text
 
+    assert real("qrt_group").count(old) == 1, "the planted bug's target text is missing"
     parallel._kernels.cache_clear()
     monkeypatch.setattr(sources, "source", mutated)
 
