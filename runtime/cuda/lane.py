@@ -417,7 +417,6 @@ class CudaKernel:
                                                self.function), "cuFuncGetAttribute")
         return v[0]
 
-
     def max_group(self, block: int, shared_bytes: int = 0) -> int:
         """Blocks of ``block`` threads that the device runs at once (the largest grid of
         a cooperative launch; 0 where the device makes none)."""
@@ -441,6 +440,10 @@ def check_group(kernel: CudaKernel, group: Any, grid: int, block: int,
     unless ``group`` is the whole grid and the grid fits on the device at once."""
     if group is None and not kernel.info.group_sync:
         return False
+    if group is None:
+        raise ValueError(f"kernel {kernel.name!r} calls rt_group_sync: launch it with "
+                         f"group={grid} (on the GPU the group is the whole grid, launched "
+                         "cooperatively)")
     g = group_arg(kernel.name, kernel.info.group_sync, group, grid)
     if grid and g != grid:
         raise ValueError(f"kernel {kernel.name!r}: on the GPU a group is the whole grid (a "
