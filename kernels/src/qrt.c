@@ -231,6 +231,32 @@ static int64_t panel_width(int64_t k, int64_t j, int64_t nb)
     return k - j < nb ? k - j : nb;
 }
 
+/* A matrix's workspace is two slots of slot_elems(m, nb) elements, each holding a
+ * packed panel (m rows of stride nb), its T (nb x nb, at slot_t) and a column of m.
+ * Panel j's slot is (j / nb) % 2 (the first panel's, j < 0, is slot 0), so the
+ * look-ahead panel fills one slot while the tiles read the other. */
+static int64_t slot_elems(int64_t m, int64_t nb)
+{
+    return m * nb + nb * nb + m;
+}
+
+static cap_t panel_slot(cap_t ws, int64_t m, int64_t nb, int64_t j)
+{
+    return cap_offset_f32(ws, (j >= 0 ? (j / nb) % 2 : 0) * slot_elems(m, nb));
+}
+
+static cap_t slot_t(cap_t slot, int64_t m, int64_t nb)
+{
+    return cap_offset_f32(slot, m * nb);
+}
+
+/* V of panel j in its slot: row t (matrix row j + t) at [t * nb]; panels after the
+ * first start nb rows in (the look-ahead item packs from row j - nb). */
+static cap_t slot_v(cap_t slot, int64_t nb, int64_t j)
+{
+    return cap_offset_f32(slot, j > 0 ? nb * nb : 0);
+}
+
 /* work: grid * (m*nb + nb*nb + m) elements (P, T and a column X per block). */
 KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
                     int64_t nb)
@@ -269,8 +295,7 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
     int64_t k = m < n ? m : n;
     nb = clamp_i64(nb, 1, 64);
     tw = clamp_i64(tw, 1, 64);
-    int64_t slot = m * nb + nb * nb + m;
-    int64_t wsz = 2 * slot;
+    int64_t wsz = 2 * slot_elems(m, nb);
     /* panel j (none for j < 0), the next panel jn and their widths */
     int64_t jb = panel_width(k, j, nb);
     int64_t jn = j >= 0 ? j + nb : 0;
@@ -290,15 +315,12 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
         }
         cap_t A = cap_offset_f32(a, b * m * n);
         cap_t base = cap_offset_f32(work, b * wsz);
-        int64_t cur = j >= 0 ? (j / nb) % 2 : 0;
-        cap_t Pc = cap_offset_f32(base, cur * slot);
-        cap_t Tc = cap_offset_f32(Pc, m * nb);
-        /* V of panel j: row t (matrix row j + t) at Vc[t * nb]; panels after
-         * the first start nb rows into their slot (see the look-ahead item). */
-        cap_t Vc = cap_offset_f32(Pc, j > 0 ? nb * nb : 0);
+        cap_t Pc = panel_slot(base, m, nb, j);
+        cap_t Tc = slot_t(Pc, m, nb);
+        cap_t Vc = slot_v(Pc, nb, j);
         if (tile < 0) {
-            cap_t Pn = cap_offset_f32(base, ((jn / nb) % 2) * slot);
-            cap_t Tn = cap_offset_f32(Pn, m * nb);
+            cap_t Pn = panel_slot(base, m, nb, jn);
+            cap_t Tn = slot_t(Pn, m, nb);
             cap_t X = cap_offset_f32(Tn, nb * nb);
             if (j < 0) {
                 factor_panel(A, m, n, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k), X);

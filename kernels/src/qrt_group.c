@@ -126,16 +126,14 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
     nb = clamp_i64(nb, 1, 64);
     tw = clamp_i64(tw, 1, 64);
     G = G < 1 ? 1 : G;
-    int64_t slot = m * nb + nb * nb + m;
     /* panel j (none for j < 0), the next panel jn and their widths */
     int64_t jb = panel_width(k, j, nb);
     int64_t jn = j >= 0 ? j + nb : 0;
     int64_t jbn = panel_width(k, jn, nb);
     int64_t cs = jbn > 0 ? jn + jbn : j + jb;
-    int64_t cur = j >= 0 ? (j / nb) % 2 : 0;
-    cap_t Pc = cap_offset_f32(work, cur * slot);
-    cap_t Tc = cap_offset_f32(Pc, m * nb);
-    cap_t Vc = cap_offset_f32(Pc, j > 0 ? nb * nb : 0);
+    cap_t Pc = panel_slot(work, m, nb, j);
+    cap_t Tc = slot_t(Pc, m, nb);
+    cap_t Vc = slot_v(Pc, nb, j);
     int64_t blk = rt_block_idx();
     if (blk >= G) {
         /* the tiles, one per block when the grid is G + tiles (any grid > G works) */
@@ -147,8 +145,8 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
     }
     if (jbn == 0)
         return;
-    cap_t Pn = cap_offset_f32(work, ((jn / nb) % 2) * slot);
-    cap_t Tn = cap_offset_f32(Pn, m * nb);
+    cap_t Pn = panel_slot(work, m, nb, jn);
+    cap_t Tn = slot_t(Pn, m, nb);
     /* the rows of the slot: from row j (j >= 0) or 0; the panel to factor starts
      * nb rows in after an update (see qrt_step) */
     int64_t r0 = j >= 0 ? j : 0;
