@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
+    from bench.machine import git_commit, source_digest
     from runtime.cuda import nvrtc
 
     res = {
@@ -196,6 +197,7 @@ def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
         "device": dev.name, "compute_capability": list(dev.cc), "sm_count": dev.sm_count,
         "driver_version": dev.driver_version, "compiler": nvrtc.version(),
         "python": platform.python_version(), "repeat": repeat,
+        "git": git_commit(), "source_digest": source_digest(),
         "method": "median of CUDA-event times around the whole launch sequence (host gaps "
                   "between launches included); input restored by a device-to-device copy "
                   "outside the timed region; float32",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import platform
 import socket
@@ -35,6 +36,47 @@ def git_commit() -> dict[str, Any]:
                 "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
+
+
+#: The sources a result depends on (kernels, runtime, ABI, bench), hashed by
+#: :func:`source_digest`: a results file names the tree it ran on even where the
+#: checkout's .git is missing or stale (a working tree copied to another machine).
+DIGEST_DIRS = ("capabilities", "runtime", "kernels", "gc", "bench")
+DIGEST_SUFFIXES = (".py", ".c", ".h")
+
+
+def _digest(files: list[tuple[str, bytes]]) -> str:
+    h = hashlib.sha256()
+    for path, data in sorted(files):
+        h.update(f"{path}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()[:16]
+
+
+def _digest_path(path: str) -> bool:
+    return path.split("/", 1)[0] in DIGEST_DIRS and path.endswith(DIGEST_SUFFIXES) \
+        and "/results/" not in path
+
+
+def source_digest(root: Path = REPO) -> str:
+    """Hash of the working tree's sources under DIGEST_DIRS (.py, .c, .h)."""
+    files = []
+    for d in DIGEST_DIRS:
+        for f in (root / d).rglob("*"):
+            rel = f.relative_to(root).as_posix()
+            if f.is_file() and _digest_path(rel) and "__pycache__" not in rel:
+                files.append((rel, f.read_bytes()))
+    return _digest(files)
+
+
+def source_digest_at(rev: str, root: Path = REPO) -> str:
+    """:func:`source_digest` of commit ``rev`` (its tracked files), to match a result's
+    digest to a commit: ``python -m bench.machine digest REV``."""
+    names = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev], cwd=root, check=True,
+                           capture_output=True, text=True).stdout.split()
+    return _digest([(n, subprocess.run(["git", "show", f"{rev}:{n}"], cwd=root, check=True,
+                                       capture_output=True).stdout)
+                    for n in names if _digest_path(n)])
 
 
 def blas_info() -> list[dict[str, Any]]:
@@ -127,7 +169,19 @@ def describe() -> dict[str, Any]:
         "gc_impl": "gc/ (concurrent collector)",
         "compiler": compiler(),
         "git": git_commit(),
+        "source_digest": source_digest(),
         "loadavg_start": loadavg(),
         "concurrent_load": "possible (shared machine: other processes may run during the "
                            "benchmark; interleaved runs spread their effect evenly)",
     }
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "digest":
+        print(source_digest_at(sys.argv[2]))
+    elif len(sys.argv) == 1:
+        print(source_digest())
+    else:
+        raise SystemExit("usage: python -m bench.machine [digest REV]")

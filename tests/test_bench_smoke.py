@@ -49,7 +49,7 @@ def test_quick_writes_outputs(quick_run: tuple[dict, Path]) -> None:
 def test_quick_metadata(quick_run: tuple[dict, Path]) -> None:
     meta = quick_run[0]["meta"]
     for key in ("host", "date", "cpu_model", "threads", "blas", "compiler", "git",
-                "concurrent_load"):
+                "source_digest", "concurrent_load"):
         assert key in meta, key
     assert meta["threads"]["capqr_workers"] >= 1
     assert "-O3" in meta["compiler"]["kernel_cflags"]
@@ -189,3 +189,28 @@ def test_gpu_section_runs_gpu_bench_when_a_gpu_is_usable(monkeypatch: pytest.Mon
     assert got[0]["device"] == "FakeGPU" and got[0]["_rerun"] is True
     text = "\n".join(report._gpu_md(got))
     assert "FakeGPU" in text and "measured in this run" in text and "2.000x" in text
+
+
+def test_source_digest_names_the_commit(tmp_path: Path) -> None:
+    """A results file's source digest matches the commit whose sources it ran on, and
+    only that: the working tree's digest equals the commit's while nothing under the
+    digested folders changed, and differs after one byte of a kernel changes."""
+    from bench.machine import source_digest, source_digest_at
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "kernels" / "gpu").mkdir(parents=True)
+    (tmp_path / "runtime").mkdir()
+    (tmp_path / "kernels" / "gpu" / "k.c").write_text("KERNEL void k(cap_t a) { }\n")
+    (tmp_path / "runtime" / "x.py").write_text("X = 1\n")
+    (tmp_path / "README.md").write_text("not a source\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    first = source_digest(tmp_path)
+    assert first == source_digest_at("HEAD", tmp_path)
+    (tmp_path / "README.md").write_text("prose does not count\n")
+    assert source_digest(tmp_path) == first
+    (tmp_path / "kernels" / "gpu" / "k.c").write_text("KERNEL void k(cap_t b) { }\n")
+    assert source_digest(tmp_path) != first
