@@ -12,7 +12,7 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
    rt_group_sync, between columns, so a batch of two 4096-row panels runs on
    128 blocks, not 2);
 2. ``gpu_qr_update_z`` and ``gpu_qr_update_apply`` (kernels/gpu/update.c, one
-   block per (matrix, 32-column strip, row block)) apply ``I - V T^T V^T`` to
+   block per (matrix, STRIP-column strip, row block)) apply ``I - V T^T V^T`` to
    the trailing columns; the row blocks are cut so that the grid has at least
    ``TARGET_BLOCKS`` blocks where the matrix allows.
 

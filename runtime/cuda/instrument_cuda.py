@@ -114,7 +114,8 @@ static __device__ __forceinline__ cap_t rt_cap_from_int(long long x)
 /* ============================ checked mode ============================ */
 /* The fault paths are inlined, not calls: a call's argument set-up and ABI kept
  * the caller's values in registers around every check site (NVRTC 13, sm_90:
- * gpu_qr_steps_column 218 registers checked vs 56 raw as calls, 64 inlined). */
+ * the former gpu_qr_steps_column, 218 registers checked vs 56 raw as calls, 64
+ * inlined). */
 static __device__ __forceinline__ void rt_exit_block(int why)
 {
     __rt_bfault = why;          /* survivors leave after their next barrier */
