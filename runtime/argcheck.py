@@ -68,14 +68,14 @@ def check_perms(perms: Any) -> str:
     return perms
 
 
-def group_arg(name: str, uses: bool, group: Any, grid: int) -> int:
+def group_arg(name: str, uses: bool, group: Any, grid: int, wanted: str) -> int:
     """``group`` as an int in 1 .. grid, or ValueError (``uses``: kernel ``name`` calls
-    rt_group_sync).  The lanes add their own limits (CPU workers, GPU residency)."""
+    rt_group_sync; ``wanted``: the lane's words for the group= a launch needs, said
+    when it is missing).  The lanes add their own limits (CPU workers, GPU residency)."""
     if not uses:
         raise ValueError(f"group= is for kernels that call rt_group_sync; {name!r} does not")
     if group is None:
-        raise ValueError(f"kernel {name!r} calls rt_group_sync: launch it with group=N (the "
-                         "blocks 0 .. N-1 wait for each other there)")
+        raise ValueError(f"kernel {name!r} calls rt_group_sync: launch it with {wanted}")
     try:
         group = operator.index(group) if not isinstance(group, bool) else None
     except TypeError:

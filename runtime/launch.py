@@ -183,7 +183,8 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
 def check_group(name: str, uses: bool, group: Any, grid: int) -> int:
     """``group`` as an int, or ValueError unless it fits a CPU launch of kernel ``name``
     on ``grid`` blocks (``uses``: the kernel calls rt_group_sync)."""
-    group = group_arg(name, uses, group, grid)
+    group = group_arg(name, uses, group, grid,
+                      "group=N (the blocks 0 .. N-1 wait for each other there)")
     workers = lib.rt_core_threads()
     if group > workers:
         raise ValueError(f"a group of {group} blocks must run at once and the pool has "

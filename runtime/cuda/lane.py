@@ -440,11 +440,9 @@ def check_group(kernel: CudaKernel, group: Any, grid: int, block: int,
     unless ``group`` is the whole grid and the grid fits on the device at once."""
     if group is None and not kernel.info.group_sync:
         return False
-    if group is None:
-        raise ValueError(f"kernel {kernel.name!r} calls rt_group_sync: launch it with "
-                         f"group={grid} (on the GPU the group is the whole grid, launched "
-                         "cooperatively)")
-    g = group_arg(kernel.name, kernel.info.group_sync, group, grid)
+    g = group_arg(kernel.name, kernel.info.group_sync, group, grid,
+                  f"group={grid} (on the GPU the group is the whole grid, launched "
+                  "cooperatively)")
     if grid and g != grid:
         raise ValueError(f"kernel {kernel.name!r}: on the GPU a group is the whole grid (a "
                          f"cooperative launch), so group must be {grid}, got {g}")
