@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from readme_examples import run_readme_example
 
 import runtime
 from runtime import cuda
@@ -207,10 +208,4 @@ def test_shfl_idx_broadcasts_a_lane(block: int) -> None:
 
 def test_readme_gpu_example_runs() -> None:
     """The README's "Block groups" GPU example (its second code block), run as written."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split("## Block groups", 1)[1].split("\n## ", 1)[0]
-    code = re.findall(r"```python\n(.*?)```", section, re.S)[1]
-    exec(compile(code, "README-block-groups-gpu", "exec"), {})
+    run_readme_example("Block groups", 1)

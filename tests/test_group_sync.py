@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from readme_examples import run_readme_example
 
 import capabilities
 import runtime
@@ -201,10 +202,4 @@ def test_the_same_source_verifies_for_the_gpu_lane() -> None:
 
 def test_readme_example_runs() -> None:
     """The README's "Block groups" example, run as written."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split("## Block groups", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README-block-groups", "exec"), {})
+    run_readme_example("Block groups")

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from readme_examples import run_readme_example
 
 import capabilities
 import runtime
@@ -176,13 +177,7 @@ def test_sync_without_pending_launches_is_a_no_op() -> None:
 
 def test_readme_launch_sequence_example_runs() -> None:
     """The README's "Launch sequences" example, run as written."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split("## Launch sequences", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README-launch-sequences", "exec"), {})
+    run_readme_example("Launch sequences")
 
 
 # ---------------------------------------------------------------------------
