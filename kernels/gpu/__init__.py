@@ -170,15 +170,22 @@ def steps_size(batch: int, n: int) -> int:
     return 2 * batch * 32 * (1 + -(-n // STEP_ROWS))
 
 
+def vt_size(batch: int, n: int) -> int:
+    """Floats of the V^T buffer: the current panel's reflectors, NB x n per matrix."""
+    return batch * NB * n
+
+
 @dataclass
 class Workspace:
     """The device buffers a factorization needs besides A and tau: ``work`` (T),
-    ``scratch`` (the update's parts of Z) and ``steps`` (gpu_qr_steps' pivot
-    rows and sums)."""
+    ``scratch`` (the update's parts of Z), ``steps`` (gpu_qr_steps' pivot rows
+    and sums) and ``vt`` (the current panel's V^T, from gpu_qr_update_z to
+    gpu_qr_update_apply)."""
 
     work: Any
     scratch: Any
     steps: Any
+    vt: Any
 
     @classmethod
     def alloc(cls, batch: int, n: int, prefix: str = "qr.") -> Workspace:
@@ -187,17 +194,18 @@ class Workspace:
         return cls(cuda.alloc_device(work_size(batch), np.float32, name=prefix + "work"),
                    cuda.alloc_device(scratch_size(batch, n), np.float32,
                                      name=prefix + "scratch"),
-                   cuda.alloc_device(steps_size(batch, n), np.float64, name=prefix + "steps"))
+                   cuda.alloc_device(steps_size(batch, n), np.float64, name=prefix + "steps"),
+                   cuda.alloc_device(vt_size(batch, n), np.float32, name=prefix + "vt"))
 
     def caps(self, step: Launch, A: Any, tau: Any) -> list[Any]:
         """The capability arguments of one launch of the plan."""
-        w, z, d = self.work, self.scratch, self.steps
+        w, z, d, v = self.work, self.scratch, self.steps, self.vt
         return {"panel": [A, tau, w], "panel_small": [A, tau, w],
                 "steps": [A, tau, w, d],
-                "update_z": [A, z], "update_apply": [A, w, z]}[step.kernel]
+                "update_z": [A, z, v], "update_apply": [A, w, z, v]}[step.kernel]
 
     def free(self) -> None:
-        for c in (self.work, self.scratch, self.steps):
+        for c in (self.work, self.scratch, self.steps, self.vt):
             c.free()
 
 

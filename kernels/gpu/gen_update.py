@@ -15,7 +15,8 @@ from kernels.gpu import UPDATE_BLOCK as THREADS
 from kernels.gpu import ZP_SIZE as ZP
 
 V_LD = 36          # row stride of V in shared memory (row-major, as copied)
-VT_LD = 68         # row stride of V^T in shared memory (the apply kernel)
+VT_LD = 68         # row stride of V^T in shared memory
+assert THREADS % CHUNK == 0, "the fix-up of V gives each thread one row of the chunk"
 
 HEADER = f"""/*
  * Blocked Householder QR on the GPU, part 2: the trailing update (many blocks per matrix).
@@ -26,10 +27,12 @@ HEADER = f"""/*
  * k0 .. n-1:   Z = V^T C,  W = T^T Z,  C -= V W.
  * Two launches, each with a one-dimensional grid over (matrix, {STRIP}-column
  * strip, row block of rb rows):
- *   gpu_qr_update_z      its row block's part of Z (32 x {STRIP}), to Zp;
+ *   gpu_qr_update_z      its row block's part of Z (32 x {STRIP}), to Zp; the
+ *                        blocks of strip 0 also write V^T of their rows, with
+ *                        its unit diagonal and zeros, to VT (32 x n per matrix);
  *   gpu_qr_update_apply  Z = sum of the strip's parts, W = T^T Z, then C -= V W
- *                        on its row block (a second launch: the parts of Z
- *                        come from other blocks).
+ *                        on its row block, V from VT as it is (a second launch:
+ *                        the parts of Z come from other blocks).
  * So a batch of two 4096 x 4096 matrices keeps hundreds of blocks busy, not 2.
  * V (unit lower trapezoidal, read from A below the diagonal) and C go through
  * shared memory in chunks of {CHUNK} rows, each copied by one checked tile copy
@@ -40,7 +43,7 @@ HEADER = f"""/*
  * 16-byte shared loads (four consecutive V and C entries) feed 16 multiply-adds.
  * C -= V W: thread t owns rows 8 rg .. 8 rg + 7 and columns 4 cg .. 4 cg + 3
  * (rg = t / 16): per reflector q, eight consecutive entries of column q of V
- * (from V^T, which the chunk's fix-up pass writes) and four of row q of W,
+ * (from V^T, copied from VT) and four of row q of W,
  * three 16-byte loads for 32 multiply-adds.  Row strides {V_LD} and {VT_LD} keep
  * rows 16-byte aligned.
  */"""
@@ -63,46 +66,46 @@ def _grid(out: list[str]) -> None:
             "    cap_t M = cap_offset_f32(A, b * n * n);"]
 
 
-def _chunk_load(out: list[str], transpose: bool) -> None:
-    """V and C rows r0 .. r0+CHUNK-1 into shared memory, as two checked tile copies,
-    then each thread fixes its elements: V's unit diagonal and zeros above it and
-    past column nb, and zeros past the last row or column (uninitialised shared
-    memory may hold NaNs, which 0 * x would keep).  ``transpose``: V goes on to
-    smem_vt as V^T (the apply kernel reads columns of V)."""
+def _chunk_load_z(out: list[str]) -> None:
+    """V and C rows r0 .. r0+CHUNK-1 into shared memory (two checked tile copies);
+    then each thread fixes its column of V: the unit diagonal, zeros above it and
+    past column nb, written to smem_v and, transposed, to smem_vt.  Rows past the
+    chunk's last (and columns past the strip's last) are left as they are: the
+    row loop stops at ``rows``, and a stray column of C only feeds the same column
+    of Z, which no block stores back."""
     out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
     out.append(f"        cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, {V_LD});")
     out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
-    out.append(f"        for (int64_t e = t; e < {CHUNK * 32}; e += {THREADS}) {{")
-    out.append("            int64_t r = e % " + str(CHUNK) + ";")
-    out.append("            int64_t q = e / " + str(CHUNK) + ";")
-    out.append(f"            float v = smem_v[r * {V_LD} + q];")
-    out.append("            int64_t d = r0 + r - k0 - q;")
+    out.append(f"        for (int64_t q = t / {CHUNK}; q < 32; q += {THREADS // CHUNK}) {{")
+    out.append(f"            float v = smem_v[fr * {V_LD} + q];")
+    out.append("            int64_t d = r0 + fr - k0 - q;")
     out.append("            float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);")
-    dst = f"smem_vt[q * {VT_LD} + r]" if transpose else f"smem_v[r * {V_LD} + q]"
-    out.append(f"            {dst} = r < rows && q < nb ? u : 0.0f;")
-    out.append("        }")
-    out.append(f"        for (int64_t e = t; e < {CHUNK * STRIP}; e += {THREADS}) {{")
-    out.append(f"            int64_t r = e / {STRIP};")
-    out.append(f"            int64_t c = e % {STRIP};")
-    out.append("            float h = smem_c[e];")
-    out.append("            smem_c[e] = r < rows && c < cols ? h : 0.0f;")
+    out.append("            float x = fr < rows && q < nb ? u : 0.0f;")
+    out.append(f"            smem_v[fr * {V_LD} + q] = x;")
+    out.append(f"            smem_vt[q * {VT_LD} + fr] = x;")
     out.append("        }")
     out.append("        rt_sync_threads();")
 
 
 def _kernel_z(out: list[str]) -> None:
-    out.append("KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb,")
-    out.append("                            int64_t nstrips, int64_t nrb, int64_t rb)")
+    out.append("KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,")
+    out.append("                            int64_t nb, int64_t nstrips, int64_t nrb, int64_t rb)")
     out.append("{")
     out.append(f"    float smem_v[{CHUNK * V_LD}];")
+    out.append(f"    float smem_vt[{32 * VT_LD}];")
     out.append(f"    float smem_c[{CHUNK * STRIP}];")
     _grid(out)
     out.append("    int64_t qg = t / 16;")
+    out.append(f"    int64_t fr = t % {CHUNK};")
+    out.append("    cap_t VB = cap_offset_f32(VT, b * 32 * n);")
     for i in I4:
         out.append("    " + " ".join(f"float z{i}{j} = 0.0f;" for j in I4))
     out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
-    _chunk_load(out, transpose=False)
-    out.append(f"        for (int64_t rr = 0; rr < {CHUNK}; rr++) {{")
+    _chunk_load_z(out)
+    # the strip-0 blocks keep V^T of their rows for gpu_qr_update_apply
+    out.append("        if (sp == 0)")
+    out.append(f"            cap_tile_store_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
+    out.append("        for (int64_t rr = 0; rr < rows; rr++) {")
     for i in I4:
         out.append(f"            float p{i} = smem_v[rr * {V_LD} + qg * 4 + {i}];")
     for j in I4:
@@ -121,16 +124,16 @@ def _kernel_z(out: list[str]) -> None:
 
 
 def _kernel_apply(out: list[str]) -> None:
-    out.append("KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,")
+    out.append("KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n,")
     out.append("                                int64_t k0, int64_t nb, int64_t nstrips,")
     out.append("                                int64_t nrb, int64_t rb)")
     out.append("{")
-    out.append(f"    float smem_v[{CHUNK * V_LD}];")
     out.append(f"    float smem_vt[{32 * VT_LD}];")
     out.append(f"    float smem_c[{CHUNK * STRIP}];")
     out.append(f"    float smem_w[{ZP}];")
     _grid(out)
     out.append("    int64_t rg = t / 16;")
+    out.append("    cap_t VB = cap_offset_f32(VT, b * 32 * n);")
     # T (1024 floats) and the summed Z (ZP floats) share smem_c until the first chunk
     out.append("    cap_t TT = cap_offset_f32(Tw, b * 1024);")
     out.append(f"    for (int64_t e = t; e < 1024; e += {THREADS})")
@@ -153,7 +156,11 @@ def _kernel_apply(out: list[str]) -> None:
     out.append("    }")
     out.append("    rt_sync_threads();")
     out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
-    _chunk_load(out, transpose=True)
+    # V^T as gpu_qr_update_z left it; rows and columns past the chunk's and the
+    # strip's last are not fixed up: they only reach elements no one stores back
+    out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
+    out.append(f"        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
+    out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
     for i in I8:
         out.append("        " + " ".join(
             f"float a{i}{j} = smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}];" for j in I4))

@@ -7,10 +7,12 @@
  * k0 .. n-1:   Z = V^T C,  W = T^T Z,  C -= V W.
  * Two launches, each with a one-dimensional grid over (matrix, 64-column
  * strip, row block of rb rows):
- *   gpu_qr_update_z      its row block's part of Z (32 x 64), to Zp;
+ *   gpu_qr_update_z      its row block's part of Z (32 x 64), to Zp; the
+ *                        blocks of strip 0 also write V^T of their rows, with
+ *                        its unit diagonal and zeros, to VT (32 x n per matrix);
  *   gpu_qr_update_apply  Z = sum of the strip's parts, W = T^T Z, then C -= V W
- *                        on its row block (a second launch: the parts of Z
- *                        come from other blocks).
+ *                        on its row block, V from VT as it is (a second launch:
+ *                        the parts of Z come from other blocks).
  * So a batch of two 4096 x 4096 matrices keeps hundreds of blocks busy, not 2.
  * V (unit lower trapezoidal, read from A below the diagonal) and C go through
  * shared memory in chunks of 64 rows, each copied by one checked tile copy
@@ -21,14 +23,15 @@
  * 16-byte shared loads (four consecutive V and C entries) feed 16 multiply-adds.
  * C -= V W: thread t owns rows 8 rg .. 8 rg + 7 and columns 4 cg .. 4 cg + 3
  * (rg = t / 16): per reflector q, eight consecutive entries of column q of V
- * (from V^T, which the chunk's fix-up pass writes) and four of row q of W,
+ * (from V^T, copied from VT) and four of row q of W,
  * three 16-byte loads for 32 multiply-adds.  Row strides 36 and 68 keep
  * rows 16-byte aligned.
  */
-KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb,
-                            int64_t nstrips, int64_t nrb, int64_t rb)
+KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
+                            int64_t nb, int64_t nstrips, int64_t nrb, int64_t rb)
 {
     float smem_v[2304];
+    float smem_vt[2176];
     float smem_c[4096];
     int64_t t = rt_thread_idx();
     int64_t cg = t % 16;
@@ -43,6 +46,8 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb
     int64_t cols = n - cs < 64 ? n - cs : 64;
     cap_t M = cap_offset_f32(A, b * n * n);
     int64_t qg = t / 16;
+    int64_t fr = t % 64;
+    cap_t VB = cap_offset_f32(VT, b * 32 * n);
     float z00 = 0.0f; float z01 = 0.0f; float z02 = 0.0f; float z03 = 0.0f;
     float z10 = 0.0f; float z11 = 0.0f; float z12 = 0.0f; float z13 = 0.0f;
     float z20 = 0.0f; float z21 = 0.0f; float z22 = 0.0f; float z23 = 0.0f;
@@ -51,22 +56,18 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb
         int64_t rows = rhi - r0 < 64 ? rhi - r0 : 64;
         cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, 36);
         cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 64);
-        for (int64_t e = t; e < 2048; e += 128) {
-            int64_t r = e % 64;
-            int64_t q = e / 64;
-            float v = smem_v[r * 36 + q];
-            int64_t d = r0 + r - k0 - q;
+        for (int64_t q = t / 64; q < 32; q += 2) {
+            float v = smem_v[fr * 36 + q];
+            int64_t d = r0 + fr - k0 - q;
             float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);
-            smem_v[r * 36 + q] = r < rows && q < nb ? u : 0.0f;
-        }
-        for (int64_t e = t; e < 4096; e += 128) {
-            int64_t r = e / 64;
-            int64_t c = e % 64;
-            float h = smem_c[e];
-            smem_c[e] = r < rows && c < cols ? h : 0.0f;
+            float x = fr < rows && q < nb ? u : 0.0f;
+            smem_v[fr * 36 + q] = x;
+            smem_vt[q * 68 + fr] = x;
         }
         rt_sync_threads();
-        for (int64_t rr = 0; rr < 64; rr++) {
+        if (sp == 0)
+            cap_tile_store_f32(VB, r0, n, 32, rows, smem_vt, 0, 68);
+        for (int64_t rr = 0; rr < rows; rr++) {
             float p0 = smem_v[rr * 36 + qg * 4 + 0];
             float p1 = smem_v[rr * 36 + qg * 4 + 1];
             float p2 = smem_v[rr * 36 + qg * 4 + 2];
@@ -112,11 +113,10 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, int64_t n, int64_t k0, int64_t nb
     cap_store_f32(Zp, bid * 2048 + (qg * 4 + 3) * 64 + cg * 4 + 3, z33);
 }
 
-KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
+KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n,
                                 int64_t k0, int64_t nb, int64_t nstrips,
                                 int64_t nrb, int64_t rb)
 {
-    float smem_v[2304];
     float smem_vt[2176];
     float smem_c[4096];
     float smem_w[2048];
@@ -133,6 +133,7 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
     int64_t cols = n - cs < 64 ? n - cs : 64;
     cap_t M = cap_offset_f32(A, b * n * n);
     int64_t rg = t / 16;
+    cap_t VB = cap_offset_f32(VT, b * 32 * n);
     cap_t TT = cap_offset_f32(Tw, b * 1024);
     for (int64_t e = t; e < 1024; e += 128)
         smem_c[e] = cap_load_f32(TT, e);
@@ -155,23 +156,8 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, int64_t n,
     rt_sync_threads();
     for (int64_t r0 = rlo; r0 < rhi; r0 += 64) {
         int64_t rows = rhi - r0 < 64 ? rhi - r0 : 64;
-        cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, 36);
+        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, 68);
         cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 64);
-        for (int64_t e = t; e < 2048; e += 128) {
-            int64_t r = e % 64;
-            int64_t q = e / 64;
-            float v = smem_v[r * 36 + q];
-            int64_t d = r0 + r - k0 - q;
-            float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);
-            smem_vt[q * 68 + r] = r < rows && q < nb ? u : 0.0f;
-        }
-        for (int64_t e = t; e < 4096; e += 128) {
-            int64_t r = e / 64;
-            int64_t c = e % 64;
-            float h = smem_c[e];
-            smem_c[e] = r < rows && c < cols ? h : 0.0f;
-        }
-        rt_sync_threads();
         float a00 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 0]; float a01 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 1]; float a02 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 2]; float a03 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 3];
         float a10 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 0]; float a11 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 1]; float a12 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 2]; float a13 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 3];
         float a20 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 0]; float a21 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 1]; float a22 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 2]; float a23 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 3];
