@@ -240,3 +240,52 @@ def reaching(graph: dict[str, set[str]], targets: set[str]) -> set[str]:
                 found.add(f)
                 grew = True
     return found
+
+
+#: The signed integer types of the dialect, by bits (int counters are guarded by
+#: rt_loop_span32: the start fits, no wrap past INT32_MAX).
+INT_TYPES = {"int64_t": 64, "long": 64, "int": 32, "int32_t": 32}
+
+
+def int_types(func: c_ast.FuncDef) -> dict[str, int]:
+    """Bits of every integer variable of ``func`` (parameters and locals); 0 for a
+    name declared with two different types (sibling scopes may reuse a name)."""
+    out: dict[str, int] = {}
+
+    class V(c_ast.NodeVisitor):
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            t = n.type
+            bits = 0
+            if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
+                bits = INT_TYPES.get(" ".join(t.type.names), 0)
+            if n.name is not None:
+                out[n.name] = bits if out.get(n.name, bits) == bits else 0
+            self.generic_visit(n)
+
+    V().visit(func)
+    return out
+
+
+def write_counts(node: c_ast.Node) -> dict[str, int]:
+    """How often each name is declared or assigned under node (an address taken,
+    as the guards' rt_loop_span(..., &span) does, counts as a write)."""
+    out: dict[str, int] = {}
+
+    class V(c_ast.NodeVisitor):
+        def visit_Assignment(self, n: c_ast.Assignment) -> None:
+            if isinstance(n.lvalue, c_ast.ID):
+                out[n.lvalue.name] = out.get(n.lvalue.name, 0) + 1
+            self.generic_visit(n)
+
+        def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
+            if n.op in ("++", "--", "p++", "p--", "&") and isinstance(n.expr, c_ast.ID):
+                out[n.expr.name] = out.get(n.expr.name, 0) + 1
+            self.generic_visit(n)
+
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            if n.name is not None:
+                out[n.name] = out.get(n.name, 0) + 1
+            self.generic_visit(n)
+
+    V().visit(node)
+    return out

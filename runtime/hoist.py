@@ -54,11 +54,19 @@ from pycparser import c_ast, c_generator
 
 from capabilities import abi
 
-from .astutil import INDEX_BUILTINS, callees, int_literal, node_fields, pure_expr, reaching
+from .astutil import (
+    INDEX_BUILTINS,
+    INT_TYPES,
+    callees,
+    int_literal,
+    int_types,
+    node_fields,
+    pure_expr,
+    reaching,
+    write_counts,
+)
 from .verifier import TILE_FUNCS, WARP_FUNCS
 
-# int counters are guarded by rt_loop_span32 (start fits, no wrap past INT32_MAX).
-_INT_TYPES = {"int64_t": 64, "long": 64, "int": 32, "int32_t": 32}
 _ACCESS_PREFIX = ("cap_load_", "cap_store_")
 _ELEM = abi.SCALAR_SUFFIXES
 ELEM_SIZE = abi.ELEM_SIZE
@@ -183,7 +191,7 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     the block; one taken by the whole block at entry, __syncthreads_and, was
     measured slower than none: bench/results/gpuprof-wholebody-guard-2026-12-03.txt.)
     """
-    ctx = _Ctx(arrays, _int_types(func), waits=waits, one_thread_blocks=one_thread_blocks,
+    ctx = _Ctx(arrays, int_types(func), waits=waits, one_thread_blocks=one_thread_blocks,
                barriers=barriers)
     whole = _body_version(func.body, ctx)
     if whole is not None:
@@ -297,7 +305,7 @@ def _ids(node: c_ast.Node | None) -> set[str]:
 
 def _assigned(node: c_ast.Node | None) -> set[str]:
     """Names assigned (=, op=, ++, --, through &) or declared anywhere under node."""
-    return set() if node is None else set(_write_counts(node))
+    return set() if node is None else set(write_counts(node))
 
 
 def _subst(expr: c_ast.Node, var: str, repl: c_ast.Node) -> c_ast.Node:
@@ -362,7 +370,7 @@ def _counter_decl(loop: c_ast.For) -> tuple[c_ast.Decl, int] | None:
     d = init.decls[0]
     if not (isinstance(d.type, c_ast.TypeDecl) and isinstance(d.type.type, c_ast.IdentifierType)):
         return None
-    bits = _INT_TYPES.get(" ".join(d.type.type.names))
+    bits = INT_TYPES.get(" ".join(d.type.type.names))
     if bits is None or d.init is None:
         return None
     return d, bits
@@ -470,8 +478,8 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
                 self.visit(ref.subscript)
                 idx = ref.subscript
                 if not (dims is not None and depth < len(dims) and cur.name not in changed
-                        and pure_expr(idx)):
-                    continue
+                        and pure_expr(idx)) or isinstance(ref, UncheckedRef):
+                    continue  # (UncheckedRef: proved in range by runtime/ranges.py)
                 idx = _expand(idx, defs)
                 if (_affine(idx, var) and not ((_ids(idx) - {var}) & changed)
                         and _narrow_parts(idx, narrow, ctx.types) is not None):
@@ -876,25 +884,6 @@ def _foldable_term(term: _Term, var: str, ivar: str, changed: set[str]) -> bool:
     return _affine_in(term.idx, {var, ivar}) and not ((_ids(term.idx) - {var, ivar}) & changed)
 
 
-def _int_types(func: c_ast.FuncDef) -> dict[str, int]:
-    """Bits of every integer variable of ``func`` (parameters and locals); 0 for a
-    name declared with two different types (sibling scopes may reuse a name)."""
-    out: dict[str, int] = {}
-
-    class V(c_ast.NodeVisitor):
-        def visit_Decl(self, n: c_ast.Decl) -> None:
-            t = n.type
-            bits = 0
-            if isinstance(t, c_ast.TypeDecl) and isinstance(t.type, c_ast.IdentifierType):
-                bits = _INT_TYPES.get(" ".join(t.type.names), 0)
-            if n.name is not None:
-                out[n.name] = bits if out.get(n.name, bits) == bits else 0
-            self.generic_visit(n)
-
-    V().visit(func)
-    return out
-
-
 def _is_64(expr: c_ast.Node, types: dict[str, int]) -> bool:
     """expr has a 64-bit integer type (C's usual arithmetic conversions)."""
     if isinstance(expr, c_ast.ID):
@@ -939,7 +928,7 @@ def _body_defs(body: c_ast.Node, changed: set[str], types: dict[str, int]
     (mod 2^64) wherever the body uses it.  Maps x to E expanded."""
     if not isinstance(body, c_ast.Compound):
         return {}
-    writes = _write_counts(body)
+    writes = write_counts(body)
     defs: dict[str, c_ast.Node] = {}
     for item in body.block_items or []:
         if not (isinstance(item, c_ast.Decl) and item.init is not None
@@ -1155,7 +1144,7 @@ class _NestGuard:
         # caps the nest derives once (cap_t M = cap_offset_T(A, e), e one value at
         # the guard): the guard checks their accesses through the same expression
         self.cap_exprs: dict[str, c_ast.Node] = {}
-        self.writes = _write_counts(loop)
+        self.writes = write_counts(loop)
 
     @property
     def terms(self) -> list[c_ast.Node]:
@@ -1453,13 +1442,13 @@ class _NestGuard:
             return
         if (d.init is not None and isinstance(d.type, c_ast.TypeDecl)
                 and isinstance(d.type.type, c_ast.IdentifierType)
-                and _INT_TYPES.get(" ".join(d.type.type.names))
+                and INT_TYPES.get(" ".join(d.type.type.names))
                 and not any(d.name in _assigned(r) for r in rest)):
             # (ival accepts only side-effect-free arithmetic and guards its own
             # divisions, so the init need not be safe to evaluate early itself)
             try:
                 iv = self.ival(d.init, env)
-                if _INT_TYPES[" ".join(d.type.type.names)] == 32:
+                if INT_TYPES[" ".join(d.type.type.names)] == 32:
                     self._in_int(iv)
                 env[d.name] = iv
             except _NoBound:
@@ -1597,7 +1586,7 @@ class _NestGuard:
             dims = self.ctx.arrays.get(base.name) if isinstance(base, c_ast.ID) else None
             for depth, ref in enumerate(chain):
                 self.expr(ref.subscript, env)
-                if dims is None or depth >= len(dims):
+                if dims is None or depth >= len(dims) or isinstance(ref, UncheckedRef):
                     continue
                 self._cover(("array", dims[depth]), self.ival(ref.subscript, env))
             return
@@ -1608,31 +1597,6 @@ class _NestGuard:
             self.expr(c, env)
 
     ok = "__nok"  # replaced per nest in build()
-
-
-def _write_counts(node: c_ast.Node) -> dict[str, int]:
-    """How often each name is declared or assigned under node (an address taken,
-    as the guards' rt_loop_span(..., &span) does, counts as a write)."""
-    out: dict[str, int] = {}
-
-    class V(c_ast.NodeVisitor):
-        def visit_Assignment(self, n: c_ast.Assignment) -> None:
-            if isinstance(n.lvalue, c_ast.ID):
-                out[n.lvalue.name] = out.get(n.lvalue.name, 0) + 1
-            self.generic_visit(n)
-
-        def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
-            if n.op in ("++", "--", "p++", "p--", "&") and isinstance(n.expr, c_ast.ID):
-                out[n.expr.name] = out.get(n.expr.name, 0) + 1
-            self.generic_visit(n)
-
-        def visit_Decl(self, n: c_ast.Decl) -> None:
-            if n.name is not None:
-                out[n.name] = out.get(n.name, 0) + 1
-            self.generic_visit(n)
-
-    V().visit(node)
-    return out
 
 
 def _minmax(e: c_ast.TernaryOp) -> str | None:

@@ -39,6 +39,7 @@ from .hoist import (
     waiting_helpers,
 )
 from .parse import is_user_node
+from .ranges import builtin_ranges, prove_subscripts
 from .verifier import TILE_FUNCS, KernelSig, VerifiedSource
 
 SIZES = abi.ELEM_SIZE
@@ -365,6 +366,7 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
             fi.typing = CapTyping(frozenset(verified.cap_locals.get(name, [])),
                                   frozenset(cap_funcs), frozenset(funcs))
         if hoist and mode in ("checked", "raw_poll"):  # raw_poll: same poll placement
+            prove_subscripts(ext, fi.arrays, builtin_ranges("cpu", None))
             hoist_function(ext, fi.arrays, waits, one_thread_blocks=True)
         ext.body = fi.rewrite(ext.body)
         _add_rt_param(ext.decl.type)

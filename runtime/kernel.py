@@ -124,7 +124,8 @@ def _toolchain_version() -> str:
     return content_hash((CAP_INCLUDE / "cap.h").read_text(),
                         (CAP_INCLUDE / "cap_abi.h").read_text(),
                         *[(here / f).read_text() for f in
-                          ("instrument.py", "hoist.py", "verifier.py", "parse.py", "astutil.py")])
+                          ("instrument.py", "hoist.py", "ranges.py", "verifier.py", "parse.py",
+                           "astutil.py")])
 
 
 _ = core  # the core must be loaded before kernels run

@@ -64,6 +64,7 @@ _CUDA_SIGS: dict[str, tuple[tuple[str, ...], str]] = {
     "rt_lane_idx": ((), "num"),
     "rt_block_idx_y": ((), "num"),
     "rt_grid_dim_y": ((), "num"),
+    "rt_require_block_dim": (("dim",), "void"),
 }
 #: Warp shuffles (kind "mask": an integer literal 1, 2, 4, 8 or 16) and reductions.
 SHUFFLE_TYPES = ("f32", "f64", "i64")
@@ -92,6 +93,9 @@ WARP_FUNCS: frozenset[str] = frozenset(n for n in _CUDA_SIGS
                                        if n.startswith(("rt_shfl_", "rt_warp_")))
 #: The math whitelist (float and double forms, classification macros).
 MATH_FUNCS: frozenset[str] = frozenset(_MATH_SIGS)
+
+#: Threads per block on every CUDA device since sm_20 (the lane refuses more).
+CUDA_MAX_BLOCK = 1024
 
 #: cap_t params + locals per function: one shadow slot each (RT_FRAME_SLOTS_MAX in cap.h).
 MAX_CAP_LOCALS = 64
@@ -152,6 +156,8 @@ class KernelSig:
     line: int = 0
     #: the kernel (or a helper it calls) calls rt_group_sync: launched with group=
     group_sync: bool = False
+    #: rt_require_block_dim(N): the kernel runs only with N threads per block
+    block_dim: int | None = None
 
     @property
     def n_caps(self) -> int:
@@ -202,6 +208,8 @@ class _FuncCtx:
     caps: list[str] = field(default_factory=list)
     arrays: dict[str, tuple[int, ...]] = field(default_factory=dict)
     unique: set[str] = field(default_factory=set)  # cap_t and array names seen anywhere
+    block_dim: int | None = None  # rt_require_block_dim(N) of a kernel
+    top_calls: frozenset[int] = frozenset()  # ids of the calls that are body statements
 
 
 def verify(parsed: ParsedSource, *, target: str = "cpu") -> VerifiedSource:
@@ -717,7 +725,9 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(decl, "function definition", _NOT_SUPPORTED.format("this declarator"))
         is_kernel = name in self.parsed.kernels
         params, ret = self._signature(decl.type, is_kernel=is_kernel)
-        fn = _FuncCtx(name=name, is_kernel=is_kernel, ret=ret, scopes=[{}])
+        fn = _FuncCtx(name=name, is_kernel=is_kernel, ret=ret, scopes=[{}],
+                      top_calls=frozenset(id(s) for s in node.body.block_items or []
+                                          if isinstance(s, c_ast.FuncCall)))
         for pname, kind in params:
             if pname in fn.scopes[0]:
                 self._fail(decl, f"duplicate parameter '{pname}'", "parameter names are unique")
@@ -755,7 +765,7 @@ class _Verifier(c_ast.NodeVisitor):
         if is_kernel:
             self.result.kernels[name] = KernelSig(
                 name, list(params), decl.coord.line if decl.coord else 0,
-                group_sync=name in self._group_sync)
+                group_sync=name in self._group_sync, block_dim=fn.block_dim)
         else:
             self.result.helpers.append(name)
 
@@ -984,6 +994,8 @@ class _Verifier(c_ast.NodeVisitor):
                 continue
             if k == "mask":
                 self._shuffle_mask_arg(name, i, a)
+            if k == "dim":
+                self._block_dim_arg(node, name, i, a)
             if name in TILE_FUNCS and k == "cap" and not isinstance(a, c_ast.ID):
                 self._fail(a, f"argument {i + 1} of '{name}'",
                            "the cap of a tile copy must be a cap_t variable: it stays rooted "
@@ -1027,6 +1039,23 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(a, f"argument {i + 1} of '{name}'",
                        "the lane mask must be an integer literal 1, 2, 4, 8 or 16: the "
                        "butterfly partner lane ^ mask then stays in the warp")
+
+    def _block_dim_arg(self, node: c_ast.FuncCall, name: str, i: int, a: c_ast.Node) -> None:
+        """rt_require_block_dim(N): a statement of a kernel's own body, once, N a literal."""
+        fn = self._fn
+        assert fn is not None
+        if not fn.is_kernel or id(node) not in fn.top_calls:
+            self._fail(node, f"call to '{name}'",
+                       "it states how the kernel is launched, so it is a statement of the "
+                       "kernel's own body (not of a helper, a loop or a branch)")
+        if fn.block_dim is not None:
+            self._fail(node, f"call to '{name}'", "the block size is stated once per kernel")
+        val = int_literal(a)
+        if val is None or not 1 <= val <= CUDA_MAX_BLOCK:
+            self._fail(a, f"argument {i + 1} of '{name}'",
+                       f"the block size must be an integer literal in 1..{CUDA_MAX_BLOCK}: "
+                       "it bounds rt_thread_idx() at compile time")
+        fn.block_dim = val
 
     def visit_Assignment(self, node: c_ast.Assignment) -> None:
         lv = node.lvalue

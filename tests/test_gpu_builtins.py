@@ -159,3 +159,32 @@ def test_one_dimensional_launch_has_grid_y_one() -> None:
     out = cuda.alloc_device(6, np.int64, name="out")
     cuda.launch(k, [out], grid=6, block=32, timeout=20)
     assert out.numpy().tolist() == [1000] * 6
+
+
+STATED_BLOCK = """
+KERNEL void stated(cap_t x)
+{
+    rt_require_block_dim(128);
+    float smem_a[512];
+    int64_t t = rt_thread_idx();
+    int64_t rg = t / 16;
+    int64_t cg = t % 16;
+    smem_a[rg * 64 + cg] = (float)t;
+    cap_store_f32(x, t, smem_a[rg * 64 + cg] + 1.0f);
+}
+"""
+
+
+def test_a_stated_block_size_is_enforced_at_launch() -> None:
+    k = cuda.compile(STATED_BLOCK, "stated")
+    assert k.info.block_dim == 128
+    x = cuda.alloc_device(256, np.float32, name="x")
+    for block in (64, 256):
+        with pytest.raises(ValueError, match="rt_require_block_dim\\(128\\)"):
+            cuda.launch(k, [x], grid=1, block=block)
+        with pytest.raises(ValueError, match="rt_require_block_dim\\(128\\)"):
+            cuda.time_launch(k, [x], grid=1, block=block)
+    assert not x.numpy().any()  # nothing ran
+    cuda.launch(k, [x], grid=1, block=128)
+    assert np.array_equal(x.numpy()[:128], np.arange(1, 129, dtype=np.float32))
+    x.free()

@@ -53,10 +53,15 @@ PANEL_BLOCK, SMALL_BLOCK = 512, 256
 STEP_BLOCK, STEP_ROWS = 256, 64
 T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
 #: Register caps of the update kernels, the same for checked and raw builds so the
-#: overhead comparison stays like for like: update_z fits 96 and update_apply 128
-#: without spilling in either build (ptxas -v, NVRTC 13, sm_90; apply spills at 96).
+#: overhead comparison stays like for like.  96 lets five 128-thread blocks share an
+#: SM.  update_apply's register tile is proved in range at compile time
+#: (rt_require_block_dim, runtime/ranges.py): at 96 its checked build spills 24 bytes
+#: (was 276 with those checks), the raw build needs 91 (ptxas -v, NVRTC 13.0, sm_90);
+#: H200, checked: (2,4096) 49.8 -> 44.2 ms, (8,2048) 25.8 -> 23.8 ms against the 128
+#: cap's 4 blocks per SM, bitwise the same results
+#: (bench/results/gpu-ranges-2026-12-04.txt).
 UPDATE_Z_OPTIONS = ("--maxrregcount=96",)
-UPDATE_OPTIONS = ("--maxrregcount=128",)
+UPDATE_OPTIONS = ("--maxrregcount=96",)
 #: gpu_qr_panel runs 512 threads, so at most 128 registers each.
 PANEL_OPTIONS = ("--maxrregcount=128",)
 #: gpu_qr_steps: 96 registers (no spills in either build, NVRTC 13, sm_90) let two

@@ -30,6 +30,7 @@
 KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
                             int64_t nb, int64_t nstrips, int64_t nrb, int64_t rb)
 {
+    rt_require_block_dim(128);
     float smem_v[2304];
     float smem_vt[2176];
     float smem_c[4096];
@@ -117,6 +118,7 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n
                                 int64_t k0, int64_t nb, int64_t nstrips,
                                 int64_t nrb, int64_t rb)
 {
+    rt_require_block_dim(128);
     float smem_vt[2176];
     float smem_c[4096];
     float smem_w[2048];

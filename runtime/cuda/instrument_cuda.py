@@ -66,6 +66,7 @@ from ..hoist import (
     waiting_helpers,
 )
 from ..parse import is_user_node
+from ..ranges import builtin_ranges, prove_subscripts
 from ..verifier import TILE_FUNCS, WARP_FUNCS, KernelSig, VerifiedSource
 
 ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
@@ -90,6 +91,8 @@ static __device__ __forceinline__ unsigned short rt_f2h(float f)
 static __device__ __forceinline__ long long rt_block_idx(void) { return (long long)blockIdx.x; }
 static __device__ __forceinline__ long long rt_grid_dim(void) { return (long long)gridDim.x; }
 static __device__ __forceinline__ long long rt_thread_idx(void) { return (long long)threadIdx.x; }
+/* The launch refuses any other block size (lane.check_block): nothing left to do here. */
+#define rt_require_block_dim(n) ((void)0)
 static __device__ __forceinline__ long long rt_block_dim(void) { return (long long)blockDim.x; }
 
 static __device__ __forceinline__ long long rt_len(cap_t c, long long S)
@@ -649,7 +652,8 @@ class _Rewriter:
             return _call("rt_cap_from_int", args, coord)
         if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
                     "rt_sync_threads", "rt_lane_idx", "rt_block_idx_y",
-                    "rt_grid_dim_y", "rt_group_sync") or name in WARP_FUNCS:
+                    "rt_grid_dim_y", "rt_group_sync", "rt_require_block_dim") \
+                or name in WARP_FUNCS:
             return node
         if name in TILE_FUNCS:
             return self.tile(name, args, line, coord)
@@ -703,8 +707,10 @@ class _Instrumenter:
         name = fn.decl.name
         arrays = self.local_arrays(fn)
         if self.hoist:
-            hoist_function(fn, {k: tuple(v) for k, v in arrays.items()}, self.waits,
-                           barriers=GPU_BARRIERS)
+            dims = {k: tuple(v) for k, v in arrays.items()}
+            sig = self.verified.kernels.get(name)
+            prove_subscripts(fn, dims, builtin_ranges("cuda", sig.block_dim if sig else None))
+            hoist_function(fn, dims, self.waits, barriers=GPU_BARRIERS)
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
         _map_types(fn)

@@ -434,6 +434,18 @@ class CudaKernel:
         return self.resident[key]
 
 
+def check_block(kernel: CudaKernel, block: int, dev: Any) -> None:
+    """ValueError unless the device runs blocks of ``block`` threads and the kernel
+    was written for that size (its rt_require_block_dim, which the compiler took
+    as a bound on rt_thread_idx())."""
+    if not 1 <= block <= dev.max_threads:
+        raise ValueError(f"block must be in 1..{dev.max_threads}")
+    want = kernel.info.block_dim
+    if want is not None and block != want:
+        raise ValueError(f"kernel {kernel.name!r} states rt_require_block_dim({want}) and "
+                         f"was compiled for it: launch it with block={want}, not {block}")
+
+
 def check_group(kernel: CudaKernel, group: Any, grid: int, block: int,
                 shared_bytes: int = 0) -> bool:
     """Whether the launch is cooperative (the kernel calls rt_group_sync); ValueError
@@ -692,8 +704,7 @@ def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[An
     entry point, when the caller looked them up once for many launches.
     ``group``: see :func:`launch`."""
     dev = dev or drv.device()
-    if not 1 <= block <= dev.max_threads:
-        raise ValueError(f"block must be in 1..{dev.max_threads}")
+    check_block(kernel, block, dev)
     cooperative = check_group(kernel, group, grid, block, shared_bytes)
     record = dev.seq_record or _record(dev)
     own = [] if caller_holds else _hold_all(caps)
@@ -912,6 +923,7 @@ def time_launch(kernel: CudaKernel, caps: Sequence[DeviceCapability] | DeviceCap
     """
     caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
     dev = drv.device()
+    check_block(kernel, block, dev)
     cooperative = check_group(kernel, group, grid, block, shared_bytes)
     _drain_all()
     out = []
