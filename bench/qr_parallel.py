@@ -120,7 +120,7 @@ import numpy as np
 import kernels, runtime
 n, reps = int(sys.argv[1]), int(sys.argv[2])
 a = np.random.default_rng(n).standard_normal((n, n), dtype=np.float32)
-kernels.qr(a[:256, :256])
+kernels.qr(a)  # the same call untimed first: one-time costs (kernels, first touch) stay out
 ts = []
 for _ in range(reps):
     t0 = time.perf_counter(); kernels.qr(a); ts.append(time.perf_counter() - t0)
