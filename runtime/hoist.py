@@ -376,7 +376,7 @@ def _counter_decl(loop: c_ast.For) -> tuple[c_ast.Decl, int] | None:
     return d, bits
 
 
-def _loop_shape(loop: c_ast.For
+def loop_shape(loop: c_ast.For
                 ) -> tuple[str, int, c_ast.Node, c_ast.Node, str, int | c_ast.Node] | None:
     """(var, bits, A, B, cmp, step) for a countable loop, else None.
 
@@ -424,7 +424,7 @@ def _decl64(name: str, init: c_ast.Node) -> c_ast.Decl:
 
 def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = False
              ) -> c_ast.Node | None:
-    shape = _loop_shape(loop)
+    shape = loop_shape(loop)
     if shape is None or loop.stmt is None:
         return None
     var, bits, a_expr, b_expr, cmp, step = shape
@@ -1016,7 +1016,7 @@ def _short_nest(body: c_ast.Node) -> bool:
         visit_DoWhile = visit_QuietWhile = visit_QuietDoWhile = visit_While
 
         def visit_For(self, n: c_ast.For) -> None:
-            shape = _loop_shape(n)
+            shape = loop_shape(n)
             trips = _const_trips(shape[2], shape[3], shape[4], shape[5]) if shape else None
             if trips is None or trips > INNER_CONST_TRIP:
                 self.ok = False
@@ -1497,7 +1497,7 @@ class _NestGuard:
         return None if name in self.written else c_ast.ID(name)
 
     def loop(self, f: c_ast.For, env: dict[str, _Ival | None]) -> None:
-        shape = _loop_shape(f) or _down_shape(f)
+        shape = loop_shape(f) or _down_shape(f)
         if shape is None or f.stmt is None:
             raise _NoBound
         var, bits, a_expr, b_expr, cmp, step = shape

@@ -17,9 +17,10 @@ The facts, each an exact interval of Python integers:
   T x = E;                      E's interval at the declaration, when x is a
                                 signed integer declared once in the function
                                 and never assigned, incremented or addressed
-  for (T i = A; i < B; i += s)  [lo A, hi B - 1] (<=: hi B) in the body, when the
-                                loop writes i only in its header, s > 0 is a
-                                literal and hi B + s fits an int (no wrap on the
+  for (T i = A; i < B; i += s)  [lo A, hi B - 1] (<=: hi B) in the body, for a
+                                loop hoist.loop_shape counts whose step s is a
+                                literal, when the loop writes i only in its
+                                header and hi B + s fits an int (no wrap on the
                                 final step)
   + - * unary -, / and % by a positive literal (C truncation), casts to the
   dialect's signed integer types
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pycparser import c_ast
 
 from .astutil import INT_TYPES, int_literal, int_types, write_counts
-from .hoist import UncheckedRef, array_chain
+from .hoist import UncheckedRef, array_chain, loop_shape
 from .verifier import CUDA_MAX_BLOCK
 
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
@@ -108,22 +109,16 @@ class _Walk:
             self.node(loop.stmt, inner)
 
     def counter(self, loop: c_ast.For, env: dict[str, Ival]) -> tuple[str, Ival] | None:
-        init, cond, nxt = loop.init, loop.cond, loop.next
-        if not (isinstance(init, c_ast.DeclList) and len(init.decls) == 1):
+        shape = loop_shape(loop)
+        if shape is None:
             return None
-        d = init.decls[0]
-        var = d.name
-        if d.init is None or self.types.get(var) not in (32, 64) \
-                or write_counts(loop).get(var) != 2:
-            return None  # declared here and stepped by the header, nothing else in the loop
-        if not (isinstance(cond, c_ast.BinaryOp) and cond.op in ("<", "<=")
-                and isinstance(cond.left, c_ast.ID) and cond.left.name == var):
+        var, _bits, start, bound, cmp, step = shape
+        if not isinstance(step, int) or write_counts(loop).get(var) != 2:
+            return None  # a literal step, and the loop writes i only in its header
+        lo, hi = self.known(start, env), self.known(bound, env)
+        if lo is None or hi is None:
             return None
-        step = _step(nxt, var)
-        lo, hi = self.known(d.init, env), self.known(cond.right, env)
-        if step is None or lo is None or hi is None:
-            return None
-        last = hi[1] - (1 if cond.op == "<" else 0)
+        last = hi[1] - (1 if cmp == "<" else 0)
         if last < lo[0] or last + step > _I32_MAX:
             return None
         return var, (lo[0], last)
@@ -198,14 +193,3 @@ class _Walk:
 def _tdiv(a: int, k: int) -> int:
     return a // k if a >= 0 else -((-a) // k)
 
-
-def _step(nxt: c_ast.Node | None, var: str) -> int | None:
-    """The positive literal step of ``var++``, ``++var`` or ``var += s``."""
-    if isinstance(nxt, c_ast.UnaryOp) and nxt.op in ("p++", "++") \
-            and isinstance(nxt.expr, c_ast.ID) and nxt.expr.name == var:
-        return 1
-    if isinstance(nxt, c_ast.Assignment) and nxt.op == "+=" \
-            and isinstance(nxt.lvalue, c_ast.ID) and nxt.lvalue.name == var:
-        s = int_literal(nxt.rvalue)
-        return s if s is not None and s > 0 else None
-    return None
