@@ -86,6 +86,11 @@ OBJ_FLAG: dict[str, int] = dict(OBJ_FLAGS)
 #: |index| must stay below 2**IDX_LIMIT_LOG2 so that index * elsize cannot wrap.
 IDX_LIMIT_LOG2 = 58
 
+#: A hull guard takes a line of first indices A + l*q, l in [0, D], by its two
+#: ends when D <= LINE_MAX_SPAN and |q| < 2**IDX_LIMIT_LOG2 (rt_line_ok), so that
+#: |A + l*q| < 2**63: every member is exact and between the ends (runtime/lines.py).
+LINE_MAX_SPAN = 16
+
 #: cap_t words in order; the last one is the owner: the object header on the
 #: CPU, a tag on the GPU (bits 0-31: argument slot + 1, 0 for cap_from_int;
 #: bit 32: the buffer was freed).
@@ -240,6 +245,9 @@ RT_ABI_FN int rt_lrange_hull_ok(rt_i64 lo, rt_i64 hi, rt_i64 d, rt_i64 span, rt_
 {
     return rt_lrange_ok(lo, d, span, dim) && rt_lrange_ok(hi, d, span, dim);
 }
+/* The step q of a line of first indices is small enough for its two ends to
+ * stand for every member (runtime/lines.py): |q| < RT_IDX_LIMIT. */
+RT_ABI_FN int rt_line_ok(rt_i64 q) { return RT_OFFSET_SANE(q); }
 RT_ABI_FN int rt_range2_hull_ok(cap_t c, rt_i64 lo, rt_i64 hi, rt_i64 di, rt_i64 si, rt_i64 dj,
                                 rt_i64 sj, rt_i64 S, int store)
 {

@@ -206,6 +206,9 @@ RT_ABI_FN int rt_lrange_hull_ok(rt_i64 lo, rt_i64 hi, rt_i64 d, rt_i64 span, rt_
 {
     return rt_lrange_ok(lo, d, span, dim) && rt_lrange_ok(hi, d, span, dim);
 }
+/* The step q of a line of first indices is small enough for its two ends to
+ * stand for every member (runtime/lines.py): |q| < RT_IDX_LIMIT. */
+RT_ABI_FN int rt_line_ok(rt_i64 q) { return RT_OFFSET_SANE(q); }
 RT_ABI_FN int rt_range2_hull_ok(cap_t c, rt_i64 lo, rt_i64 hi, rt_i64 di, rt_i64 si, rt_i64 dj,
                                 rt_i64 sj, rt_i64 S, int store)
 {

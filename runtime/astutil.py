@@ -289,3 +289,25 @@ def write_counts(node: c_ast.Node) -> dict[str, int]:
 
     V().visit(node)
     return out
+
+
+def is_int64(expr: c_ast.Node, types: dict[str, int]) -> bool:
+    """expr has a 64-bit integer type (C's usual arithmetic conversions)."""
+    if isinstance(expr, c_ast.ID):
+        return types.get(expr.name) == 64
+    if isinstance(expr, c_ast.Cast):
+        names = getattr(getattr(expr.to_type, "type", None), "type", None)
+        return getattr(names, "names", []) in (["int64_t"], ["long"])
+    if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-", "*", "/"):
+        return is_int64(expr.left, types) or is_int64(expr.right, types)
+    if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
+        return is_int64(expr.expr, types)
+    if isinstance(expr, c_ast.TernaryOp):
+        return is_int64(expr.iftrue, types) or is_int64(expr.iffalse, types)
+    return False
+
+
+def cast_i64(expr: c_ast.Node) -> c_ast.Cast:
+    """(int64_t)(expr)."""
+    t = c_ast.TypeDecl(None, [], None, c_ast.IdentifierType(["int64_t"]))
+    return c_ast.Cast(c_ast.Typename(None, [], None, t), expr)

@@ -58,13 +58,16 @@ from .astutil import (
     INDEX_BUILTINS,
     INT_TYPES,
     callees,
+    cast_i64,
     int_literal,
     int_types,
+    is_int64,
     node_fields,
     pure_expr,
     reaching,
     write_counts,
 )
+from .lines import line_hull
 from .verifier import TILE_FUNCS, WARP_FUNCS
 
 _ACCESS_PREFIX = ("cap_load_", "cap_store_")
@@ -524,7 +527,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
         terms.append(_Term(copy.deepcopy(idx), None, dim, 0))
         ref.__class__ = UncheckedRef
         covered.append(ref)
-    guard_terms = _range_terms(terms, var, span)
+    guard_terms = _range_terms(terms, var, span, ctx.types)
     wrap_terms = [_irange_term(part, var, span) for term in terms
                   for part in _narrow_parts(term.idx, narrow, ctx.types)]
     # Fast copy only if bounds and indices are signed integers (so the loop
@@ -550,7 +553,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
         box_ok: c_ast.Node = c_ast.ID(inner.span.hok)
         inner_ok: c_ast.Node = _const(1)
         box_narrow = narrow | ({inner.var} if inner.span.bits == 32 else set())
-        for g in _box_terms(inner_terms, var, span, inner.var, inner.span):
+        for g in _box_terms(inner_terms, var, span, inner.var, inner.span, ctx.types):
             guard_terms.append(g)
             inner_ok = c_ast.BinaryOp("&", inner_ok, g)
         for term in inner_terms:
@@ -677,7 +680,7 @@ def _coef(expr: c_ast.Node, var: str) -> c_ast.Node:
     if var not in _ids(expr):
         return _const(0)
     if isinstance(expr, c_ast.ID):
-        return _i64(_const(1))
+        return cast_i64(_const(1))
     if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-"):
         left, right = _coef(expr.left, var), _coef(expr.right, var)
         if _is_zero(right):
@@ -692,7 +695,7 @@ def _coef(expr: c_ast.Node, var: str) -> c_ast.Node:
         if _is_zero(inner):
             return inner
         if _is_unit(inner):  # (int64_t)1 * x: x promoted
-            return _i64(other)
+            return cast_i64(other)
         return c_ast.BinaryOp("*", inner, other) if on_left else c_ast.BinaryOp("*", other, inner)
     if isinstance(expr, c_ast.UnaryOp):
         inner = _coef(expr.expr, var)
@@ -700,11 +703,6 @@ def _coef(expr: c_ast.Node, var: str) -> c_ast.Node:
     if isinstance(expr, c_ast.Cast):  # to int64_t (_affine_in): the inner part is int64 already
         return _coef(expr.expr, var)
     raise ValueError(f"not affine in {var}: {type(expr).__name__}")
-
-
-def _i64(expr: c_ast.Node) -> c_ast.Cast:
-    t = c_ast.TypeDecl(None, [], None, c_ast.IdentifierType(["int64_t"]))
-    return c_ast.Cast(c_ast.Typename(None, [], None, t), expr)
 
 
 def _is_zero(node: c_ast.Node) -> bool:
@@ -751,17 +749,18 @@ def _groups(terms: list[_Term], strides: list[tuple[c_ast.Node, ...]]
     return list(out.values())
 
 
-def _range_terms(terms: list[_Term], var: str, span: _Span) -> list[c_ast.FuncCall]:
+def _range_terms(terms: list[_Term], var: str, span: _Span, types: dict[str, int]
+                 ) -> list[c_ast.Node]:
     """One range check per group of terms (:func:`_groups`) over [first, first + span]:
     rt_range_ok / rt_lrange_ok for a single term, the *_hull_ok forms for more."""
     strides = [(_coef(t.idx, var),) for t in terms]
     return [_group_check("range", term, [_corner(terms[k].idx, var, span) for k in members],
-                         [copy.deepcopy(d), c_ast.ID(span.hs)])
+                         [copy.deepcopy(d), c_ast.ID(span.hs)], types)
             for term, (d,), members in _groups(terms, strides)]
 
 
-def _box_terms(terms: list[_Term], var: str, span: _Span, ivar: str, ispan: _Span
-               ) -> list[c_ast.FuncCall]:
+def _box_terms(terms: list[_Term], var: str, span: _Span, ivar: str, ispan: _Span,
+               types: dict[str, int]) -> list[c_ast.Node]:
     """rt_range2_ok/rt_lrange2_ok (rt_*range2_hull_ok for a group) over the nest's
     iteration box: the index at the first corner and its strides along each
     counter (exact for an index affine in both: E(i, j) = E00 + di*(i - i0) +
@@ -770,21 +769,27 @@ def _box_terms(terms: list[_Term], var: str, span: _Span, ivar: str, ispan: _Spa
     return [_group_check("range2", term,
                          [_corner(terms[k].idx, var, span, ivar, ispan) for k in members],
                          [copy.deepcopy(di), c_ast.ID(span.hs), copy.deepcopy(dj),
-                          c_ast.ID(ispan.hs)])
+                          c_ast.ID(ispan.hs)], types)
             for term, (di, dj), members in _groups(terms, strides)]
 
 
-def _group_check(kind: str, term: _Term, firsts: list[c_ast.Node], strides: list[c_ast.Node]
-                 ) -> c_ast.FuncCall:
+def _group_check(kind: str, term: _Term, firsts: list[c_ast.Node], strides: list[c_ast.Node],
+                 types: dict[str, int]) -> c_ast.Node:
     """rt_<kind>_ok (one first index) or rt_<kind>_hull_ok (min and max of several), with
-    an l prefix for a local array: (cap,) first(s), strides and spans, size (, store)."""
+    an l prefix for a local array: (cap,) first(s), strides and spans, size (, store).
+    Firsts on a line (runtime/lines.py) enter the hull by their two extremes."""
+    firsts, conds = line_hull(firsts, types) if len(firsts) > 1 else (firsts, [])
     name, lead = (f"{kind}_ok", firsts) if len(firsts) == 1 else \
         (f"{kind}_hull_ok", list(_hull(firsts)))
     args = lead + strides + [_const(term.size)]
     if term.cap is None:
-        return c_ast.FuncCall(c_ast.ID("rt_l" + name), c_ast.ExprList(args))
-    return c_ast.FuncCall(c_ast.ID("rt_" + name), c_ast.ExprList(
-        [c_ast.ID(term.cap)] + args + [_const(term.store)]))
+        out: c_ast.Node = c_ast.FuncCall(c_ast.ID("rt_l" + name), c_ast.ExprList(args))
+    else:
+        out = c_ast.FuncCall(c_ast.ID("rt_" + name), c_ast.ExprList(
+            [c_ast.ID(term.cap)] + args + [_const(term.store)]))
+    for cond in conds:
+        out = c_ast.BinaryOp("&", cond, out)
+    return out
 
 
 def _irange_term(part: c_ast.Node, var: str, span: _Span) -> c_ast.FuncCall:
@@ -816,7 +821,7 @@ def _narrow_parts(expr: c_ast.Node, narrow: set[str], types: dict[str, int]
     def walk(e: c_ast.Node) -> bool:
         if isinstance(e, c_ast.ID) or not (narrow & _ids(e)):
             return True
-        if not _is_64(e, types):
+        if not is_int64(e, types):
             parts.append(e)
             return _signed_int(e, types)
         return all(walk(child) for _name, child in e.children())
@@ -884,22 +889,6 @@ def _foldable_term(term: _Term, var: str, ivar: str, changed: set[str]) -> bool:
     return _affine_in(term.idx, {var, ivar}) and not ((_ids(term.idx) - {var, ivar}) & changed)
 
 
-def _is_64(expr: c_ast.Node, types: dict[str, int]) -> bool:
-    """expr has a 64-bit integer type (C's usual arithmetic conversions)."""
-    if isinstance(expr, c_ast.ID):
-        return types.get(expr.name) == 64
-    if isinstance(expr, c_ast.Cast):
-        names = getattr(getattr(expr.to_type, "type", None), "type", None)
-        return getattr(names, "names", []) in (["int64_t"], ["long"])
-    if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-", "*", "/"):
-        return _is_64(expr.left, types) or _is_64(expr.right, types)
-    if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
-        return _is_64(expr.expr, types)
-    if isinstance(expr, c_ast.TernaryOp):
-        return _is_64(expr.iftrue, types) or _is_64(expr.iffalse, types)
-    return False
-
-
 def _exact64(expr: c_ast.Node, types: dict[str, int]) -> bool:
     """Every operation of expr is done in 64-bit arithmetic, so its wrapping int64
     value is the mathematical value mod 2^64 (an int subexpression would wrap
@@ -910,13 +899,13 @@ def _exact64(expr: c_ast.Node, types: dict[str, int]) -> bool:
     if isinstance(expr, c_ast.ID):
         return types.get(expr.name, 0) in (32, 64)
     if isinstance(expr, c_ast.Cast):
-        return _is_64(expr, types) and _exact64(expr.expr, types) and (
-            _is_64(expr.expr, types) or isinstance(expr.expr, (c_ast.ID, c_ast.Constant)))
+        return is_int64(expr, types) and _exact64(expr.expr, types) and (
+            is_int64(expr.expr, types) or isinstance(expr.expr, (c_ast.ID, c_ast.Constant)))
     if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-", "*"):
         return (_exact64(expr.left, types) and _exact64(expr.right, types)
-                and _is_64(expr, types))
+                and is_int64(expr, types))
     if isinstance(expr, c_ast.UnaryOp) and expr.op in ("-", "+"):
-        return _is_64(expr.expr, types) and _exact64(expr.expr, types)
+        return is_int64(expr.expr, types) and _exact64(expr.expr, types)
     return False
 
 
@@ -1233,7 +1222,7 @@ class _NestGuard:
     # -- intervals of expressions -----------------------------------------
     def ival(self, e: c_ast.Node, env: dict[str, _Ival | None]) -> _Ival:
         iv = self._ival(e, env)
-        if not _is_64(e, self.ctx.types) and not isinstance(e, (c_ast.ID, c_ast.Constant)):
+        if not is_int64(e, self.ctx.types) and not isinstance(e, (c_ast.ID, c_ast.Constant)):
             self._in_int(iv)  # an int subexpression must not wrap mod 2^32
         return iv
 

@@ -118,14 +118,14 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
 
 @lru_cache(maxsize=1)
 def _toolchain_version() -> str:
-    """Hash of cap.h and the instrumenter's own code, so changing either invalidates
-    caches.  Read once per process: compile() is called on every kernels.qr call."""
+    """Hash of cap.h and of every module of the front end and CPU lowering (all of
+    runtime/*.py: a list of the passes would miss the next one), so changing any
+    invalidates caches.  Read once per process: compile() is called on every
+    kernels.qr call."""
     here = Path(__file__).resolve().parent
     return content_hash((CAP_INCLUDE / "cap.h").read_text(),
                         (CAP_INCLUDE / "cap_abi.h").read_text(),
-                        *[(here / f).read_text() for f in
-                          ("instrument.py", "hoist.py", "ranges.py", "verifier.py", "parse.py",
-                           "astutil.py")])
+                        *[p.read_text() for p in sorted(here.glob("*.py"))])
 
 
 _ = core  # the core must be loaded before kernels run
