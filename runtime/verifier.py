@@ -73,6 +73,13 @@ for _t in SHUFFLE_TYPES:
     _CUDA_SIGS[f"rt_shfl_idx_{_t}"] = (("num", "num"), "num")
 for _t in ("f32", "f64"):
     _CUDA_SIGS[f"rt_warp_sum_{_t}"] = (("num",), "num")
+#: Tensor-core MMA of one warp on shared float tiles (kind "mma": an smem_ float
+#: array): C[16x16] += A[16x8] B[8x16], A and B rounded to tf32, fp32 sums.
+#: Arguments: (C, c_off, ldc, A, a_off, lda, B, b_off, ldb), row-major tiles.
+MMA_FUNCS = {"rt_warp_mma_tf32": ((16, 16), (16, 8), (8, 16))}
+_MMA_ARGS = ("mma", "num", "num") * 3
+for _n in MMA_FUNCS:
+    _CUDA_SIGS[_n] = (_MMA_ARGS, "void")
 _MATH_ARITY = {"sqrt": 1, "fabs": 1, "fma": 3, "copysign": 2, "fmin": 2, "fmax": 2, "exp": 1,
                "log": 1, "pow": 2, "hypot": 2, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
                "tanh": 1}
@@ -992,6 +999,9 @@ class _Verifier(c_ast.NodeVisitor):
             if k == "array":
                 self._tile_array_arg(node, name, i, a)
                 continue
+            if k == "mma":
+                self._mma_array_arg(name, i, a)
+                continue
             if k == "mask":
                 self._shuffle_mask_arg(name, i, a)
             if k == "dim":
@@ -1031,6 +1041,22 @@ class _Verifier(c_ast.NodeVisitor):
         if self.target == "cuda" and not a.name.startswith("smem_"):
             self._fail(a, what, "on the GPU a tile copy is cooperative (every thread of the "
                        "block copies a part): the array must be a shared smem_ array")
+        self._array_ok.add(id(a))  # visited with the other arguments
+
+    def _mma_array_arg(self, name: str, i: int, a: c_ast.Node) -> None:
+        """A tile operand of a warp MMA: a shared float array named by a plain
+        identifier; the accumulator (argument 1) is written, so not const."""
+        what = f"argument {i + 1} of '{name}'"
+        var = self._lookup(a.name) if isinstance(a, c_ast.ID) else None
+        if var is None or var.kind != "array" or not a.name.startswith("smem_"):
+            self._fail(a, what, "expects the name of a shared smem_ array: the warp's lanes "
+                       "read and write the tile together, and the runtime checks it against "
+                       "the array's declared size")
+        if var.elem != "float":
+            self._fail(a, what, f"'{a.name}' holds {var.elem or 'another type'}: MMA tiles "
+                       "are float (tf32 inputs, fp32 accumulator)")
+        if i == 0 and var.const:
+            self._fail(a, what, f"'{a.name}' is const: the MMA accumulates into it")
         self._array_ok.add(id(a))  # visited with the other arguments
 
     def _shuffle_mask_arg(self, name: str, i: int, a: c_ast.Node) -> None:

@@ -14,6 +14,7 @@ and skips cleanly where ``runtime.cuda.available()`` is false.
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 from pathlib import Path
 
@@ -349,11 +350,16 @@ def test_cuda_lowering_compiles_as_cpp(tmp_path: Path) -> None:
              " { return v; }\n"
              "template <class T> static inline T __shfl_sync(unsigned m, T v, int l)"
              " { return v; }\n"
+             "static inline void __syncwarp(void) {}\n"
+             "static inline int __any_sync(unsigned m, int p) { return p; }\n"
+             "static inline unsigned __reduce_min_sync(unsigned m, unsigned v) { return v; }\n"
+             "static inline float __uint_as_float(unsigned x)"
+             " { float f; __builtin_memcpy(&f, &x, 4); return f; }\n"
              "#include <cmath>\nusing std::sqrt; using std::copysign; using std::fabs;\n")
     gpu_qr = [p.read_text() for p in sorted((REPO / "kernels/gpu").glob("*.c"))]
     assert gpu_qr, "the GPU QR kernel sources are missing"
     sources = ([c.src for c in FAULT_CASES] + [HOIST_SRC, TILE_SRC, TILE_STORE_SRC, WARP_SRC,
-                                                GRID_Y_SRC] + gpu_qr)
+                                                GRID_Y_SRC, MMA_LOWER_SRC] + gpu_qr)
     for k, src in enumerate(sources):
         for checked in (True, False):
             text = cuda.translate(src, checked=checked).text
@@ -471,6 +477,9 @@ def test_verifier_refuses_hostile_kernels(case, target) -> None:
 # -- tiles and warp collectives: misuse is refused with the construct and a reason
 
 _TILE_CALL = "cap_tile_load_f32(x, 0, 8, 8, 8, {arr}, 0, 8);"
+#: a warp MMA with the accumulator argument, its declaration and a condition filled in
+_MMA_SRC = ("KERNEL void k(cap_t x) {{ float smem_a[128]; float smem_b[128]; {decl}\n"
+            "{cond}rt_warp_mma_tf32({c}, 0, 16, smem_a, 0, 8, smem_b, 0, 16); }}")
 BUILTIN_REJECTS = [
     # (id, source, targets that refuse it, construct substring, reason substring)
     ("tile-dst-not-array", "KERNEL void k(cap_t x, int64_t n) { "
@@ -534,6 +543,19 @@ BUILTIN_REJECTS = [
     ("barrier-after-thread-return", "KERNEL void k(cap_t x, int64_t n) {\n"
      "if (rt_thread_idx() >= n) return;\nrt_sync_threads(); }", ("cuda",),
      "call to 'rt_sync_threads' under thread-dependent control flow", "early return"),
+    ("mma-on-cpu", _MMA_SRC.format(c="smem_c", decl="float smem_c[256];", cond=""), ("cpu",),
+     "call to 'rt_warp_mma_tf32'", "exists only on the GPU"),
+    ("mma-element-not-array", _MMA_SRC.format(c="smem_c[0]", decl="float smem_c[256];",
+                                               cond=""), ("cuda",),
+     "argument 1 of 'rt_warp_mma_tf32'", "shared smem_ array"),
+    ("mma-per-thread-array", _MMA_SRC.format(c="c", decl="float c[256];", cond=""), ("cuda",),
+     "argument 1 of 'rt_warp_mma_tf32'", "shared smem_ array"),
+    ("mma-double-tile", _MMA_SRC.format(c="smem_c", decl="double smem_c[256];", cond=""),
+     ("cuda",), "argument 1 of 'rt_warp_mma_tf32'", "holds double"),
+    ("mma-under-thread-condition", _MMA_SRC.format(c="smem_c", decl="float smem_c[256];",
+                                                    cond="if (rt_thread_idx() < 32)\n"),
+     ("cuda",), "call to 'rt_warp_mma_tf32' under thread-dependent control flow",
+     "every lane of the warp"),
 ] + [(f"{name}-on-cpu", "KERNEL void k(cap_t x) { float v = " + call + "; }", ("cpu",),
       f"call to '{name}'", "exists only on the GPU")
      for name, call in (("rt_shfl_xor_f32", "rt_shfl_xor_f32(1.0f, 1)"),
@@ -1100,3 +1122,38 @@ KERNEL void k(cap_t x, int64_t n)
 """
     body = cuda.translate(src, checked=True).text.split("__rtk_k(", 1)[1]
     assert body.count("stage(") == 1, body
+
+
+MMA_LOWER_SRC = """
+KERNEL void k(cap_t x, int64_t n)
+{
+    float smem_a[128];
+    float smem_b[8][16];
+    float smem_c[256];
+    float smem_d[64];
+    for (int64_t i = 0; i < n; i++) {
+        smem_d[i] = cap_load_f32(x, i);
+        rt_warp_mma_tf32(smem_c, 0, 16, smem_a, 0, 8, smem_b, 0, 16);
+    }
+}
+"""
+
+
+def test_warp_mma_lowers_to_one_checked_call_on_aligned_shared_tiles() -> None:
+    """No device needed: rt_warp_mma_tf32 becomes rt_mma_tf32 with each array's flat
+    length and fault id (the checks run on the device), its arrays are 32-byte aligned
+    (wmma), other shared arrays keep 16, and a loop around the call keeps its checks
+    (a warp collective: never versioned)."""
+    text = cuda.translate(MMA_LOWER_SRC).text
+    body = text[text.index("__rtk_k"):]
+    assert "__align__(32) float smem_a[128]" in body
+    assert "__align__(32) float smem_b[8][16]" in body
+    assert "__align__(32) float smem_c[256]" in body
+    assert "__align__(16) float smem_d[64]" in body
+    call = [ln for ln in body.splitlines() if "rt_mma_tf32(" in ln]
+    assert len(call) == 1
+    # flat lengths 256, 128 and 8 * 16, each with its fault id, then the source line
+    assert re.search(r"\(float \*\) smem_c, 0, 16, \(float \*\) smem_a, 0, 8, "
+                     r"\(float \*\) smem_b, 0, 16, 256, \d+, 128, \d+, 128, \d+, 10\);$",
+                     call[0].rstrip()), call[0]
+    assert "rt_load_f32(x, i, " in body and "rt_uload_f32" not in body

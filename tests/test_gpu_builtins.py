@@ -188,3 +188,119 @@ def test_a_stated_block_size_is_enforced_at_launch() -> None:
     cuda.launch(k, [x], grid=1, block=128)
     assert np.array_equal(x.numpy()[:128], np.arange(1, 129, dtype=np.float32))
     x.free()
+
+
+# ---- rt_warp_mma_tf32 -------------------------------------------------------
+
+MMA_SRC = """
+KERNEL void mma(cap_t a, cap_t b, cap_t c, int64_t c_off, int64_t ldc, int64_t a_off,
+                int64_t lda, int64_t b_off, int64_t ldb, int64_t bad_lane)
+{
+    float smem_a[512];
+    float smem_b[512];
+    float smem_c[1024];
+    int64_t t = rt_thread_idx();
+    for (int64_t i = t; i < 512; i += rt_block_dim()) {
+        smem_a[i] = cap_load_f32(a, i);
+        smem_b[i] = cap_load_f32(b, i);
+    }
+    for (int64_t i = t; i < 1024; i += rt_block_dim())
+        smem_c[i] = cap_load_f32(c, i);
+    rt_sync_threads();
+    int64_t w = t / 32;
+    int64_t co = c_off + w * 512 + (t % 32 == bad_lane ? 8 : 0);
+    rt_warp_mma_tf32(smem_c, co, ldc, smem_a, a_off, lda, smem_b, b_off, ldb);
+    rt_sync_threads();
+    for (int64_t i = t; i < 1024; i += rt_block_dim())
+        cap_store_f32(c, i, smem_c[i]);
+}
+"""
+MMA_LINE = 18  # the rt_warp_mma_tf32 call of MMA_SRC
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """Round float32 to tf32 (10 mantissa bits), to nearest, ties away from zero."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def _mma_run(checked: bool, args: tuple, block: int = 64):
+    rng = np.random.default_rng(7)
+    a_h = rng.standard_normal(512).astype(np.float32)
+    b_h = rng.standard_normal(512).astype(np.float32)
+    c_h = rng.standard_normal(1024).astype(np.float32)
+    k = cuda.compile(MMA_SRC, "mma", checked=checked)
+    a = cuda.to_device(a_h, perms="r", name="a")
+    b = cuda.to_device(b_h, perms="r", name="b")
+    c = cuda.to_device(c_h, name="c")
+    cuda.launch(k, [a, b, c], args=args, grid=1, block=block, timeout=20)
+    return a_h, b_h, c_h, c.numpy()
+
+
+@pytest.mark.parametrize("c_off,ldc,a_off,lda,b_off,ldb", [
+    (0, 16, 0, 8, 0, 16),
+    (8, 16, 128, 12, 64, 20),      # offsets from the arrays' starts, wider strides
+    (0, 24, 8, 32, 8, 24),
+])
+def test_warp_mma_equals_tf32_matmul(c_off, ldc, a_off, lda, b_off, ldb) -> None:
+    """Two warps, each on its own 16 x 16 accumulator tile (warp w at c_off + 512 w):
+    C += tf32(A) tf32(B) in fp32, against numpy in double on the tf32-rounded inputs;
+    the raw build gives the same bits."""
+    args = (c_off, ldc, a_off, lda, b_off, ldb, -1)
+    a_h, b_h, c_h, got = _mma_run(True, args)
+    A = _tf32(a_h[a_off + np.arange(16)[:, None] * lda + np.arange(8)]).astype(np.float64)
+    B = _tf32(b_h[b_off + np.arange(8)[:, None] * ldb + np.arange(16)]).astype(np.float64)
+    want = c_h.astype(np.float64).copy()
+    for w in range(2):
+        idx = c_off + 512 * w + np.arange(16)[:, None] * ldc + np.arange(16)
+        want[idx] += A @ B
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    untouched = np.ones(1024, bool)
+    for w in range(2):
+        untouched[c_off + 512 * w + np.arange(16)[:, None] * ldc + np.arange(16)] = False
+    assert np.array_equal(got[untouched], c_h[untouched])
+    assert np.array_equal(_mma_run(False, args)[3], got)
+
+
+@pytest.mark.parametrize("args,buffer,index", [
+    ((600, 16, 0, 8, 0, 16, -1), "smem_c", 1112),   # warp 1's tile starts past the array
+    ((0, 16, -8, 8, 0, 16, -1), "smem_a", -8),      # A's origin before the array
+    ((0, 16, 0, 8, 448, 16, -1), "smem_b", 512),     # B's row 4
+], ids=["acc-past-end", "a-before-start", "b-past-end"])
+def test_warp_mma_out_of_range_tile_faults_exactly(args, buffer, index) -> None:
+    """A tile that leaves its shared array faults before the MMA, at the tile's first
+    element outside (rows, then columns), and the block writes nothing back."""
+    k = cuda.compile(MMA_SRC, "mma")
+    a = cuda.to_device(np.ones(512, np.float32), perms="r", name="a")
+    b = cuda.to_device(np.ones(512, np.float32), perms="r", name="b")
+    c = cuda.to_device(np.full(1024, 2.0, np.float32), name="c")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [a, b, c], args=args, grid=1, block=64, timeout=20)
+    e = ei.value
+    assert (e.reason, e.buffer, e.index, e.line) == ("local-array", buffer, index, MMA_LINE)
+    assert np.all(c.numpy() == 2.0)
+
+
+@pytest.mark.parametrize("args,block,position", [
+    ((4, 16, 0, 8, 0, 16, -1), 64, 2),      # accumulator origin not 32-byte aligned
+    ((0, 18, 0, 8, 0, 16, -1), 64, 3),      # stride not a multiple of 4
+    ((0, 16, 0, 4, 0, 16, -1), 64, 6),      # A's stride narrower than its 8 columns
+    ((0, 16, 0, 8, 0, 16, 5), 64, 2),       # lane 5 passes another accumulator origin
+    ((0, 16, 0, 8, 0, 16, -1), 48, 0),      # the second warp has 16 lanes
+], ids=["misaligned-offset", "odd-stride", "narrow-stride", "lanes-disagree", "partial-warp"])
+def test_warp_mma_contract_faults_with_the_argument(args, block, position) -> None:
+    k = cuda.compile(MMA_SRC, "mma")
+    a = cuda.to_device(np.ones(512, np.float32), perms="r", name="a")
+    b = cuda.to_device(np.ones(512, np.float32), perms="r", name="b")
+    c = cuda.to_device(np.full(1024, 2.0, np.float32), name="c")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [a, b, c], args=args, grid=1, block=block, timeout=20)
+    e = ei.value
+    assert (e.reason, e.index, e.buffer, e.line) == ("argument", position, None, MMA_LINE)
+    assert "rt_warp_mma_tf32" in str(e)
+
+
+def test_readme_tensor_core_example_runs() -> None:
+    from readme_examples import run_readme_example
+
+    run_readme_example("Tensor cores: `rt_warp_mma_tf32`")

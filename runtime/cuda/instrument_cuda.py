@@ -67,7 +67,7 @@ from ..hoist import (
 )
 from ..parse import is_user_node
 from ..ranges import builtin_ranges, prove_subscripts
-from ..verifier import TILE_FUNCS, WARP_FUNCS, KernelSig, VerifiedSource
+from ..verifier import MMA_FUNCS, TILE_FUNCS, WARP_FUNCS, KernelSig, VerifiedSource
 
 ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
 
@@ -505,6 +505,117 @@ RT_DEFINE_SHUFFLE_IDX(i64, long long)
     }
 RT_DEFINE_WARP_SUM(f32, float)
 RT_DEFINE_WARP_SUM(f64, double)
+/* ---- warp MMA on shared float tiles (rt_warp_mma_tf32) ----
+ * C[16x16] += A[16x8] B[8x16], row-major tiles (element (r, k) at off + r*ld + k
+ * of its array), A and B rounded to tf32 (cvt.rna), fp32 sums: PTX wmma
+ * m16n16k8, whose fragments are loaded and stored by the same instructions
+ * (their layout never matters here).  Checked, by every lane and the same way
+ * in each: a full warp (32 live lanes), every lane passing lane 0's offsets and
+ * strides, each offset a multiple of 8 floats and each stride a multiple of 4
+ * and at least the tile's width (wmma's 32-byte alignment; the arrays are
+ * 32-byte aligned), else an "argument" fault whose index is the argument's
+ * position (0: the warp is not full); then every element of each tile inside
+ * its array, else a local-array fault at the tile's first element outside it
+ * (rows, then columns).  Lane 0 records; the whole warp leaves. */
+#ifndef RT_RAW
+static __device__ __forceinline__ void rt_mma_fault(int kind, long long idx, int id, int line)
+{
+    if ((threadIdx.x & 31u) == 0u)
+        rt_record(kind, 0, line, idx, 0, 0, kind == RT_FAULT_LOCAL ? -(id + 1) : -1);
+    rt_exit_block(1);
+}
+static __device__ __noinline__ long long rt_mma_first_out(long long off, long long ld,
+                                                          long long rows, long long cols,
+                                                          long long n)
+{
+    for (long long r = 0; r < rows; r++)
+        for (long long k = 0; k < cols; k++) {
+            long long i;
+            if (!rt_tile_index(off, ld, r, k, &i) || i < 0 || i >= n) return i;
+        }
+    return off;
+}
+/* argument position of the first contract violation of one tile (0 if none) */
+static __device__ __forceinline__ int rt_mma_contract(long long off, long long ld,
+                                                      long long cols, int pos)
+{
+    if (off & 7) return pos;
+    if ((ld & 3) || ld < cols) return pos + 1;
+    return 0;
+}
+static __device__ __forceinline__ int rt_imin(int a, int b) { return a < b ? a : b; }
+/* pos if this lane's v differs from lane 0's, else 100; every lane must call it
+ * (a shuffle of the full warp), so the comparisons are never short-circuited */
+static __device__ __forceinline__ int rt_mma_agree(long long v, int pos)
+{
+    return __shfl_sync(0xffffffffu, v, 0) != v ? pos : 100;
+}
+#endif
+static __device__ __forceinline__ unsigned int rt_tf32(unsigned int x)
+{
+    unsigned int y;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(__uint_as_float(x)));
+    return y;
+}
+static __device__ __forceinline__ void rt_mma_tf32(
+    float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
+    const float *B, long long b_off, long long ldb, long long nc, int idc, long long na, int ida,
+    long long nb, int idb, int line)
+{
+#ifndef RT_RAW
+    int bad = rt_warp_live() != 0xffffffffu ? 1 : 0;
+    if (__any_sync(rt_warp_live(), bad)) rt_mma_fault(RT_FAULT_ARG, 0, 0, line);
+    bad = rt_imin(rt_imin(rt_imin(rt_mma_agree(c_off, 2), rt_mma_agree(ldc, 3)),
+                          rt_imin(rt_mma_agree(a_off, 5), rt_mma_agree(lda, 6))),
+                  rt_imin(rt_mma_agree(b_off, 8), rt_mma_agree(ldb, 9)));
+    bad = (int)__reduce_min_sync(0xffffffffu, (unsigned int)bad);
+    if (bad != 100) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
+    /* from here every lane holds lane 0's arguments: every lane decides alike */
+    if (!rt_lrange2_ok(c_off, ldc, 15, 1, 15, nc))
+        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(c_off, ldc, 16, 16, nc), idc, line);
+    if (!rt_lrange2_ok(a_off, lda, 15, 1, 7, na))
+        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(a_off, lda, 16, 8, na), ida, line);
+    if (!rt_lrange2_ok(b_off, ldb, 7, 1, 15, nb))
+        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(b_off, ldb, 8, 16, nb), idb, line);
+    bad = rt_mma_contract(c_off, ldc, 16, 2);
+    if (!bad) bad = rt_mma_contract(a_off, lda, 8, 5);
+    if (!bad) bad = rt_mma_contract(b_off, ldb, 16, 8);
+    if (bad) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
+#else
+    (void)nc; (void)idc; (void)na; (void)ida; (void)nb; (void)idb; (void)line;
+#endif
+    const float *pa = A + a_off, *pb = B + b_off;
+    float *pc = C + c_off;
+    unsigned int a[4], b[4];
+    float d[8];
+    __syncwarp();
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "l"(pa), "r"((int)lda)
+                 : "memory");
+    asm volatile("wmma.load.b.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "l"(pb), "r"((int)ldb)
+                 : "memory");
+    asm volatile("wmma.load.c.sync.aligned.row.m16n16k8.f32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
+                   "=f"(d[6]), "=f"(d[7]) : "l"(pc), "r"((int)ldc) : "memory");
+    for (int i = 0; i < 4; i++) {
+        a[i] = rt_tf32(a[i]);
+        b[i] = rt_tf32(b[i]);
+    }
+    asm volatile("wmma.mma.sync.aligned.row.row.m16n16k8.f32.tf32.tf32.f32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
+                 "{%12, %13, %14, %15}, {%0, %1, %2, %3, %4, %5, %6, %7};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                   "r"(b[2]), "r"(b[3]));
+    asm volatile("wmma.store.d.sync.aligned.row.m16n16k8.f32 "
+                 "[%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
+                 :: "l"(pc), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]),
+                    "f"(d[6]), "f"(d[7]), "r"((int)ldc) : "memory");
+    __syncwarp();
+}
 /* ---- end of the device runtime; kernel source follows ---- */
 """
 
@@ -538,6 +649,20 @@ def _with_hidden_params(decl: str) -> str:
     if params in ("", "void"):
         return f"{head}({HIDDEN_PARAMS})"
     return f"{head}({params}, {HIDDEN_PARAMS})"
+
+
+def _calls(node: c_ast.Node, names: dict | frozenset | set) -> list[c_ast.FuncCall]:
+    """Every call under node of a function in ``names``."""
+    out: list[c_ast.FuncCall] = []
+
+    class V(c_ast.NodeVisitor):
+        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
+            if isinstance(n.name, c_ast.ID) and n.name.name in names and n.args is not None:
+                out.append(n)
+            self.generic_visit(n)
+
+    V().visit(node)
+    return out
 
 
 def _children_set(node: c_ast.Node, name: str, new: c_ast.Node) -> None:
@@ -653,10 +778,12 @@ class _Rewriter:
         if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
                     "rt_sync_threads", "rt_lane_idx", "rt_block_idx_y",
                     "rt_grid_dim_y", "rt_group_sync", "rt_require_block_dim") \
-                or name in WARP_FUNCS:
+                or (name in WARP_FUNCS and name not in MMA_FUNCS):
             return node
         if name in TILE_FUNCS:
             return self.tile(name, args, line, coord)
+        if name in MMA_FUNCS:
+            return self.mma(name, args, line, coord)
         assert not name.startswith("cap_alloc_") and name not in (
             "cap_load_cap", "cap_store_cap"), "the verifier refuses these for target cuda"
         if name in self.o.kernel_names:
@@ -671,6 +798,23 @@ class _Rewriter:
         return _call(f"rt_tile_{tc.op}_{tc.dtype}",
                      args[:6] + [_int(tc.flat_len), _int(self.o.array_id(tc.array))]
                      + args[6:8] + [_int(line)], coord)
+
+
+    def mma(self, name: str, args: list[c_ast.Node], line: int, coord) -> c_ast.Node:
+        """rt_warp_mma_tf32(C, c_off, ldc, A, a_off, lda, B, b_off, ldb) -> rt_mma_tf32
+        with each array's flat length and fault id appended."""
+        extra: list[c_ast.Node] = []
+        for k in (0, 3, 6):
+            arr = args[k]
+            assert isinstance(arr, c_ast.ID), "the verifier admits array names only"
+            flat = 1
+            for n in self.arrays[arr.name]:
+                flat *= n
+            extra += [_int(flat), _int(self.o.array_id(arr.name))]
+            # a 2-D or 3-D array is one flat tile space (its flat length is the bound)
+            args[k] = c_ast.Cast(c_ast.Typename(None, [], None, c_ast.PtrDecl([], c_ast.TypeDecl(
+                None, [], None, c_ast.IdentifierType(["float"])))), arr)
+        return _call("rt_mma_tf32", args + extra + [_int(line)], coord)
 
 
 class _Instrumenter:
@@ -693,10 +837,16 @@ class _Instrumenter:
         """The verifier's local arrays of ``fn``; smem_ arrays get __shared__ storage."""
         dims = self.verified.local_arrays.get(fn.decl.name, {})
 
+        # MMA tiles: wmma needs 32-byte aligned rows (offsets are checked to be
+        # multiples of 8 floats from the array's start)
+        mma = {a.name for call in _calls(fn, MMA_FUNCS) for k, a in
+               enumerate(call.args.exprs) if k % 3 == 0 and isinstance(a, c_ast.ID)}
+
         def walk(n: c_ast.Node) -> None:
             if isinstance(n, c_ast.Decl) and n.name in dims and n.name.startswith("smem_"):
                 # 16-byte aligned: tile copies then move float4/double2 vectors
-                n.storage = list(n.storage) + ["__shared__", "__align__(16)"]
+                align = 32 if n.name in mma else 16
+                n.storage = list(n.storage) + ["__shared__", f"__align__({align})"]
             for _, c in n.children():
                 walk(c)
 

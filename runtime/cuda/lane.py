@@ -678,7 +678,7 @@ def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
                        index: int | None) -> CapabilityFault:
     slot = rec.slot
     reason = FAULT_KINDS.get(rec.kind, f"fault-{rec.kind}")
-    if reason == "division-by-zero":
+    if reason in ("division-by-zero", "argument"):
         buf = None
     elif slot >= 0:
         buf = names[slot] if slot < len(names) else f"cap#{slot}"
