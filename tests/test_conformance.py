@@ -351,6 +351,8 @@ def test_cuda_lowering_compiles_as_cpp(tmp_path: Path) -> None:
              "template <class T> static inline T __shfl_sync(unsigned m, T v, int l)"
              " { return v; }\n"
              "static inline void __syncwarp(void) {}\n"
+             "template <class T> static inline unsigned __match_all_sync(unsigned m, T v, int *p)"
+             " { *p = 1; return m; }\n"
              "static inline int __any_sync(unsigned m, int p) { return p; }\n"
              "static inline unsigned __reduce_min_sync(unsigned m, unsigned v) { return v; }\n"
              "static inline float __uint_as_float(unsigned x)"

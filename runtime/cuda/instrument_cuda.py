@@ -516,7 +516,9 @@ RT_DEFINE_WARP_SUM(f64, double)
  * 32-byte aligned), else an "argument" fault whose index is the argument's
  * position (0: the warp is not full); then every element of each tile inside
  * its array, else a local-array fault at the tile's first element outside it
- * (rows, then columns).  Lane 0 records; the whole warp leaves. */
+ * (rows, then columns).  Lane 0 records; the whole warp leaves.  The common
+ * case costs six match.all and a few compares (rt_mma_tile_fast); anything
+ * else takes the exact path (rt_mma_slow), which names the fault. */
 #ifndef RT_RAW
 static __device__ __forceinline__ void rt_mma_fault(int kind, long long idx, int id, int line)
 {
@@ -557,15 +559,24 @@ static __device__ __forceinline__ unsigned int rt_tf32(unsigned int x)
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(__uint_as_float(x)));
     return y;
 }
-static __device__ __forceinline__ void rt_mma_tf32(
-    float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
-    const float *B, long long b_off, long long ldb, long long nc, int idc, long long na, int ida,
-    long long nb, int idb, int line)
-{
 #ifndef RT_RAW
-    int bad = rt_warp_live() != 0xffffffffu ? 1 : 0;
-    if (__any_sync(rt_warp_live(), bad)) rt_mma_fault(RT_FAULT_ARG, 0, 0, line);
-    bad = rt_imin(rt_imin(rt_imin(rt_mma_agree(c_off, 2), rt_mma_agree(ldc, 3)),
+/* The common case in a few instructions: offset and stride in [0, 2^20) (an
+ * array holds at most 2^20 elements, so nothing below overflows), the tile's
+ * last element inside the array (its first is off >= 0, and ld >= cols makes
+ * off + (rows-1)*ld + cols - 1 the largest), the alignment contract met. */
+static __device__ __forceinline__ int rt_mma_tile_fast(long long off, long long ld,
+                                                       long long rows, long long cols,
+                                                       long long n)
+{
+    return (unsigned long long)off < (1ull << 20) && (unsigned long long)ld < (1ull << 20)
+        && off + (rows - 1) * ld + cols <= n && !(off & 7) && !(ld & 3) && ld >= cols;
+}
+/* The exact checks, in the order that names the fault; returns if none fails. */
+static __device__ __noinline__ void rt_mma_slow(
+    long long c_off, long long ldc, long long a_off, long long lda, long long b_off,
+    long long ldb, long long nc, int idc, long long na, int ida, long long nb, int idb, int line)
+{
+    int bad = rt_imin(rt_imin(rt_imin(rt_mma_agree(c_off, 2), rt_mma_agree(ldc, 3)),
                           rt_imin(rt_mma_agree(a_off, 5), rt_mma_agree(lda, 6))),
                   rt_imin(rt_mma_agree(b_off, 8), rt_mma_agree(ldb, 9)));
     bad = (int)__reduce_min_sync(0xffffffffu, (unsigned int)bad);
@@ -581,6 +592,27 @@ static __device__ __forceinline__ void rt_mma_tf32(
     if (!bad) bad = rt_mma_contract(a_off, lda, 8, 5);
     if (!bad) bad = rt_mma_contract(b_off, ldb, 16, 8);
     if (bad) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
+}
+#endif
+static __device__ __forceinline__ void rt_mma_tf32(
+    float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
+    const float *B, long long b_off, long long ldb, long long nc, int idc, long long na, int ida,
+    long long nb, int idb, int line)
+{
+#ifndef RT_RAW
+    /* rt_warp_live() is the same in every lane of a warp: a partial warp faults whole */
+    if (rt_warp_live() != 0xffffffffu) rt_mma_fault(RT_FAULT_ARG, 0, 0, line);
+    int s0, s1, s2, s3, s4, s5;
+    __match_all_sync(0xffffffffu, c_off, &s0);
+    __match_all_sync(0xffffffffu, ldc, &s1);
+    __match_all_sync(0xffffffffu, a_off, &s2);
+    __match_all_sync(0xffffffffu, lda, &s3);
+    __match_all_sync(0xffffffffu, b_off, &s4);
+    __match_all_sync(0xffffffffu, ldb, &s5);
+    /* warp-uniform: the lanes agree, so they test the same tiles */
+    if (!(s0 && s1 && s2 && s3 && s4 && s5 && rt_mma_tile_fast(c_off, ldc, 16, 16, nc)
+          && rt_mma_tile_fast(a_off, lda, 16, 8, na) && rt_mma_tile_fast(b_off, ldb, 8, 16, nb)))
+        rt_mma_slow(c_off, ldc, a_off, lda, b_off, ldb, nc, idc, na, ida, nb, idb, line);
 #else
     (void)nc; (void)idc; (void)na; (void)ida; (void)nb; (void)idb; (void)line;
 #endif
