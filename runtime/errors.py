@@ -106,7 +106,8 @@ def fault_detail(reason: str, index: int | None) -> str:
     if reason == "alloc":
         return f"cap_alloc of {index} elements refused"
     if reason == "argument":
-        return ("rt_warp_mma_tf32 needs a full warp whose lanes agree on its arguments, "
-                "tile offsets that are multiples of 8 and strides that are multiples of 4 "
-                "and at least the tile's width (index: the argument's position, 0: the warp)")
+        return ("a warp MMA (rt_warp_mma_tf32/_f32) needs a full warp whose lanes agree on "
+                "its arguments, k a positive multiple of 8, tile offsets that are multiples "
+                "of 8 and strides that are multiples of 4 and at least the tile's width "
+                "(index: the argument's position, 0: the warp)")
     return ""

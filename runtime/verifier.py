@@ -74,12 +74,16 @@ for _t in SHUFFLE_TYPES:
 for _t in ("f32", "f64"):
     _CUDA_SIGS[f"rt_warp_sum_{_t}"] = (("num",), "num")
 #: Tensor-core MMA of one warp on shared float tiles (kind "mma": an smem_ float
-#: array): C[16x16] += A[16x8] B[8x16], A and B rounded to tf32, fp32 sums.
-#: Arguments: (C, c_off, ldc, A, a_off, lda, B, b_off, ldb), row-major tiles.
-MMA_FUNCS = {"rt_warp_mma_tf32": ((16, 16), (16, 8), (8, 16))}
+#: array), row-major, arguments (C, c_off, ldc, A, a_off, lda, B, b_off, ldb[, k]):
+#: rt_warp_mma_tf32   C[16x16] += A[16x8] B[8x16], A and B rounded to tf32;
+#: rt_warp_mma_f32    C[16x16] += A[16xk] B[kx16] to fp32 accuracy (each operand
+#:                    split in two tf32 parts, three MMAs per step of 8), k a
+#:                    multiple of 8, the accumulator in registers over k.
+#: The value: whether the call takes k (and splits its operands).
+MMA_FUNCS = {"rt_warp_mma_tf32": False, "rt_warp_mma_f32": True}
 _MMA_ARGS = ("mma", "num", "num") * 3
-for _n in MMA_FUNCS:
-    _CUDA_SIGS[_n] = (_MMA_ARGS, "void")
+for _n, _k in MMA_FUNCS.items():
+    _CUDA_SIGS[_n] = (_MMA_ARGS + (("num",) if _k else ()), "void")
 _MATH_ARITY = {"sqrt": 1, "fabs": 1, "fma": 3, "copysign": 2, "fmin": 2, "fmax": 2, "exp": 1,
                "log": 1, "pow": 2, "hypot": 2, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
                "tanh": 1}

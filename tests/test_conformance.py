@@ -554,6 +554,9 @@ BUILTIN_REJECTS = [
      "argument 1 of 'rt_warp_mma_tf32'", "shared smem_ array"),
     ("mma-double-tile", _MMA_SRC.format(c="smem_c", decl="double smem_c[256];", cond=""),
      ("cuda",), "argument 1 of 'rt_warp_mma_tf32'", "holds double"),
+    ("mma-f32-without-k", _MMA_SRC.format(c="smem_c", decl="float smem_c[256];", cond="")
+     .replace("rt_warp_mma_tf32", "rt_warp_mma_f32"), ("cuda",),
+     "call to 'rt_warp_mma_f32'", "takes 10 argument(s), 9 given"),
     ("mma-under-thread-condition", _MMA_SRC.format(c="smem_c", decl="float smem_c[256];",
                                                     cond="if (rt_thread_idx() < 32)\n"),
      ("cuda",), "call to 'rt_warp_mma_tf32' under thread-dependent control flow",
@@ -1137,25 +1140,29 @@ KERNEL void k(cap_t x, int64_t n)
         smem_d[i] = cap_load_f32(x, i);
         rt_warp_mma_tf32(smem_c, 0, 16, smem_a, 0, 8, smem_b, 0, 16);
     }
+    rt_warp_mma_f32(smem_c, 0, 16, smem_a, 0, 8, smem_b, 0, 16, n);
 }
 """
 
 
 def test_warp_mma_lowers_to_one_checked_call_on_aligned_shared_tiles() -> None:
-    """No device needed: rt_warp_mma_tf32 becomes rt_mma_tf32 with each array's flat
-    length and fault id (the checks run on the device), its arrays are 32-byte aligned
-    (wmma), other shared arrays keep 16, and a loop around the call keeps its checks
-    (a warp collective: never versioned)."""
+    """No device needed: rt_warp_mma_tf32 and rt_warp_mma_f32 become rt_mma with k (8
+    for tf32), whether to split the operands, each array's flat length and fault id
+    (the checks run on the device); their arrays are 32-byte aligned (wmma), other
+    shared arrays keep 16; a loop around a call keeps its checks (a warp collective:
+    never versioned)."""
     text = cuda.translate(MMA_LOWER_SRC).text
     body = text[text.index("__rtk_k"):]
     assert "__align__(32) float smem_a[128]" in body
     assert "__align__(32) float smem_b[8][16]" in body
     assert "__align__(32) float smem_c[256]" in body
     assert "__align__(16) float smem_d[64]" in body
-    call = [ln for ln in body.splitlines() if "rt_mma_tf32(" in ln]
-    assert len(call) == 1
-    # flat lengths 256, 128 and 8 * 16, each with its fault id, then the source line
-    assert re.search(r"\(float \*\) smem_c, 0, 16, \(float \*\) smem_a, 0, 8, "
-                     r"\(float \*\) smem_b, 0, 16, 256, \d+, 128, \d+, 128, \d+, 10\);$",
-                     call[0].rstrip()), call[0]
+    calls = [ln.rstrip() for ln in body.splitlines() if "rt_mma(" in ln]
+    assert len(calls) == 2
+    # k and the split flag, flat lengths 256, 128 and 8 * 16, each with its fault id,
+    # then the source line
+    tiles = r"\(float \*\) smem_c, 0, 16, \(float \*\) smem_a, 0, 8, \(float \*\) smem_b, 0, 16, "
+    arrays = r"256, \d+, 128, \d+, 128, \d+, "
+    assert re.search(tiles + "8, 0, " + arrays + r"10\);$", calls[0]), calls[0]
+    assert re.search(tiles + "n, 1, " + arrays + r"12\);$", calls[1]), calls[1]
     assert "rt_load_f32(x, i, " in body and "rt_uload_f32" not in body

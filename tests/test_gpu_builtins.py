@@ -304,3 +304,79 @@ def test_readme_tensor_core_example_runs() -> None:
     from readme_examples import run_readme_example
 
     run_readme_example("Tensor cores: `rt_warp_mma_tf32`")
+
+
+MMA_F32_SRC = """
+KERNEL void mma32(cap_t a, cap_t b, cap_t c, int64_t lda, int64_t ldb, int64_t k,
+                  int64_t bad_lane)
+{
+    float smem_a[2048];
+    float smem_b[2048];
+    float smem_c[512];
+    int64_t t = rt_thread_idx();
+    for (int64_t i = t; i < 2048; i += rt_block_dim()) {
+        smem_a[i] = cap_load_f32(a, i);
+        smem_b[i] = cap_load_f32(b, i);
+    }
+    for (int64_t i = t; i < 512; i += rt_block_dim())
+        smem_c[i] = cap_load_f32(c, i);
+    rt_sync_threads();
+    int64_t kk = k + (t % 32 == bad_lane ? 8 : 0);
+    rt_warp_mma_f32(smem_c, (t / 32) * 256, 16, smem_a, 0, lda, smem_b, 0, ldb, kk);
+    rt_sync_threads();
+    for (int64_t i = t; i < 512; i += rt_block_dim())
+        cap_store_f32(c, i, smem_c[i]);
+}
+"""
+MMA_F32_LINE = 17  # the rt_warp_mma_f32 call of MMA_F32_SRC
+
+
+def _mma32(args: tuple, checked: bool = True):
+    rng = np.random.default_rng(11)
+    a_h = rng.standard_normal(2048).astype(np.float32)
+    b_h = rng.standard_normal(2048).astype(np.float32)
+    c_h = rng.standard_normal(512).astype(np.float32)
+    k = cuda.compile(MMA_F32_SRC, "mma32", checked=checked)
+    a = cuda.to_device(a_h, perms="r", name="a")
+    b = cuda.to_device(b_h, perms="r", name="b")
+    c = cuda.to_device(c_h, name="c")
+    cuda.launch(k, [a, b, c], args=args, grid=1, block=64, timeout=20)
+    return a_h, b_h, c_h, c.numpy()
+
+
+@pytest.mark.parametrize("lda,ldb,k", [(64, 16, 64), (40, 20, 32), (128, 16, 128)])
+def test_warp_mma_f32_is_fp32_accurate(lda, ldb, k) -> None:
+    """C += A B over k, each operand split into two tf32 parts: the error against double
+    is at fp32 level (a tf32-only product is off by ~1e-4 of |A||B| here), two warps
+    on their own tiles, the raw build bitwise the same."""
+    a_h, b_h, c_h, got = _mma32((lda, ldb, k, -1))
+    A = a_h[np.arange(16)[:, None] * lda + np.arange(k)].astype(np.float64)
+    B = b_h[np.arange(k)[:, None] * ldb + np.arange(16)].astype(np.float64)
+    scale = np.abs(A) @ np.abs(B) + 1.0
+    for w in range(2):
+        tile = c_h[256 * w:256 * w + 256].reshape(16, 16).astype(np.float64)
+        err = np.abs(got[256 * w:256 * w + 256].reshape(16, 16) - (tile + A @ B)) / scale
+        assert err.max() < 2e-6, err.max()
+        tf32 = _tf32(a_h[np.arange(16)[:, None] * lda + np.arange(k)]).astype(np.float64) @ \
+            _tf32(b_h[np.arange(k)[:, None] * ldb + np.arange(16)]).astype(np.float64)
+        assert (np.abs(tile + tf32 - (tile + A @ B)) / scale).max() > 20 * err.max()
+    assert np.array_equal(_mma32((lda, ldb, k, -1), checked=False)[3], got)
+
+
+@pytest.mark.parametrize("args,reason,buffer,index", [
+    ((64, 16, 12, -1), "argument", None, 10),        # k not a multiple of 8
+    ((64, 16, 0, -1), "argument", None, 10),         # k = 0
+    ((64, 16, 64, 3), "argument", None, 10),         # lane 3 passes another k
+    ((32, 16, 64, -1), "argument", None, 6),         # lda narrower than k
+    ((128, 16, 136, -1), "local-array", "smem_a", 2048),   # row 15 of A runs past the end
+], ids=["k-12", "k-0", "lanes-disagree-on-k", "lda-below-k", "a-past-end"])
+def test_warp_mma_f32_faults_name_the_argument_or_element(args, reason, buffer, index) -> None:
+    k = cuda.compile(MMA_F32_SRC, "mma32")
+    a = cuda.to_device(np.ones(2048, np.float32), perms="r", name="a")
+    b = cuda.to_device(np.ones(2048, np.float32), perms="r", name="b")
+    c = cuda.to_device(np.full(512, 2.0, np.float32), name="c")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, [a, b, c], args=args, grid=1, block=64, timeout=20)
+    e = ei.value
+    assert (e.reason, e.buffer, e.index, e.line) == (reason, buffer, index, MMA_F32_LINE)
+    assert np.all(c.numpy() == 2.0)

@@ -505,19 +505,23 @@ RT_DEFINE_SHUFFLE_IDX(i64, long long)
     }
 RT_DEFINE_WARP_SUM(f32, float)
 RT_DEFINE_WARP_SUM(f64, double)
-/* ---- warp MMA on shared float tiles (rt_warp_mma_tf32) ----
- * C[16x16] += A[16x8] B[8x16], row-major tiles (element (r, k) at off + r*ld + k
- * of its array), A and B rounded to tf32 (cvt.rna), fp32 sums: PTX wmma
- * m16n16k8, whose fragments are loaded and stored by the same instructions
- * (their layout never matters here).  Checked, by every lane and the same way
- * in each: a full warp (32 live lanes), every lane passing lane 0's offsets and
- * strides, each offset a multiple of 8 floats and each stride a multiple of 4
- * and at least the tile's width (wmma's 32-byte alignment; the arrays are
- * 32-byte aligned), else an "argument" fault whose index is the argument's
- * position (0: the warp is not full); then every element of each tile inside
- * its array, else a local-array fault at the tile's first element outside it
- * (rows, then columns).  Lane 0 records; the whole warp leaves.  The common
- * case costs six match.all and a few compares (rt_mma_tile_fast); anything
+/* ---- warp MMA on shared float tiles (rt_warp_mma_tf32, rt_warp_mma_f32) ----
+ * C[16x16] += A[16xk] B[kx16], row-major tiles (element (r, c) at off + r*ld + c
+ * of its array), fp32 sums, in steps of 8 through PTX wmma m16n16k8 (fragments
+ * are loaded and stored by the same instructions: their layout never matters
+ * here), the accumulator in registers over k.  tf32 (k = 8): A and B rounded to
+ * tf32 (cvt.rna).  f32: each operand split as x = hi + lo, both tf32, and
+ * hi*hi + hi*lo + lo*hi accumulated (the dropped lo*lo is below fp32 rounding):
+ * fp32-accurate products on tensor cores.  Checked, by every lane and the same
+ * way in each: a full warp (32 live lanes), every lane passing lane 0's offsets,
+ * strides and k, k a positive multiple of 8 (below 2^20), each offset a multiple
+ * of 8 floats and each stride a multiple of 4 and at least its tile's width
+ * (wmma's 32-byte alignment; the arrays are 32-byte aligned), else an
+ * "argument" fault whose index is the argument's position (0: the warp is not
+ * full); then every element of each tile inside its array, else a local-array
+ * fault at the tile's first element outside it (rows, then columns), before
+ * anything is computed.  Lane 0 records; the whole warp leaves.  The common
+ * case costs seven match.all and a few compares (rt_mma_tile_fast); anything
  * else takes the exact path (rt_mma_slow), which names the fault. */
 #ifndef RT_RAW
 static __device__ __forceinline__ void rt_mma_fault(int kind, long long idx, int id, int line)
@@ -531,9 +535,9 @@ static __device__ __noinline__ long long rt_mma_first_out(long long off, long lo
                                                           long long n)
 {
     for (long long r = 0; r < rows; r++)
-        for (long long k = 0; k < cols; k++) {
+        for (long long c = 0; c < cols; c++) {
             long long i;
-            if (!rt_tile_index(off, ld, r, k, &i) || i < 0 || i >= n) return i;
+            if (!rt_tile_index(off, ld, r, c, &i) || i < 0 || i >= n) return i;
         }
     return off;
 }
@@ -552,18 +556,10 @@ static __device__ __forceinline__ int rt_mma_agree(long long v, int pos)
 {
     return __shfl_sync(0xffffffffu, v, 0) != v ? pos : 100;
 }
-#endif
-static __device__ __forceinline__ unsigned int rt_tf32(unsigned int x)
-{
-    unsigned int y;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(__uint_as_float(x)));
-    return y;
-}
-#ifndef RT_RAW
-/* The common case in a few instructions: offset and stride in [0, 2^20) (an
- * array holds at most 2^20 elements, so nothing below overflows), the tile's
- * last element inside the array (its first is off >= 0, and ld >= cols makes
- * off + (rows-1)*ld + cols - 1 the largest), the alignment contract met. */
+/* The common case in a few instructions: offset and stride in [0, 2^20) (so
+ * nothing below overflows), the tile's last element inside the array (its
+ * first is off >= 0, and ld >= cols makes off + (rows-1)*ld + cols - 1 the
+ * largest), the alignment contract met. */
 static __device__ __forceinline__ int rt_mma_tile_fast(long long off, long long ld,
                                                        long long rows, long long cols,
                                                        long long n)
@@ -574,67 +570,38 @@ static __device__ __forceinline__ int rt_mma_tile_fast(long long off, long long 
 /* The exact checks, in the order that names the fault; returns if none fails. */
 static __device__ __noinline__ void rt_mma_slow(
     long long c_off, long long ldc, long long a_off, long long lda, long long b_off,
-    long long ldb, long long nc, int idc, long long na, int ida, long long nb, int idb, int line)
+    long long ldb, long long k, long long nc, int idc, long long na, int ida, long long nb,
+    int idb, int line)
 {
     int bad = rt_imin(rt_imin(rt_imin(rt_mma_agree(c_off, 2), rt_mma_agree(ldc, 3)),
-                          rt_imin(rt_mma_agree(a_off, 5), rt_mma_agree(lda, 6))),
-                  rt_imin(rt_mma_agree(b_off, 8), rt_mma_agree(ldb, 9)));
+                              rt_imin(rt_mma_agree(a_off, 5), rt_mma_agree(lda, 6))),
+                      rt_imin(rt_imin(rt_mma_agree(b_off, 8), rt_mma_agree(ldb, 9)),
+                              rt_mma_agree(k, 10)));
     bad = (int)__reduce_min_sync(0xffffffffu, (unsigned int)bad);
     if (bad != 100) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
     /* from here every lane holds lane 0's arguments: every lane decides alike */
+    if (k <= 0 || (k & 7) || k >= (1ll << 20)) rt_mma_fault(RT_FAULT_ARG, 10, 0, line);
     if (!rt_lrange2_ok(c_off, ldc, 15, 1, 15, nc))
         rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(c_off, ldc, 16, 16, nc), idc, line);
-    if (!rt_lrange2_ok(a_off, lda, 15, 1, 7, na))
-        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(a_off, lda, 16, 8, na), ida, line);
-    if (!rt_lrange2_ok(b_off, ldb, 7, 1, 15, nb))
-        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(b_off, ldb, 8, 16, nb), idb, line);
+    if (!rt_lrange2_ok(a_off, lda, 15, 1, k - 1, na))
+        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(a_off, lda, 16, k, na), ida, line);
+    if (!rt_lrange2_ok(b_off, ldb, k - 1, 1, 15, nb))
+        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(b_off, ldb, k, 16, nb), idb, line);
     bad = rt_mma_contract(c_off, ldc, 16, 2);
-    if (!bad) bad = rt_mma_contract(a_off, lda, 8, 5);
+    if (!bad) bad = rt_mma_contract(a_off, lda, k, 5);
     if (!bad) bad = rt_mma_contract(b_off, ldb, 16, 8);
     if (bad) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
 }
 #endif
-static __device__ __forceinline__ void rt_mma_tf32(
-    float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
-    const float *B, long long b_off, long long ldb, long long nc, int idc, long long na, int ida,
-    long long nb, int idb, int line)
+static __device__ __forceinline__ unsigned int rt_tf32(float x)
 {
-#ifndef RT_RAW
-    /* rt_warp_live() is the same in every lane of a warp: a partial warp faults whole */
-    if (rt_warp_live() != 0xffffffffu) rt_mma_fault(RT_FAULT_ARG, 0, 0, line);
-    int s0, s1, s2, s3, s4, s5;
-    __match_all_sync(0xffffffffu, c_off, &s0);
-    __match_all_sync(0xffffffffu, ldc, &s1);
-    __match_all_sync(0xffffffffu, a_off, &s2);
-    __match_all_sync(0xffffffffu, lda, &s3);
-    __match_all_sync(0xffffffffu, b_off, &s4);
-    __match_all_sync(0xffffffffu, ldb, &s5);
-    /* warp-uniform: the lanes agree, so they test the same tiles */
-    if (!(s0 && s1 && s2 && s3 && s4 && s5 && rt_mma_tile_fast(c_off, ldc, 16, 16, nc)
-          && rt_mma_tile_fast(a_off, lda, 16, 8, na) && rt_mma_tile_fast(b_off, ldb, 8, 16, nb)))
-        rt_mma_slow(c_off, ldc, a_off, lda, b_off, ldb, nc, idc, na, ida, nb, idb, line);
-#else
-    (void)nc; (void)idc; (void)na; (void)ida; (void)nb; (void)idb; (void)line;
-#endif
-    const float *pa = A + a_off, *pb = B + b_off;
-    float *pc = C + c_off;
-    unsigned int a[4], b[4];
-    float d[8];
-    __syncwarp();
-    asm volatile("wmma.load.a.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "l"(pa), "r"((int)lda)
-                 : "memory");
-    asm volatile("wmma.load.b.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "l"(pb), "r"((int)ldb)
-                 : "memory");
-    asm volatile("wmma.load.c.sync.aligned.row.m16n16k8.f32 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
-                   "=f"(d[6]), "=f"(d[7]) : "l"(pc), "r"((int)ldc) : "memory");
-    for (int i = 0; i < 4; i++) {
-        a[i] = rt_tf32(a[i]);
-        b[i] = rt_tf32(b[i]);
-    }
+    unsigned int y;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
+    return y;
+}
+static __device__ __forceinline__ void rt_wmma_step(float *d, const unsigned int *a,
+                                                    const unsigned int *b)
+{
     asm volatile("wmma.mma.sync.aligned.row.row.m16n16k8.f32.tf32.tf32.f32 "
                  "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
                  "{%12, %13, %14, %15}, {%0, %1, %2, %3, %4, %5, %6, %7};"
@@ -642,6 +609,60 @@ static __device__ __forceinline__ void rt_mma_tf32(
                    "+f"(d[6]), "+f"(d[7])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
                    "r"(b[2]), "r"(b[3]));
+}
+static __device__ __forceinline__ void rt_mma(
+    float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
+    const float *B, long long b_off, long long ldb, long long k, int split, long long nc,
+    int idc, long long na, int ida, long long nb, int idb, int line)
+{
+#ifndef RT_RAW
+    /* rt_warp_live() is the same in every lane of a warp: a partial warp faults whole */
+    if (rt_warp_live() != 0xffffffffu) rt_mma_fault(RT_FAULT_ARG, 0, 0, line);
+    int s0, s1, s2, s3, s4, s5, s6;
+    __match_all_sync(0xffffffffu, c_off, &s0);
+    __match_all_sync(0xffffffffu, ldc, &s1);
+    __match_all_sync(0xffffffffu, a_off, &s2);
+    __match_all_sync(0xffffffffu, lda, &s3);
+    __match_all_sync(0xffffffffu, b_off, &s4);
+    __match_all_sync(0xffffffffu, ldb, &s5);
+    __match_all_sync(0xffffffffu, k, &s6);
+    /* warp-uniform: the lanes agree, so they test the same tiles */
+    if (!(s0 && s1 && s2 && s3 && s4 && s5 && s6 && k > 0 && !(k & 7) && k < (1ll << 20)
+          && rt_mma_tile_fast(c_off, ldc, 16, 16, nc) && rt_mma_tile_fast(a_off, lda, 16, k, na)
+          && rt_mma_tile_fast(b_off, ldb, k, 16, nb)))
+        rt_mma_slow(c_off, ldc, a_off, lda, b_off, ldb, k, nc, idc, na, ida, nb, idb, line);
+#else
+    (void)nc; (void)idc; (void)na; (void)ida; (void)nb; (void)idb; (void)line;
+#endif
+    const float *pa = A + a_off, *pb = B + b_off;
+    float *pc = C + c_off;
+    float d[8];
+    __syncwarp();
+    asm volatile("wmma.load.c.sync.aligned.row.m16n16k8.f32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
+                   "=f"(d[6]), "=f"(d[7]) : "l"(pc), "r"((int)ldc) : "memory");
+    for (long long kk = 0; kk < k; kk += 8) {
+        unsigned int a[4], b[4], ah[4], bh[4], al[4], bl[4];   /* fp32 bits as loaded */
+        asm volatile("wmma.load.a.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "l"(pa + kk),
+                       "r"((int)lda) : "memory");
+        asm volatile("wmma.load.b.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "l"(pb + kk * ldb),
+                       "r"((int)ldb) : "memory");
+        for (int i = 0; i < 4; i++) {
+            float x = __uint_as_float(a[i]), y = __uint_as_float(b[i]);
+            ah[i] = rt_tf32(x);
+            bh[i] = rt_tf32(y);
+            al[i] = rt_tf32(x - __uint_as_float(ah[i]));
+            bl[i] = rt_tf32(y - __uint_as_float(bh[i]));
+        }
+        if (split) {            /* small terms first */
+            rt_wmma_step(d, al, bh);
+            rt_wmma_step(d, ah, bl);
+        }
+        rt_wmma_step(d, ah, bh);
+    }
     asm volatile("wmma.store.d.sync.aligned.row.m16n16k8.f32 "
                  "[%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
                  :: "l"(pc), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]),
@@ -833,9 +854,12 @@ class _Rewriter:
 
 
     def mma(self, name: str, args: list[c_ast.Node], line: int, coord) -> c_ast.Node:
-        """rt_warp_mma_tf32(C, c_off, ldc, A, a_off, lda, B, b_off, ldb) -> rt_mma_tf32
-        with each array's flat length and fault id appended."""
-        extra: list[c_ast.Node] = []
+        """rt_warp_mma_T(C, c_off, ldc, A, a_off, lda, B, b_off, ldb[, k]) -> rt_mma with
+        k (8 for tf32), whether to split, each array's flat length and fault id."""
+        split = MMA_FUNCS[name]
+        k = args[9] if split else _int(8)
+        args = args[:9]
+        extra: list[c_ast.Node] = [k, _int(int(split))]
         for k in (0, 3, 6):
             arr = args[k]
             assert isinstance(arr, c_ast.ID), "the verifier admits array names only"
@@ -846,7 +870,7 @@ class _Rewriter:
             # a 2-D or 3-D array is one flat tile space (its flat length is the bound)
             args[k] = c_ast.Cast(c_ast.Typename(None, [], None, c_ast.PtrDecl([], c_ast.TypeDecl(
                 None, [], None, c_ast.IdentifierType(["float"])))), arr)
-        return _call("rt_mma_tf32", args + extra + [_int(line)], coord)
+        return _call("rt_mma", args + extra + [_int(line)], coord)
 
 
 class _Instrumenter:
@@ -872,7 +896,7 @@ class _Instrumenter:
         # MMA tiles: wmma needs 32-byte aligned rows (offsets are checked to be
         # multiples of 8 floats from the array's start)
         mma = {a.name for call in _calls(fn, MMA_FUNCS) for k, a in
-               enumerate(call.args.exprs) if k % 3 == 0 and isinstance(a, c_ast.ID)}
+               enumerate(call.args.exprs) if k in (0, 3, 6) and isinstance(a, c_ast.ID)}
 
         def walk(n: c_ast.Node) -> None:
             if isinstance(n, c_ast.Decl) and n.name in dims and n.name.startswith("smem_"):
