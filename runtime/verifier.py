@@ -78,12 +78,23 @@ for _t in ("f32", "f64"):
 #: rt_warp_mma_tf32   C[16x16] += A[16x8] B[8x16], A and B rounded to tf32;
 #: rt_warp_mma_f32    C[16x16] += A[16xk] B[kx16] to fp32 accuracy (each operand
 #:                    split in two tf32 parts, three MMAs per step of 8), k a
-#:                    multiple of 8, the accumulator in registers over k.
-#: The value: whether the call takes k (and splits its operands).
-MMA_FUNCS = {"rt_warp_mma_tf32": False, "rt_warp_mma_f32": True}
+#:                    multiple of 8, the accumulator in registers over k;
+#: rt_warp_mma_f32_at the same with A given transposed: A^T[kx16] at a_off, lda.
+
+
+@dataclass(frozen=True)
+class MmaForm:
+    """How one warp-MMA builtin reads its operands."""
+
+    fp32: bool      # takes k and splits its operands into two tf32 parts
+    a_t: bool       # A is given transposed (A^T, k x 16, row-major)
+
+
+MMA_FUNCS = {"rt_warp_mma_tf32": MmaForm(False, False), "rt_warp_mma_f32": MmaForm(True, False),
+             "rt_warp_mma_f32_at": MmaForm(True, True)}
 _MMA_ARGS = ("mma", "num", "num") * 3
-for _n, _k in MMA_FUNCS.items():
-    _CUDA_SIGS[_n] = (_MMA_ARGS + (("num",) if _k else ()), "void")
+for _n, _f in MMA_FUNCS.items():
+    _CUDA_SIGS[_n] = (_MMA_ARGS + (("num",) if _f.fp32 else ()), "void")
 _MATH_ARITY = {"sqrt": 1, "fabs": 1, "fma": 3, "copysign": 2, "fmin": 2, "fmax": 2, "exp": 1,
                "log": 1, "pow": 2, "hypot": 2, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
                "tanh": 1}

@@ -1141,13 +1141,14 @@ KERNEL void k(cap_t x, int64_t n)
         rt_warp_mma_tf32(smem_c, 0, 16, smem_a, 0, 8, smem_b, 0, 16);
     }
     rt_warp_mma_f32(smem_c, 0, 16, smem_a, 0, 8, smem_b, 0, 16, n);
+    rt_warp_mma_f32_at(smem_c, 0, 16, smem_a, 0, 8, smem_b, 0, 16, n);
 }
 """
 
 
 def test_warp_mma_lowers_to_one_checked_call_on_aligned_shared_tiles() -> None:
-    """No device needed: rt_warp_mma_tf32 and rt_warp_mma_f32 become rt_mma with k (8
-    for tf32), whether to split the operands, each array's flat length and fault id
+    """No device needed: the warp MMAs become rt_mma<split, A transposed> with k (8 for
+    tf32), each array's flat length and fault id
     (the checks run on the device); their arrays are 32-byte aligned (wmma), other
     shared arrays keep 16; a loop around a call keeps its checks (a warp collective:
     never versioned)."""
@@ -1157,12 +1158,13 @@ def test_warp_mma_lowers_to_one_checked_call_on_aligned_shared_tiles() -> None:
     assert "__align__(32) float smem_b[8][16]" in body
     assert "__align__(32) float smem_c[256]" in body
     assert "__align__(16) float smem_d[64]" in body
-    calls = [ln.rstrip() for ln in body.splitlines() if "rt_mma(" in ln]
-    assert len(calls) == 2
-    # k and the split flag, flat lengths 256, 128 and 8 * 16, each with its fault id,
-    # then the source line
+    calls = [ln.rstrip() for ln in body.splitlines() if "rt_mma<" in ln]
+    assert len(calls) == 3
+    # <split, A transposed>, the tiles, k, flat lengths 256, 128 and 8 * 16, each with
+    # its fault id, then the source line
     tiles = r"\(float \*\) smem_c, 0, 16, \(float \*\) smem_a, 0, 8, \(float \*\) smem_b, 0, 16, "
     arrays = r"256, \d+, 128, \d+, 128, \d+, "
-    assert re.search(tiles + "8, 0, " + arrays + r"10\);$", calls[0]), calls[0]
-    assert re.search(tiles + "n, 1, " + arrays + r"12\);$", calls[1]), calls[1]
+    assert re.search(r"rt_mma<0, 0>\(" + tiles + "8, " + arrays + r"10\);$", calls[0]), calls[0]
+    assert re.search(r"rt_mma<1, 0>\(" + tiles + "n, " + arrays + r"12\);$", calls[1]), calls[1]
+    assert re.search(r"rt_mma<1, 1>\(" + tiles + "n, " + arrays + r"13\);$", calls[2]), calls[2]
     assert "rt_load_f32(x, i, " in body and "rt_uload_f32" not in body

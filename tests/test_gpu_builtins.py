@@ -380,3 +380,44 @@ def test_warp_mma_f32_faults_name_the_argument_or_element(args, reason, buffer, 
     e = ei.value
     assert (e.reason, e.buffer, e.index, e.line) == (reason, buffer, index, MMA_F32_LINE)
     assert np.all(c.numpy() == 2.0)
+
+
+MMA_AT_SRC = MMA_F32_SRC.replace("mma32", "mma_at").replace("rt_warp_mma_f32(",
+                                                              "rt_warp_mma_f32_at(")
+
+
+@pytest.mark.parametrize("lda,ldb,k", [(16, 16, 64), (40, 20, 32)])
+def test_warp_mma_f32_at_reads_a_transposed(lda, ldb, k) -> None:
+    """rt_warp_mma_f32_at takes A^T (k x 16, row-major): the same fp32-level error."""
+    rng = np.random.default_rng(5)
+    a_h = rng.standard_normal(2048).astype(np.float32)
+    b_h = rng.standard_normal(2048).astype(np.float32)
+    c_h = rng.standard_normal(512).astype(np.float32)
+    kern = cuda.compile(MMA_AT_SRC, "mma_at")
+    a = cuda.to_device(a_h, perms="r", name="a")
+    b = cuda.to_device(b_h, perms="r", name="b")
+    c = cuda.to_device(c_h, name="c")
+    cuda.launch(kern, [a, b, c], args=(lda, ldb, k, -1), grid=1, block=64, timeout=20)
+    got = c.numpy()
+    At = a_h[np.arange(k)[:, None] * lda + np.arange(16)].astype(np.float64)
+    B = b_h[np.arange(k)[:, None] * ldb + np.arange(16)].astype(np.float64)
+    scale = np.abs(At.T) @ np.abs(B) + 1.0
+    for w in range(2):
+        tile = c_h[256 * w:256 * w + 256].reshape(16, 16).astype(np.float64)
+        err = np.abs(got[256 * w:256 * w + 256].reshape(16, 16) - (tile + At.T @ B)) / scale
+        assert err.max() < 2e-6, err.max()
+
+
+def test_warp_mma_f32_at_checks_the_transposed_tile() -> None:
+    """A^T is k x 16: with k = 128 and lda = 16 its last row starts at 2032 (in range);
+    k = 136 reaches row 128, index 2048: a local-array fault there."""
+    kern = cuda.compile(MMA_AT_SRC, "mma_at")
+    a = cuda.to_device(np.ones(2048, np.float32), perms="r", name="a")
+    b = cuda.to_device(np.ones(2048, np.float32), perms="r", name="b")
+    c = cuda.to_device(np.full(512, 2.0, np.float32), name="c")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(kern, [a, b, c], args=(16, 8, 136, -1), grid=1, block=64, timeout=20)
+    e = ei.value
+    assert (e.reason, e.buffer, e.index, e.line) == ("local-array", "smem_a", 2048,
+                                                     MMA_F32_LINE)
+    assert np.all(c.numpy() == 2.0)

@@ -448,7 +448,7 @@ def test_api_constants():
                               "rt_shfl_idx_f32", "rt_shfl_idx_f64", "rt_shfl_idx_i64",
                               "rt_warp_sum_f32", "rt_warp_sum_f64", "rt_block_idx_y",
                               "rt_grid_dim_y", "rt_require_block_dim", "rt_warp_mma_tf32",
-                              "rt_warp_mma_f32"}
+                              "rt_warp_mma_f32", "rt_warp_mma_f32_at"}
     assert not CUDA_API_FUNCS & API_FUNCS
     assert {"sqrt", "sqrtf", "fma", "fmaf", "tanh", "tanhf", "isnan", "isfinite"} <= MATH_FUNCS
     assert "printf" not in MATH_FUNCS and "abs" not in MATH_FUNCS

@@ -530,7 +530,7 @@ static __device__ __forceinline__ void rt_mma_fault(int kind, long long idx, int
         rt_record(kind, 0, line, idx, 0, 0, kind == RT_FAULT_LOCAL ? -(id + 1) : -1);
     rt_exit_block(1);
 }
-static __device__ __noinline__ long long rt_mma_first_out(long long off, long long ld,
+static __device__ __forceinline__ long long rt_mma_first_out(long long off, long long ld,
                                                           long long rows, long long cols,
                                                           long long n)
 {
@@ -568,10 +568,10 @@ static __device__ __forceinline__ int rt_mma_tile_fast(long long off, long long 
         && off + (rows - 1) * ld + cols <= n && !(off & 7) && !(ld & 3) && ld >= cols;
 }
 /* The exact checks, in the order that names the fault; returns if none fails. */
-static __device__ __noinline__ void rt_mma_slow(
+static __device__ __forceinline__ void rt_mma_slow(
     long long c_off, long long ldc, long long a_off, long long lda, long long b_off,
-    long long ldb, long long k, long long nc, int idc, long long na, int ida, long long nb,
-    int idb, int line)
+    long long ldb, long long k, int a_t, long long nc, int idc, long long na, int ida,
+    long long nb, int idb, int line)
 {
     int bad = rt_imin(rt_imin(rt_imin(rt_mma_agree(c_off, 2), rt_mma_agree(ldc, 3)),
                               rt_imin(rt_mma_agree(a_off, 5), rt_mma_agree(lda, 6))),
@@ -583,12 +583,13 @@ static __device__ __noinline__ void rt_mma_slow(
     if (k <= 0 || (k & 7) || k >= (1ll << 20)) rt_mma_fault(RT_FAULT_ARG, 10, 0, line);
     if (!rt_lrange2_ok(c_off, ldc, 15, 1, 15, nc))
         rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(c_off, ldc, 16, 16, nc), idc, line);
-    if (!rt_lrange2_ok(a_off, lda, 15, 1, k - 1, na))
-        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(a_off, lda, 16, k, na), ida, line);
+    long long ar = a_t ? k : 16, ac = a_t ? 16 : k;   /* A's tile as stored */
+    if (!rt_lrange2_ok(a_off, lda, ar - 1, 1, ac - 1, na))
+        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(a_off, lda, ar, ac, na), ida, line);
     if (!rt_lrange2_ok(b_off, ldb, k - 1, 1, 15, nb))
         rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(b_off, ldb, k, 16, nb), idb, line);
     bad = rt_mma_contract(c_off, ldc, 16, 2);
-    if (!bad) bad = rt_mma_contract(a_off, lda, k, 5);
+    if (!bad) bad = rt_mma_contract(a_off, lda, ac, 5);
     if (!bad) bad = rt_mma_contract(b_off, ldb, 16, 8);
     if (bad) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
 }
@@ -599,9 +600,19 @@ static __device__ __forceinline__ unsigned int rt_tf32(float x)
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
     return y;
 }
+template <int A_COL>
 static __device__ __forceinline__ void rt_wmma_step(float *d, const unsigned int *a,
                                                     const unsigned int *b)
 {
+    if (A_COL)
+        asm volatile("wmma.mma.sync.aligned.col.row.m16n16k8.f32.tf32.tf32.f32 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
+                     "{%12, %13, %14, %15}, {%0, %1, %2, %3, %4, %5, %6, %7};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+                       "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                       "r"(b[2]), "r"(b[3]));
+    else
     asm volatile("wmma.mma.sync.aligned.row.row.m16n16k8.f32.tf32.tf32.f32 "
                  "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
                  "{%12, %13, %14, %15}, {%0, %1, %2, %3, %4, %5, %6, %7};"
@@ -610,9 +621,11 @@ static __device__ __forceinline__ void rt_wmma_step(float *d, const unsigned int
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
                    "r"(b[2]), "r"(b[3]));
 }
+/* a_t: A is given transposed (A^T, k x 16, row-major), i.e. A column-major */
+template <int SPLIT, int A_T>
 static __device__ __forceinline__ void rt_mma(
     float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
-    const float *B, long long b_off, long long ldb, long long k, int split, long long nc,
+    const float *B, long long b_off, long long ldb, long long k, long long nc,
     int idc, long long na, int ida, long long nb, int idb, int line)
 {
 #ifndef RT_RAW
@@ -628,9 +641,11 @@ static __device__ __forceinline__ void rt_mma(
     __match_all_sync(0xffffffffu, k, &s6);
     /* warp-uniform: the lanes agree, so they test the same tiles */
     if (!(s0 && s1 && s2 && s3 && s4 && s5 && s6 && k > 0 && !(k & 7) && k < (1ll << 20)
-          && rt_mma_tile_fast(c_off, ldc, 16, 16, nc) && rt_mma_tile_fast(a_off, lda, 16, k, na)
+          && rt_mma_tile_fast(c_off, ldc, 16, 16, nc)
+          && rt_mma_tile_fast(a_off, lda, A_T ? k : 16, A_T ? 16 : k, na)
           && rt_mma_tile_fast(b_off, ldb, k, 16, nb)))
-        rt_mma_slow(c_off, ldc, a_off, lda, b_off, ldb, k, nc, idc, na, ida, nb, idb, line);
+        rt_mma_slow(c_off, ldc, a_off, lda, b_off, ldb, k, A_T, nc, idc, na, ida, nb, idb,
+                    line);
 #else
     (void)nc; (void)idc; (void)na; (void)ida; (void)nb; (void)idb; (void)line;
 #endif
@@ -644,9 +659,14 @@ static __device__ __forceinline__ void rt_mma(
                    "=f"(d[6]), "=f"(d[7]) : "l"(pc), "r"((int)ldc) : "memory");
     for (long long kk = 0; kk < k; kk += 8) {
         unsigned int a[4], b[4], ah[4], bh[4], al[4], bl[4];   /* fp32 bits as loaded */
-        asm volatile("wmma.load.a.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "l"(pa + kk),
-                       "r"((int)lda) : "memory");
+        if (A_T)    /* A^T row-major = A column-major: step k moves down A^T's rows */
+            asm volatile("wmma.load.a.sync.aligned.col.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                         : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "l"(pa + kk * lda),
+                           "r"((int)lda) : "memory");
+        else
+            asm volatile("wmma.load.a.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
+                         : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "l"(pa + kk),
+                           "r"((int)lda) : "memory");
         asm volatile("wmma.load.b.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
                      : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "l"(pb + kk * ldb),
                        "r"((int)ldb) : "memory");
@@ -657,11 +677,11 @@ static __device__ __forceinline__ void rt_mma(
             al[i] = rt_tf32(x - __uint_as_float(ah[i]));
             bl[i] = rt_tf32(y - __uint_as_float(bh[i]));
         }
-        if (split) {            /* small terms first */
-            rt_wmma_step(d, al, bh);
-            rt_wmma_step(d, ah, bl);
+        if (SPLIT) {            /* small terms first */
+            rt_wmma_step<A_T>(d, al, bh);
+            rt_wmma_step<A_T>(d, ah, bl);
         }
-        rt_wmma_step(d, ah, bh);
+        rt_wmma_step<A_T>(d, ah, bh);
     }
     asm volatile("wmma.store.d.sync.aligned.row.m16n16k8.f32 "
                  "[%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
@@ -854,12 +874,13 @@ class _Rewriter:
 
 
     def mma(self, name: str, args: list[c_ast.Node], line: int, coord) -> c_ast.Node:
-        """rt_warp_mma_T(C, c_off, ldc, A, a_off, lda, B, b_off, ldb[, k]) -> rt_mma with
-        k (8 for tf32), whether to split, each array's flat length and fault id."""
-        split = MMA_FUNCS[name]
-        k = args[9] if split else _int(8)
+        """rt_warp_mma_*(C, c_off, ldc, A, a_off, lda, B, b_off, ldb[, k]) -> rt_mma with
+        k (8 for tf32), whether to split, whether A is transposed, each array's flat
+        length and fault id."""
+        form = MMA_FUNCS[name]
+        k = args[9] if form.fp32 else _int(8)
         args = args[:9]
-        extra: list[c_ast.Node] = [k, _int(int(split))]
+        extra: list[c_ast.Node] = [k]
         for k in (0, 3, 6):
             arr = args[k]
             assert isinstance(arr, c_ast.ID), "the verifier admits array names only"
@@ -870,7 +891,9 @@ class _Rewriter:
             # a 2-D or 3-D array is one flat tile space (its flat length is the bound)
             args[k] = c_ast.Cast(c_ast.Typename(None, [], None, c_ast.PtrDecl([], c_ast.TypeDecl(
                 None, [], None, c_ast.IdentifierType(["float"])))), arr)
-        return _call("rt_mma", args + extra + [_int(line)], coord)
+        # (the two forms are template arguments: each call compiles only its own path)
+        return _call(f"rt_mma<{int(form.fp32)}, {int(form.a_t)}>", args + extra + [_int(line)],
+                     coord)
 
 
 class _Instrumenter:
