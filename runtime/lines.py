@@ -50,8 +50,12 @@ class _Normal:
         self.atoms: dict[str, c_ast.Node] = {}
         self._gen = c_generator.CGenerator()
 
+    def text(self, expr: c_ast.Node) -> str:
+        """expr as C source: the key of an atom (and of a step, to merge equal ones)."""
+        return self._gen.visit(expr)
+
     def atom(self, expr: c_ast.Node) -> Poly:
-        key = self._gen.visit(expr)
+        key = self.text(expr)
         self.atoms.setdefault(key, expr)
         return {(key,): 1}
 
@@ -171,7 +175,6 @@ def line_hull(firsts: list[c_ast.Node], types: dict[str, int]
             lines.append(_Line(p, [(k, 0)]))
     keep: set[int] = set()
     steps: dict[str, c_ast.Node] = {}
-    gen = c_generator.CGenerator()
     for line in lines:
         distinct = {mult: k for k, mult in reversed(line.members)}  # mult -> its first member
         if line.step is None or len(distinct) < 3 or max(distinct) - min(distinct) > LINE_MAX_SPAN:
@@ -179,7 +182,7 @@ def line_hull(firsts: list[c_ast.Node], types: dict[str, int]
             continue
         keep.update((distinct[min(distinct)], distinct[max(distinct)]))
         step = norm.expr(line.step)
-        steps.setdefault(gen.visit(step), step)
+        steps.setdefault(norm.text(step), step)
     conds = [c_ast.FuncCall(c_ast.ID("rt_line_ok"), c_ast.ExprList([q])) for q in steps.values()]
     return [firsts[k] for k in sorted(keep)], conds
 

@@ -93,6 +93,8 @@ class MmaForm:
 MMA_FUNCS = {"rt_warp_mma_tf32": MmaForm(False, False), "rt_warp_mma_f32": MmaForm(True, False),
              "rt_warp_mma_f32_at": MmaForm(True, True)}
 _MMA_ARGS = ("mma", "num", "num") * 3
+#: Positions of the three tile arrays (C, A, B) in a warp-MMA call.
+MMA_ARRAY_ARGS = tuple(i for i, k in enumerate(_MMA_ARGS) if k == "mma")
 for _n, _f in MMA_FUNCS.items():
     _CUDA_SIGS[_n] = (_MMA_ARGS + (("num",) if _f.fp32 else ()), "void")
 _MATH_ARITY = {"sqrt": 1, "fabs": 1, "fma": 3, "copysign": 2, "fmin": 2, "fmax": 2, "exp": 1,

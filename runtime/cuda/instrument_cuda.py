@@ -67,7 +67,14 @@ from ..hoist import (
 )
 from ..parse import is_user_node
 from ..ranges import builtin_ranges, prove_subscripts
-from ..verifier import MMA_FUNCS, TILE_FUNCS, WARP_FUNCS, KernelSig, VerifiedSource
+from ..verifier import (
+    MMA_ARRAY_ARGS,
+    MMA_FUNCS,
+    TILE_FUNCS,
+    WARP_FUNCS,
+    KernelSig,
+    VerifiedSource,
+)
 
 ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
 
@@ -881,7 +888,7 @@ class _Rewriter:
         k = args[9] if form.fp32 else _int(8)
         args = args[:9]
         extra: list[c_ast.Node] = [k]
-        for k in (0, 3, 6):
+        for k in MMA_ARRAY_ARGS:
             arr = args[k]
             assert isinstance(arr, c_ast.ID), "the verifier admits array names only"
             flat = 1
@@ -919,7 +926,7 @@ class _Instrumenter:
         # MMA tiles: wmma needs 32-byte aligned rows (offsets are checked to be
         # multiples of 8 floats from the array's start)
         mma = {a.name for call in _calls(fn, MMA_FUNCS) for k, a in
-               enumerate(call.args.exprs) if k in (0, 3, 6) and isinstance(a, c_ast.ID)}
+               enumerate(call.args.exprs) if k in MMA_ARRAY_ARGS and isinstance(a, c_ast.ID)}
 
         def walk(n: c_ast.Node) -> None:
             if isinstance(n, c_ast.Decl) and n.name in dims and n.name.startswith("smem_"):
