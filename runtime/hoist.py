@@ -17,7 +17,14 @@ coefficients takes every index value between E(first) and E(last).  So::
 The guard never faults: when it fails, the fully checked loop runs and faults
 at the exact access (right index, right moment, same partial effects) - or not
 at all, for an access under a condition that never held.  Pollchecks stay in
-both copies.  Wrap-around: in wrapping int64 arithmetic E(i) = E(A) + d*(i-A)
+both copies.
+
+Warp collectives (GPU): a loop that calls a shuffle or warp sum is versioned
+only when the lane passes a warp vote (``warp_vote``): the copy is then
+chosen by the vote over the warp's guards (fast only if every lane's guard
+holds), so all lanes run the same copy and meet at the same shuffles.  That
+is sound where the verifier admitted the shuffles: only under block-uniform
+control, so every lane of the warp reaches the loop, and its bounds, together.  Wrap-around: in wrapping int64 arithmetic E(i) = E(A) + d*(i-A)
 (mod 2^64) with d = E(A+1) - E(A), so the guard also requires |d|*(last-A) and
 E(A) + d*(last-A) not to overflow; then the computed sequence is exactly the
 mathematical one and lies between its two checked ends.
@@ -159,6 +166,9 @@ BARRIERS = frozenset({"rt_sync_threads"}) | TILE_FUNCS | WARP_FUNCS
 #: The GPU lowering's: rt_group_sync starts and ends with a block barrier there (on the
 #: CPU, one thread per block, it waits for other blocks only).
 GPU_BARRIERS = BARRIERS | {"rt_group_sync"}
+#: The GPU lowering's warp vote (``__all_sync`` over the warp's live lanes): it lets a
+#: loop with warp collectives (but no block barrier) be versioned, see the module doc.
+GPU_WARP_VOTE = "rt_warp_all"
 
 
 @dataclass
@@ -174,11 +184,13 @@ class _Ctx:
     waits: frozenset[str] = frozenset()  # helpers that reach a barrier (waiting_helpers)
     one_thread_blocks: bool = False      # barriers never wait (see hoist_function)
     barriers: frozenset[str] = BARRIERS  # the lane's barrier calls
+    warp_vote: str | None = None         # the lane's warp vote (GPU_WARP_VOTE), if any
 
 
 def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
                    waits: frozenset[str] = frozenset(), one_thread_blocks: bool = False,
-                   barriers: frozenset[str] = BARRIERS) -> Versioning:
+                   barriers: frozenset[str] = BARRIERS, warp_vote: str | None = None
+                   ) -> Versioning:
     """Version every eligible loop of ``func`` in place; return the side table.
 
     ``arrays`` maps the function's local arrays to their dimensions
@@ -187,7 +199,8 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     loops are Quiet* nodes followed by a PollPoint, guards are calls of the
     runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
     for both lanes).  ``waits``: the source's :func:`waiting_helpers`; ``barriers``:
-    the lane's barrier calls (BARRIERS, GPU_BARRIERS).
+    the lane's barrier calls (BARRIERS, GPU_BARRIERS); ``warp_vote``: the lane's
+    warp vote (GPU_WARP_VOTE), which admits loops with warp collectives.
     ``one_thread_blocks``: the lane runs one thread per block (the CPU), so a
     barrier never waits for another thread and a whole-body guard may enclose
     tile copies.  (On the GPU a per-thread guard around a barrier would split
@@ -195,7 +208,7 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     measured slower than none: bench/results/gpuprof-wholebody-guard-2026-12-03.txt.)
     """
     ctx = _Ctx(arrays, int_types(func), waits=waits, one_thread_blocks=one_thread_blocks,
-               barriers=barriers)
+               barriers=barriers, warp_vote=warp_vote)
     whole = _body_version(func.body, ctx)
     if whole is not None:
         func.body, checked = whole
@@ -234,7 +247,9 @@ def _maybe_version(loop: c_ast.For, ctx: _Ctx, nested: bool = False) -> c_ast.No
     loop sits inside another loop of the function.
     """
     depth = _loop_depth(loop.stmt)
-    if depth > 1 or _has_barrier(loop.stmt, ctx.waits, ctx.barriers):
+    # with a warp vote, warp collectives do not stop versioning (block barriers do)
+    blocking = ctx.barriers - WARP_FUNCS if ctx.warp_vote else ctx.barriers
+    if depth > 1 or _has_barrier(loop.stmt, ctx.waits, blocking):
         return None
     return _version(loop, ctx, innermost=depth == 0, nested=nested)
 
@@ -568,6 +583,9 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
         cond = c_ast.BinaryOp("&", cond, box_ok)
         _replace(loop, box, inner.fast)
         covered += inner.covered
+    if ctx.warp_vote and _has_barrier(loop.stmt, barriers=WARP_FUNCS):
+        # every lane takes the copy the whole warp voted for (module doc)
+        cond = c_ast.FuncCall(c_ast.ID(ctx.warp_vote), c_ast.ExprList([cond]))
     fast = loop
     fast_block: c_ast.Node = fast
     leaf = innermost and _leaf_body(loop.stmt)

@@ -354,6 +354,7 @@ def test_cuda_lowering_compiles_as_cpp(tmp_path: Path) -> None:
              "template <class T> static inline unsigned __match_all_sync(unsigned m, T v, int *p)"
              " { *p = 1; return m; }\n"
              "static inline int __any_sync(unsigned m, int p) { return p; }\n"
+             "static inline int __all_sync(unsigned m, int p) { return p; }\n"
              "static inline unsigned __reduce_min_sync(unsigned m, unsigned v) { return v; }\n"
              "static inline float __uint_as_float(unsigned x)"
              " { float f; __builtin_memcpy(&f, &x, 4); return f; }\n"
@@ -1150,8 +1151,9 @@ def test_warp_mma_lowers_to_one_checked_call_on_aligned_shared_tiles() -> None:
     """No device needed: the warp MMAs become rt_mma<split, A transposed> with k (8 for
     tf32), each array's flat length and fault id
     (the checks run on the device); their arrays are 32-byte aligned (wmma), other
-    shared arrays keep 16; a loop around a call keeps its checks (a warp collective:
-    never versioned)."""
+    shared arrays keep 16; a loop around a call is versioned under a warp vote (the
+    call is a warp collective: every lane must take the same copy), the call itself
+    checked in both copies."""
     text = cuda.translate(MMA_LOWER_SRC).text
     body = text[text.index("__rtk_k"):]
     assert "__align__(32) float smem_a[128]" in body
@@ -1159,12 +1161,14 @@ def test_warp_mma_lowers_to_one_checked_call_on_aligned_shared_tiles() -> None:
     assert "__align__(32) float smem_c[256]" in body
     assert "__align__(16) float smem_d[64]" in body
     calls = [ln.rstrip() for ln in body.splitlines() if "rt_mma<" in ln]
-    assert len(calls) == 3
+    assert len(calls) == 4  # the loop's call in its fast and its checked copy
     # <split, A transposed>, the tiles, k, flat lengths 256, 128 and 8 * 16, each with
     # its fault id, then the source line
     tiles = r"\(float \*\) smem_c, 0, 16, \(float \*\) smem_a, 0, 8, \(float \*\) smem_b, 0, 16, "
     arrays = r"256, \d+, 128, \d+, 128, \d+, "
-    assert re.search(r"rt_mma<0, 0>\(" + tiles + "8, " + arrays + r"10\);$", calls[0]), calls[0]
-    assert re.search(r"rt_mma<1, 0>\(" + tiles + "n, " + arrays + r"12\);$", calls[1]), calls[1]
-    assert re.search(r"rt_mma<1, 1>\(" + tiles + "n, " + arrays + r"13\);$", calls[2]), calls[2]
-    assert "rt_load_f32(x, i, " in body and "rt_uload_f32" not in body
+    for call in calls[:2]:
+        assert re.search(r"rt_mma<0, 0>\(" + tiles + "8, " + arrays + r"10\);$", call), call
+    assert re.search(r"rt_mma<1, 0>\(" + tiles + "n, " + arrays + r"12\);$", calls[2]), calls[2]
+    assert re.search(r"rt_mma<1, 1>\(" + tiles + "n, " + arrays + r"13\);$", calls[3]), calls[3]
+    assert "if (rt_warp_all(" in body
+    assert "rt_uload_f32(x, i)" in body and "rt_load_f32(x, i, " in body

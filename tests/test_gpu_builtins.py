@@ -421,3 +421,35 @@ def test_warp_mma_f32_at_checks_the_transposed_tile() -> None:
     assert (e.reason, e.buffer, e.index, e.line) == ("local-array", "smem_a", 2048,
                                                      MMA_F32_LINE)
     assert np.all(c.numpy() == 2.0)
+
+
+def _rot_oracle(x: np.ndarray, n: int) -> np.ndarray:
+    s = np.zeros(32, np.float32)
+    for i in range(n):
+        s += x[i * 32 + (np.arange(32) + 1) % 32]
+    return s
+
+
+@pytest.mark.parametrize("far", [0, 10_000])
+def test_versioned_shuffle_loop_runs_one_copy_per_warp(far) -> None:
+    """tests/test_hoist.py WARP_LOOP: lane 7's guard covers an access (under a
+    condition that never holds) 10000 elements past the buffer, the other lanes'
+    do not; the warp votes for the checked copy and every lane's shuffle sees its
+    partner's value.  A planted huge value makes lane 7 take that access: it
+    faults at its exact index."""
+    from test_hoist import WARP_LOOP
+
+    n = 16
+    x_host = np.random.default_rng(far).standard_normal(n * 32).astype(np.float32)
+    k = cuda.compile(WARP_LOOP, "rot")
+    x = cuda.to_device(x_host, perms="r", name="x")
+    out = cuda.alloc_device(32, np.float32, name="out")
+    cuda.launch(k, [x, out], args=(n, far), grid=1, block=32, timeout=20)
+    np.testing.assert_allclose(out.numpy(), _rot_oracle(x_host, n), rtol=1e-6, atol=1e-6)
+    if far:
+        x_host[3 * 32 + 7] = 1e31
+        x.copy_from(x_host)
+        with pytest.raises(CapabilityFault) as ei:
+            cuda.launch(k, [x, out], args=(n, far), grid=1, block=32, timeout=20)
+        assert ei.value.buffer == "x" and ei.value.index == 3 * 32 + 7 + far
+        assert ei.value.access == "load"

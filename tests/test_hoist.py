@@ -882,3 +882,35 @@ KERNEL void k(cap_t x, int64_t n, int64_t m)
     assert quiet[0] == "rt_pollcheck(__rt);"  # top level: polls after itself
     assert all(q == "" for q in quiet[1:]), body  # nested: the r loop polls
     assert "rt_pollcheck(__rt);" in body[body.index("for (int64_t r = 0"):][:200]
+
+
+WARP_LOOP = """
+KERNEL void rot(cap_t x, cap_t out, int64_t n, int64_t far)
+{
+    int64_t t = rt_thread_idx();
+    int64_t f = t == 7 ? far : 0;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float v = cap_load_f32(x, i * 32 + t);
+        if (v > 1e30f)
+            v = cap_load_f32(x, i * 32 + t + f);
+        s += rt_shfl_idx_f32(v, (t + 1) % 32);
+    }
+    cap_store_f32(out, t, s);
+}
+"""
+
+
+def test_gpu_loops_with_warp_collectives_are_versioned_under_a_warp_vote() -> None:
+    """A shuffle in a loop no longer keeps every access checked: the loop is versioned,
+    and the copy is chosen by a vote of the whole warp (rt_warp_all), so lanes whose
+    guards differ still run the same copy and meet at the same shuffle
+    (tests/test_gpu_builtins.py runs it).  A block barrier still stops versioning."""
+    from runtime.cuda import translate
+
+    body = translate(WARP_LOOP, checked=True).text.split("void __rtk_rot(", 1)[1]
+    assert re.search(r"if \(rt_warp_all\(\(*__h1_ok", body), body
+    assert "rt_uload_f32(x, " in body and "rt_load_f32(x, " in body  # fast and checked copies
+    with_barrier = WARP_LOOP.replace("s += rt_shfl", "rt_sync_threads();\n        s += rt_shfl")
+    body = translate(with_barrier, checked=True).text.split("void __rtk_rot(", 1)[1]
+    assert "rt_warp_all(" not in body and "rt_uload_f32" not in body

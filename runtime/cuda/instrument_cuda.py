@@ -58,6 +58,7 @@ from capabilities import abi
 from ..astutil import Generator, tile_call
 from ..hoist import (
     GPU_BARRIERS,
+    GPU_WARP_VOTE,
     QUIET_LOOPS,
     PollPoint,
     UncheckedCall,
@@ -473,6 +474,10 @@ static __device__ __forceinline__ unsigned int rt_warp_live(void)
     unsigned int n = blockDim.x - (threadIdx.x & ~31u);
     return n >= 32u ? 0xffffffffu : ((1u << n) - 1u);
 }
+/* Loop versioning's warp vote (runtime/hoist.py GPU_WARP_VOTE): the fast copy of a
+ * loop with warp collectives runs only if every live lane's guard holds. */
+static __device__ __forceinline__ int rt_warp_all(int ok)
+{ return __all_sync(rt_warp_live(), ok); }
 #define RT_DEFINE_SHUFFLE(T, CT)                                                      \
     static __device__ __forceinline__ CT rt_shfl_xor_##T(CT v, int m)                 \
     {                                                                                 \
@@ -946,7 +951,8 @@ class _Instrumenter:
             dims = {k: tuple(v) for k, v in arrays.items()}
             sig = self.verified.kernels.get(name)
             prove_subscripts(fn, dims, builtin_ranges("cuda", sig.block_dim if sig else None))
-            hoist_function(fn, dims, self.waits, barriers=GPU_BARRIERS)
+            hoist_function(fn, dims, self.waits, barriers=GPU_BARRIERS,
+                           warp_vote=GPU_WARP_VOTE)
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
         _map_types(fn)
