@@ -17,17 +17,17 @@ coefficients takes every index value between E(first) and E(last).  So::
 The guard never faults: when it fails, the fully checked loop runs and faults
 at the exact access (right index, right moment, same partial effects) - or not
 at all, for an access under a condition that never held.  Pollchecks stay in
-both copies.
-
-Warp collectives (GPU): a loop that calls a shuffle or warp sum is versioned
-only when the lane passes a warp vote (``warp_vote``): the copy is then
-chosen by the vote over the warp's guards (fast only if every lane's guard
-holds), so all lanes run the same copy and meet at the same shuffles.  That
-is sound where the verifier admitted the shuffles: only under block-uniform
-control, so every lane of the warp reaches the loop, and its bounds, together.  Wrap-around: in wrapping int64 arithmetic E(i) = E(A) + d*(i-A)
+both copies.  Wrap-around: in wrapping int64 arithmetic E(i) = E(A) + d*(i-A)
 (mod 2^64) with d = E(A+1) - E(A), so the guard also requires |d|*(last-A) and
 E(A) + d*(last-A) not to overflow; then the computed sequence is exactly the
 mathematical one and lies between its two checked ends.
+
+Warp collectives (GPU): a loop that calls a shuffle, warp sum or warp MMA is
+versioned only when the lane has a warp vote (``warp_vote``): the copy is then
+chosen by the vote over the warp's guards (fast only if every lane's guard
+holds), so all lanes run the same copy and meet at the same collective.  That
+is sound where the verifier admitted the collective: only under block-uniform
+control, so every lane of the warp reaches the loop, and its bounds, together.
 
 Rectangular nests: when the inner loop's bounds and step are invariant in the
 loop around it and every index of its accesses is affine in both counters
