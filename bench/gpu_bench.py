@@ -48,7 +48,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
 
     ws = g.Workspace.alloc(batch, n, prefix="")
     plan = g.launch_plan(batch, n, tall_rows)
-    row: dict = {"batch": batch, "n": n, "launches": len(plan),
+    row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
                  "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows}
     outs = {}
     start, end = drv.Event(), drv.Event()
@@ -154,7 +154,13 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--tall-rows", default="auto",
                     help="factor panels of more rows by column steps: a number, 'none' "
                          "or 'auto' (kernels.gpu.default_tall_rows)")
+    ap.add_argument("--two-panel", choices=("default", "on", "off"), default="default",
+                    help="one trailing update per pair of panels (kernels.gpu.TWO_PANEL)")
     ns = ap.parse_args(argv)
+    if ns.two_panel != "default":
+        import kernels.gpu as g
+
+        g.TWO_PANEL = ns.two_panel == "on"
     tall = ns.tall_rows if ns.tall_rows == "auto" else (
         None if ns.tall_rows == "none" else int(ns.tall_rows))
     from runtime.cuda import driver as drv

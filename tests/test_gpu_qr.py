@@ -133,52 +133,74 @@ def model_steps(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int, batch:
     return _t_from(tau[k0:k0 + nb], Y, nb)
 
 
-def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int) -> None:
-    """gpu_qr_update on one matrix, all strips at once (in place)."""
+def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int, ce: int) -> None:
+    """gpu_qr_update on one matrix, all strips at once (in place): columns k0+nb .. ce-1."""
     V = _v(M, k0, nb)
-    C = M[k0:, k0 + nb:]
+    C = M[k0:, k0 + nb:ce]
     Z = V.T @ C
     W = (T.T @ Z).astype(np.float32)
-    M[k0:, k0 + nb:] = (C - V @ W).astype(np.float32)
+    M[k0:, k0 + nb:ce] = (C - V @ W).astype(np.float32)
 
 
-def model_qr(a: np.ndarray, tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def model_update2(M: np.ndarray, T1: np.ndarray, T2: np.ndarray, n: int, k0: int, nb: int,
+                  ce: int) -> None:
+    """gpu_qr_update2 on one matrix (in place): both panels' reflectors at once,
+    W1 = T1^T Z1, W2 = T2^T (Z2 - G^T W1) with G = V1^T V2, C -= V1 W1 + V2 W2."""
+    V1 = _v(M, k0, 32)
+    V2 = np.zeros_like(V1)
+    V2[32:] = _v(M, k0 + 32, nb - 32)
+    C = M[k0:, k0 + nb:ce]
+    Z1, Z2, G = V1.T @ C, V2.T @ C, V1.T @ V2
+    W1 = (T1.T @ Z1).astype(np.float32)
+    W2 = (T2.T @ (Z2 - G.T @ W1).astype(np.float32)).astype(np.float32)
+    M[k0:, k0 + nb:ce] = (C - V1 @ W1 - V2 @ W2).astype(np.float32)
+
+
+def model_qr(a: np.ndarray, tall_rows: int | None = None,
+             two_panel: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Run the launch plan through the numpy model."""
     batch, n, _ = a.shape
     H = a.astype(np.float32).copy()
     tau = np.zeros((batch, n), np.float32)
-    T = np.zeros((batch, 32, 32), np.float32)
-    for step in g.launch_plan(batch, n, tall_rows=tall_rows):
+    T = np.zeros((2, batch, 32, 32), np.float32)  # work, work2
+    for step in g.launch_plan(batch, n, tall_rows=tall_rows, two_panel=two_panel):
         for b in range(batch):
-            if step.kernel == "panel":
-                T[b] = model_panel(H[b], tau[b], *step.args)
-            elif step.kernel == "panel_small":
-                T[b] = model_panel(H[b], tau[b], *step.args)  # same arithmetic, in smem
+            if step.kernel in ("panel", "panel_small"):  # panel_small: same arithmetic, in smem
+                T[step.slot, b] = model_panel(H[b], tau[b], *step.args)
             elif step.kernel == "steps":
-                T[b] = model_steps(H[b], tau[b], *step.args)
+                T[step.slot, b] = model_steps(H[b], tau[b], *step.args)
             elif step.kernel == "update_apply":
-                model_update(H[b], T[b], *step.args[:3])
+                model_update(H[b], T[0, b], *step.args[:4])
+            elif step.kernel == "update2_apply":
+                model_update2(H[b], T[0, b], T[1, b], *step.args[:4])
     return H, tau
 
 
 # ---------------------------------------------------------------------------
 # CPU tests
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100)])
-def test_plan_covers_each_column_once(batch: int, n: int) -> None:
-    plan = g.launch_plan(batch, n, tall_rows=None)
+@pytest.mark.parametrize("two_panel", [False, True])
+@pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100), (1, 161)])
+def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool) -> None:
+    plan = g.launch_plan(batch, n, tall_rows=None, two_panel=two_panel)
     panels = [s for s in plan if s.kernel.startswith("panel") or s.kernel == "steps"]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))
     kinds = [s.kernel for s in plan]
     for i, k in enumerate(kinds):  # each Z launch is followed by its apply launch
-        assert (k == "update_z") == (i + 1 < len(kinds) and kinds[i + 1] == "update_apply")
+        for kind in ("update", "update2"):
+            nxt = kinds[i + 1] if i + 1 < len(kinds) else ""
+            assert (k == kind + "_z") == (nxt == kind + "_apply")
     for s in plan:
         assert s.block % 32 == 0 and 32 <= s.block <= 1024
         if s.kernel.startswith("update"):
-            _, k0, nb, strips, nrb, rb = s.args
+            _, k0, nb, ce, strips, nrb, rb = s.args
+            # a pair's first update reaches only the second panel; the others, the end
+            assert ce == (k0 + 2 * g.NB if s.kernel.startswith("update_") and two_panel
+                          and n - k0 > 2 * g.NB else n)
+            assert nb == (2 * g.NB if s.kernel.startswith("update2") else min(g.NB, n - k0))
             assert s.grid == batch * strips * nrb and rb % g.CHUNK == 0
-            assert strips * g.STRIP >= n - k0 - nb > (strips - 1) * g.STRIP
+            assert strips * g.STRIP >= ce - k0 - nb > (strips - 1) * g.STRIP
             assert nrb * rb >= n - k0 > (nrb - 1) * rb  # row blocks cover the rows, none empty
         else:
             assert s.grid == batch and 1 <= s.args[2] <= g.NB
@@ -229,11 +251,13 @@ def test_plan_rejects_empty() -> None:
         g.launch_plan(0, 4)
 
 
+@pytest.mark.parametrize("two_panel", [False, True])
 @pytest.mark.parametrize("tall_rows", [None, 40])
 @pytest.mark.parametrize("batch,n", [(2, 32), (2, 40), (1, 96), (1, 130), (1, 200)])
-def test_model_of_the_kernels_passes_the_checker(batch: int, n: int, tall_rows: int) -> None:
+def test_model_of_the_kernels_passes_the_checker(batch: int, n: int, tall_rows: int,
+                                                 two_panel: bool) -> None:
     a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
-    H, tau = model_qr(a, tall_rows)
+    H, tau = model_qr(a, tall_rows, two_panel)
     rep = kernels.check(a, H, tau)
     assert rep.ok, str(rep)
 
@@ -251,7 +275,9 @@ def test_model_matches_lapack_compact_form() -> None:
                                       ("gpu_qr_panel_small", g.PANEL_SMALL_SOURCE),
                                       ("gpu_qr_steps", g.PANEL_STEPS_SOURCE),
                                       ("gpu_qr_update_z", g.UPDATE_SOURCE),
-                                      ("gpu_qr_update_apply", g.UPDATE_SOURCE)])
+                                      ("gpu_qr_update_apply", g.UPDATE_SOURCE),
+                                      ("gpu_qr_update2_z", g.UPDATE_SOURCE),
+                                      ("gpu_qr_update2_apply", g.UPDATE_SOURCE)])
 def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
     from runtime.cuda import translate
 
@@ -307,9 +333,10 @@ STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "z
           "duplicate_columns", "huge", "tiny"]
 
 
-def _check_both(a: np.ndarray, tall_rows: int | None = None) -> None:
-    H, tau = g.qr(a, checked=True, tall_rows=tall_rows)
-    Hr, taur = g.qr(a, checked=False, tall_rows=tall_rows)
+def _check_both(a: np.ndarray, tall_rows: int | None = None,
+                two_panel: bool | None = None) -> None:
+    H, tau = g.qr(a, checked=True, tall_rows=tall_rows, two_panel=two_panel)
+    Hr, taur = g.qr(a, checked=False, tall_rows=tall_rows, two_panel=two_panel)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
     assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
     rep = kernels.check(a, H, tau)
@@ -357,6 +384,26 @@ def test_odd_sizes(n: int) -> None:
 def test_stress(kind: str) -> None:
     rng = np.random.default_rng(7)
     _check_both(np.stack([_stress(kind, 96, rng) for _ in range(4)]))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("batch,n,tall_rows", [(3, 96, None), (2, 161, None), (2, 300, None),
+                                               (1, 1024, None), (2, 300, 64), (40, 352, "auto"),
+                                               (2, 1024, "auto")])
+def test_two_panel_updates(batch: int, n: int, tall_rows) -> None:
+    """Pairs of panels with one trailing update (gpu_qr_update2_*), through every panel
+    kind, odd widths (161: a last pair of 32 + 1 columns) and row blocks."""
+    a = np.random.default_rng(n + batch).standard_normal((batch, n, n)).astype(np.float32)
+    _check_both(a, tall_rows=tall_rows, two_panel=True)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("kind", ["graded_rows", "near_rank_deficient", "zero_column", "huge"])
+def test_two_panel_stress(kind: str) -> None:
+    rng = np.random.default_rng(9)
+    _check_both(np.stack([_stress(kind, 200, rng) for _ in range(2)]), two_panel=True)
 
 
 @gpu

@@ -111,7 +111,7 @@ def test_the_update_kernels_register_tiles_are_proved() -> None:
     import kernels.gpu as g
 
     text = lane.translate(g.UPDATE_SOURCE).text
-    apply = text.split("void __rtk_gpu_qr_update_apply(", 1)[1]
+    apply = text.split("void __rtk_gpu_qr_update_apply(", 1)[1].split("void __rtk_", 1)[0]
     # the 8 x 4 register tile's loads, stores and operands (rg < 8, cg < 16, q < 32)
     assert "smem_c[((((rg * 8) + 0) * 64) + (cg * 4)) + 0]" in apply
     for checked in ("smem_c[rt_lidx(((((rg", "smem_vt[rt_lidx(", "smem_w[rt_lidx(((q"):

@@ -16,6 +16,12 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
    the trailing columns; the row blocks are cut so that the grid has at least
    ``TARGET_BLOCKS`` blocks where the matrix allows.
 
+With ``two_panel`` (default TWO_PANEL) the columns go in pairs of panels:
+panel 1 (its T in the ``work`` buffer), the one-panel update of panel 2's
+columns only, panel 2 (its T in ``work2``), then ``gpu_qr_update2_z`` and
+``gpu_qr_update2_apply`` apply both panels' 64 reflectors to the trailing
+columns in one pass over them (half the passes, twice the work per pass).
+
 The result is LAPACK's compact form (as ``scipy.linalg.qr(mode='raw')`` in
 row-major orientation, like kernels.qr).  The plan runs as one launch sequence
 (``runtime.cuda.launch(..., sync=False)`` per step, one ``runtime.cuda.sync``
@@ -62,6 +68,13 @@ T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
 #: (bench/results/gpu-ranges-2026-12-04.txt).
 UPDATE_Z_OPTIONS = ("--maxrregcount=96",)
 UPDATE_OPTIONS = ("--maxrregcount=96",)
+#: The two-panel update kernels: 128 registers (four 128-thread blocks per SM).
+UPDATE2_OPTIONS = ("--maxrregcount=128",)
+#: Pairs of panels share one trailing update (launch_plan's two_panel).  Off until it
+#: has been measured: the pair kernels pass the CPU lowering, ptxas (sm_90: checked 128
+#: registers, raw 94 / 127 uncapped) and the numpy model of their algebra, and their GPU
+#: tests (tests/test_gpu_qr.py, two_panel) wait for a device run.
+TWO_PANEL = False
 #: gpu_qr_panel runs 512 threads: at 64 registers two blocks share an SM (the raw
 #: build needs 48; the checked one 72 uncapped, so at 128 it ran one block per SM,
 #: and spills 16 bytes at 64: ptxas -v, NVRTC 13.0, sm_90).
@@ -75,11 +88,12 @@ STEPS_OPTIONS = ("--maxrregcount=96",)
 class Launch:
     """One step of the launch sequence: kernel name, grid, block and scalar args."""
 
-    kernel: str  # "panel", "panel_small", "steps", "update_z", "update_apply"
+    kernel: str  # "panel", "panel_small", "steps", "update_z", "update_apply", "update2_*"
     grid: int
     block: int
     args: tuple[int, ...]
     group: int | None = None  # cooperative launches (rt_group_sync): the whole grid
+    slot: int = 0  # panels: T goes to work (0) or work2 (1, the second of a pair)
 
 
 #: Batches up to this size factor panels of more than STEPS_ROWS rows over row blocks
@@ -103,41 +117,65 @@ STEPS_MAX_GROUP = 264
 
 
 def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
-                max_group: int = STEPS_MAX_GROUP) -> list[Launch]:
+                max_group: int = STEPS_MAX_GROUP, two_panel: bool | None = None
+                ) -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
 
     Panels of more than ``tall_rows`` rows are factored over row blocks of
     STEP_ROWS rows (kernels/gpu/panel_steps.c) by one cooperative launch of
     gpu_qr_steps, where its grid (batch x row blocks) fits in ``max_group``
     blocks, else by one block per matrix; tall_rows None: never; "auto":
-    :func:`default_tall_rows`.
+    :func:`default_tall_rows`.  ``two_panel`` (None: TWO_PANEL): one trailing
+    update per pair of panels (module doc).
     """
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
     if tall_rows == "auto":
         tall_rows = default_tall_rows(batch)
-    plan = []
-    for k0 in range(0, n, NB):
-        nb, m = min(NB, n - k0), n - k0
+    if two_panel is None:
+        two_panel = TWO_PANEL
+    plan: list[Launch] = []
+
+    def panel(k0: int, nb: int, slot: int) -> None:
+        m = n - k0
         nrb = -(-m // STEP_ROWS)
         if tall_rows is not None and m > tall_rows and batch * nrb <= max_group:
             plan.append(Launch("steps", batch * nrb, STEP_BLOCK, (n, k0, nb, batch, nrb),
-                               batch * nrb))
+                               batch * nrb, slot))
         elif m <= SMALL_ROWS:
-            plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb)))
+            plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb), slot=slot))
         else:
-            plan.append(Launch("panel", batch, PANEL_BLOCK, (n, k0, nb)))
-        rest = n - k0 - nb
-        if rest > 0:
-            strips = -(-rest // STRIP)
-            chunks = -(-m // CHUNK)
-            want = max(1, -(-TARGET_BLOCKS // (batch * strips)))
-            rb = CHUNK * -(-chunks // min(chunks, want))
-            nrb = -(-m // rb)
-            args = (n, k0, nb, strips, nrb, rb)
-            grid = batch * strips * nrb
-            plan.append(Launch("update_z", grid, UPDATE_BLOCK, args))
-            plan.append(Launch("update_apply", grid, UPDATE_BLOCK, args))
+            plan.append(Launch("panel", batch, PANEL_BLOCK, (n, k0, nb), slot=slot))
+
+    def update(kind: str, k0: int, nb: int, ce: int) -> None:
+        """Reflectors k0 .. k0+nb-1 applied to columns k0+nb .. ce-1."""
+        m = n - k0
+        strips = -(-(ce - k0 - nb) // STRIP)
+        chunks = -(-m // CHUNK)
+        want = max(1, -(-TARGET_BLOCKS // (batch * strips)))
+        rb = CHUNK * -(-chunks // min(chunks, want))
+        nrb = -(-m // rb)
+        args = (n, k0, nb, ce, strips, nrb, rb)
+        grid = batch * strips * nrb
+        plan.append(Launch(kind + "_z", grid, UPDATE_BLOCK, args))
+        plan.append(Launch(kind + "_apply", grid, UPDATE_BLOCK, args))
+
+    k0 = 0
+    while k0 < n:
+        nb = min(NB, n - k0)
+        if two_panel and n - k0 > NB:
+            nb2 = min(NB, n - k0 - NB)
+            panel(k0, NB, 0)
+            update("update", k0, NB, k0 + NB + nb2)
+            panel(k0 + NB, nb2, 1)
+            if k0 + NB + nb2 < n:
+                update("update2", k0, NB + nb2, n)
+            k0 += NB + nb2
+        else:
+            panel(k0, nb, 0)
+            if k0 + nb < n:
+                update("update", k0, nb, n)
+            k0 += nb
     return plan
 
 
@@ -155,20 +193,36 @@ def blocked_kernels(checked: bool = True) -> dict[str, Any]:
             "update_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_z", checked=checked,
                                      options=UPDATE_Z_OPTIONS),
             "update_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_apply",
-                                         checked=checked, options=UPDATE_OPTIONS)}
+                                         checked=checked, options=UPDATE_OPTIONS),
+            "update2_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update2_z", checked=checked,
+                                      options=UPDATE2_OPTIONS),
+            "update2_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update2_apply",
+                                          checked=checked, options=UPDATE2_OPTIONS)}
 
 
 def work_size(batch: int) -> int:
-    """Floats of the work buffer (the T factor of the current panel, per matrix)."""
+    """Floats of one T buffer (the T factor of a panel, per matrix); there are two."""
     return batch * T_SIZE
 
 
+def _updates(batch: int, n: int) -> list[Launch]:
+    """The plan's update launches (their sizes do not depend on tall_rows)."""
+    return [s for s in launch_plan(batch, n, None) if s.kernel.endswith("_z")]
+
+
 def scratch_size(batch: int, n: int) -> int:
-    """Floats of the scratch buffer: the update's parts of Z (ZP_SIZE per block; the
-    row blocks do not depend on tall_rows)."""
-    z = max((s.grid for s in launch_plan(batch, n, None) if s.kernel == "update_z"),
+    """Floats of the scratch buffer: the updates' parts of Z (ZP_SIZE per block, twice
+    that for the two-panel update)."""
+    z = max((s.grid * ZP_SIZE * (2 if s.kernel == "update2_z" else 1)
+             for s in _updates(batch, n)), default=0)
+    return max(1, z)
+
+
+def gram_size(batch: int, n: int) -> int:
+    """Floats of the two-panel update's parts of G = V1^T V2 (32 x 32 per row block)."""
+    g = max((batch * s.args[5] * 1024 for s in _updates(batch, n) if s.kernel == "update2_z"),
             default=0)
-    return max(1, z * ZP_SIZE)
+    return max(1, g)
 
 
 def steps_size(batch: int, n: int) -> int:
@@ -178,19 +232,23 @@ def steps_size(batch: int, n: int) -> int:
 
 
 def vt_size(batch: int, n: int) -> int:
-    """Floats of the V^T buffer: the current panel's reflectors, NB x n per matrix."""
-    return batch * NB * n
+    """Floats of the V^T buffer: the current update's reflectors, up to 2 NB x n per
+    matrix."""
+    return batch * 2 * NB * n
 
 
 @dataclass
 class Workspace:
-    """The device buffers a factorization needs besides A and tau: ``work`` (T),
-    ``scratch`` (the update's parts of Z), ``steps`` (gpu_qr_steps' pivot rows
-    and sums) and ``vt`` (the current panel's V^T, from gpu_qr_update_z to
-    gpu_qr_update_apply)."""
+    """The device buffers a factorization needs besides A and tau: ``work`` and
+    ``work2`` (the T of the first and second panel of a pair), ``scratch`` (the
+    updates' parts of Z), ``gram`` (the two-panel update's parts of V1^T V2),
+    ``steps`` (gpu_qr_steps' pivot rows and sums) and ``vt`` (the reflectors'
+    V^T, from the Z kernel to the apply kernel)."""
 
     work: Any
+    work2: Any
     scratch: Any
+    gram: Any
     steps: Any
     vt: Any
 
@@ -198,26 +256,32 @@ class Workspace:
     def alloc(cls, batch: int, n: int, prefix: str = "qr.") -> Workspace:
         from runtime import cuda
 
-        return cls(cuda.alloc_device(work_size(batch), np.float32, name=prefix + "work"),
-                   cuda.alloc_device(scratch_size(batch, n), np.float32,
-                                     name=prefix + "scratch"),
+        f32 = np.float32
+        return cls(cuda.alloc_device(work_size(batch), f32, name=prefix + "work"),
+                   cuda.alloc_device(work_size(batch), f32, name=prefix + "work2"),
+                   cuda.alloc_device(scratch_size(batch, n), f32, name=prefix + "scratch"),
+                   cuda.alloc_device(gram_size(batch, n), f32, name=prefix + "gram"),
                    cuda.alloc_device(steps_size(batch, n), np.float64, name=prefix + "steps"),
-                   cuda.alloc_device(vt_size(batch, n), np.float32, name=prefix + "vt"))
+                   cuda.alloc_device(vt_size(batch, n), f32, name=prefix + "vt"))
 
     def caps(self, step: Launch, A: Any, tau: Any) -> list[Any]:
         """The capability arguments of one launch of the plan."""
-        w, z, d, v = self.work, self.scratch, self.steps, self.vt
+        w = (self.work, self.work2)[step.slot]
+        z, v = self.scratch, self.vt
         return {"panel": [A, tau, w], "panel_small": [A, tau, w],
-                "steps": [A, tau, w, d],
-                "update_z": [A, z, v], "update_apply": [A, w, z, v]}[step.kernel]
+                "steps": [A, tau, w, self.steps],
+                "update_z": [A, z, v], "update_apply": [A, self.work, z, v],
+                "update2_z": [A, z, self.gram, v],
+                "update2_apply": [A, self.work, self.work2, z, self.gram, v]}[step.kernel]
 
     def free(self) -> None:
-        for c in (self.work, self.scratch, self.steps, self.vt):
+        for c in (self.work, self.work2, self.scratch, self.gram, self.steps, self.vt):
             c.free()
 
 
 def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
-              timeout: float | None = None, tall_rows: int | None | str = "auto") -> None:
+              timeout: float | None = None, tall_rows: int | None | str = "auto",
+              two_panel: bool | None = None) -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
     ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc`.
@@ -229,14 +293,15 @@ def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
     batch = A.nbytes // (4 * n * n)
     ks = blocked_kernels(checked)
     # one batch: the host enqueues (2,4096)'s 4222 launches faster than one call each
-    plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK))
+    plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK), two_panel)
     cuda.launch_many([(ks[step.kernel], ws.caps(step, A, tau), step.args, step.grid, step.block,
                        step.group) for step in plan])
     cuda.sync(timeout)
 
 
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
-       tall_rows: int | None | str = "auto") -> tuple[np.ndarray, np.ndarray]:
+       tall_rows: int | None | str = "auto", two_panel: bool | None = None
+       ) -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
@@ -250,7 +315,8 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
     ws = Workspace.alloc(batch, n, prefix="")
     try:
-        qr_launch(A, tau, ws, n, checked=checked, timeout=timeout, tall_rows=tall_rows)
+        qr_launch(A, tau, ws, n, checked=checked, timeout=timeout, tall_rows=tall_rows,
+                  two_panel=two_panel)
         return A.numpy(), tau.numpy()
     finally:
         ws.free()

@@ -45,7 +45,17 @@ HEADER = f"""/*
  * (rg = t / 16): per reflector q, eight consecutive entries of column q of V
  * (from V^T, copied from VT) and four of row q of W,
  * three 16-byte loads for 32 multiply-adds.  Row strides {V_LD} and {VT_LD} keep
- * rows 16-byte aligned.
+ * rows 16-byte aligned.  Both take the column end ce (n, or the end of the second
+ * panel of a pair, whose columns alone the first panel's update touches).
+ *
+ * gpu_qr_update2_z / gpu_qr_update2_apply: the same for the 64 reflectors of a pair
+ * of panels (columns k0 .. k0+63, T1 and T2 their T factors), one pass over the
+ * trailing columns instead of two.  The pair's T is [[T1, -T1 G T2], [0, T2]] with
+ * G = V1^T V2, so W1 = T1^T Z1 and W2 = T2^T (Z2 - G^T W1); the strip-0 blocks of
+ * the Z launch write V^T (64 x n per matrix) and their rows' part of G (32 x 32 per
+ * row block, to Gp), which the apply blocks add up.  Z: thread t owns reflectors
+ * 8 qg .. 8 qg + 7 and the same 4 columns (8 x 4 tile); C -= V W goes through V^T
+ * in two halves of 32 reflectors (shared memory holds one).
  */"""
 
 I4, I8 = range(4), range(8)
@@ -62,7 +72,7 @@ def _grid(out: list[str]) -> None:
             f"    int64_t cs = k0 + nb + sp * {STRIP};",
             "    int64_t rlo = k0 + rbi * rb;",
             "    int64_t rhi = rlo + rb < n ? rlo + rb : n;",
-            f"    int64_t cols = n - cs < {STRIP} ? n - cs : {STRIP};",
+            f"    int64_t cols = ce - cs < {STRIP} ? ce - cs : {STRIP};",
             "    cap_t M = cap_offset_f32(A, b * n * n);"]
 
 
@@ -89,7 +99,8 @@ def _chunk_load_z(out: list[str]) -> None:
 
 def _kernel_z(out: list[str]) -> None:
     out.append("KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,")
-    out.append("                            int64_t nb, int64_t nstrips, int64_t nrb, int64_t rb)")
+    out.append("                            int64_t nb, int64_t ce, int64_t nstrips, int64_t nrb,")
+    out.append("                            int64_t rb)")
     out.append("{")
     out.append(f"    rt_require_block_dim({THREADS});")
     out.append(f"    float smem_v[{CHUNK * V_LD}];")
@@ -126,8 +137,8 @@ def _kernel_z(out: list[str]) -> None:
 
 def _kernel_apply(out: list[str]) -> None:
     out.append("KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n,")
-    out.append("                                int64_t k0, int64_t nb, int64_t nstrips,")
-    out.append("                                int64_t nrb, int64_t rb)")
+    out.append("                                int64_t k0, int64_t nb, int64_t ce,")
+    out.append("                                int64_t nstrips, int64_t nrb, int64_t rb)")
     out.append("{")
     out.append(f"    rt_require_block_dim({THREADS});")
     out.append(f"    float smem_vt[{32 * VT_LD}];")
@@ -183,11 +194,187 @@ def _kernel_apply(out: list[str]) -> None:
     out.append("}")
 
 
+# ---- two panels at once (gpu_qr_update2_*): 64 reflectors per pass over C ----
+V2_LD = 68         # row stride of the 64 reflectors in shared memory
+I2 = range(2)
+
+
+def _kernel_z2(out: list[str]) -> None:
+    """Z = V^T C for the 64 reflectors of two panels; the strip-0 blocks also write V^T
+    (64 x n per matrix) and their rows' part of G = V1^T V2 (32 x 32)."""
+    out.append("KERNEL void gpu_qr_update2_z(cap_t A, cap_t Zp, cap_t Gp, cap_t VT, int64_t n,")
+    out.append("                             int64_t k0, int64_t nb, int64_t ce, int64_t nstrips,")
+    out.append("                             int64_t nrb, int64_t rb)")
+    out.append("{")
+    out.append(f"    rt_require_block_dim({THREADS});")
+    out.append(f"    float smem_v[{CHUNK * V2_LD}];")
+    out.append(f"    float smem_c[{CHUNK * STRIP}];")
+    _grid(out)
+    out.append("    int64_t qg = t / 16;")
+    out.append(f"    int64_t fr = t % {CHUNK};")
+    out.append("    int64_t gi = t / 8;")
+    out.append("    int64_t gj = t % 8;")
+    out.append("    cap_t VB = cap_offset_f32(VT, b * 64 * n);")
+    for i in I8:
+        out.append("    " + " ".join(f"float z{i}{j} = 0.0f;" for j in I4))
+    for i in I2:
+        out.append("    " + " ".join(f"float g{i}{j} = 0.0f;" for j in I4))
+    out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
+    out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
+    out.append(f"        cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, {V2_LD});")
+    out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
+    out.append(f"        for (int64_t q = t / {CHUNK}; q < 64; q += {THREADS // CHUNK}) {{")
+    out.append(f"            float v = smem_v[fr * {V2_LD} + q];")
+    out.append("            int64_t d = r0 + fr - k0 - q;")
+    out.append("            float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);")
+    out.append(f"            smem_v[fr * {V2_LD} + q] = fr < rows && q < nb ? u : 0.0f;")
+    out.append("        }")
+    out.append("        rt_sync_threads();")
+    out.append("        if (sp == 0) {")
+    # V^T for gpu_qr_update2_apply, and this chunk's part of G = V1^T V2
+    out.append("            if (fr < rows) {")
+    out.append(f"                for (int64_t q = t / {CHUNK}; q < 64; q += {THREADS // CHUNK})")
+    out.append(f"                    cap_store_f32(VB, q * n + r0 + fr, smem_v[fr * {V2_LD} + q]);")
+    out.append("            }")
+    out.append("            for (int64_t rr = 0; rr < rows; rr++) {")
+    for i in I2:
+        out.append(f"                float e{i} = smem_v[rr * {V2_LD} + gi * 2 + {i}];")
+    for j in I4:
+        out.append(f"                float f{j} = smem_v[rr * {V2_LD} + 32 + gj * 4 + {j}];")
+    for i in I2:
+        for j in I4:
+            out.append(f"                g{i}{j} = fmaf(e{i}, f{j}, g{i}{j});")
+    out.append("            }")
+    out.append("        }")
+    out.append("        for (int64_t rr = 0; rr < rows; rr++) {")
+    for i in I8:
+        out.append(f"            float p{i} = smem_v[rr * {V2_LD} + qg * 8 + {i}];")
+    for j in I4:
+        out.append(f"            float h{j} = smem_c[rr * {STRIP} + cg * 4 + {j}];")
+    for i in I8:
+        for j in I4:
+            out.append(f"            z{i}{j} = fmaf(p{i}, h{j}, z{i}{j});")
+    out.append("        }")
+    out.append("        rt_sync_threads();")
+    out.append("    }")
+    for i in I8:
+        for j in I4:
+            zp = f"bid * {2 * ZP} + (qg * 8 + {i}) * {STRIP} + cg * 4 + {j}"
+            out.append(f"    cap_store_f32(Zp, {zp}, z{i}{j});")
+    out.append("    if (sp == 0) {")
+    for i in I2:
+        for j in I4:
+            gp = f"(b * nrb + rbi) * 1024 + (gi * 2 + {i}) * 32 + gj * 4 + {j}"
+            out.append(f"        cap_store_f32(Gp, {gp}, g{i}{j});")
+    out.append("    }")
+    out.append("}")
+
+
+def _apply_half(out: list[str], w0: int) -> None:
+    """C -= V W for 32 of the reflectors: V^T rows from smem_vt, W rows w0 .. w0+31."""
+    out.append("        for (int64_t q = 0; q < 32; q++) {")
+    for i in I8:
+        out.append(f"            float u{i} = smem_vt[q * {VT_LD} + rg * 8 + {i}];")
+    for j in I4:
+        out.append(f"            float w{j} = smem_w[({w0} + q) * {STRIP} + cg * 4 + {j}];")
+    for i in I8:
+        for j in I4:
+            out.append(f"            a{i}{j} = fmaf(-u{i}, w{j}, a{i}{j});")
+    out.append("        }")
+
+
+def _kernel_apply2(out: list[str]) -> None:
+    """W = T^T Z for the two panels' T = [[T1, -T1 G T2], [0, T2]] as W1 = T1^T Z1,
+    W2 = T2^T (Z2 - G^T W1), then C -= V1 W1 + V2 W2."""
+    out.append("KERNEL void gpu_qr_update2_apply(cap_t A, cap_t T1, cap_t T2, cap_t Zp, cap_t Gp,")
+    out.append("                                 cap_t VT, int64_t n, int64_t k0, int64_t nb,")
+    out.append("                                 int64_t ce, int64_t nstrips, int64_t nrb,")
+    out.append("                                 int64_t rb)")
+    out.append("{")
+    out.append(f"    rt_require_block_dim({THREADS});")
+    out.append(f"    float smem_vt[{32 * VT_LD}];")
+    out.append(f"    float smem_c[{CHUNK * STRIP}];")
+    out.append(f"    float smem_w[{2 * ZP}];")
+    _grid(out)
+    out.append("    int64_t rg = t / 16;")
+    out.append("    cap_t VB = cap_offset_f32(VT, b * 64 * n);")
+    out.append("    cap_t TA = cap_offset_f32(T1, b * 1024);")
+    out.append("    cap_t TB = cap_offset_f32(T2, b * 1024);")
+    # Z (64 x STRIP) into smem_c; T1 and G into smem_vt until the first chunk
+    out.append(f"    int64_t zb = (bid - rbi) * {2 * ZP};")
+    out.append(f"    for (int64_t e = t; e < {2 * ZP}; e += {THREADS}) {{")
+    out.append("        float s = 0.0f;")
+    out.append("        for (int64_t i = 0; i < nrb; i++)")
+    out.append(f"            s += cap_load_f32(Zp, zb + i * {2 * ZP} + e);")
+    out.append("        smem_c[e] = s;")
+    out.append("    }")
+    out.append(f"    for (int64_t e = t; e < 1024; e += {THREADS}) {{")
+    out.append("        smem_vt[e] = cap_load_f32(TA, e);")
+    out.append("        float s = 0.0f;")
+    out.append("        for (int64_t i = 0; i < nrb; i++)")
+    out.append("            s += cap_load_f32(Gp, (b * nrb + i) * 1024 + e);")
+    out.append("        smem_vt[1024 + e] = s;")
+    out.append("    }")
+    out.append("    rt_sync_threads();")
+    # W1 = T1^T Z1 (T upper triangular: T[l][q] = 0 for l > q)
+    out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
+    out.append(f"        int64_t q = e / {STRIP};")
+    out.append(f"        int64_t c = e % {STRIP};")
+    out.append("        float s = 0.0f;")
+    out.append("        for (int64_t l = 0; l <= q; l++)")
+    out.append(f"            s = fmaf(smem_vt[l * 32 + q], smem_c[l * {STRIP} + c], s);")
+    out.append("        smem_w[e] = s;")
+    out.append("    }")
+    out.append("    rt_sync_threads();")
+    # Y = Z2 - G^T W1, in place of Z2 (each element reads only its own Z2 entry)
+    out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
+    out.append(f"        int64_t q = e / {STRIP};")
+    out.append(f"        int64_t c = e % {STRIP};")
+    out.append(f"        float s = smem_c[{ZP} + e];")
+    out.append("        for (int64_t l = 0; l < 32; l++)")
+    out.append(f"            s = fmaf(-smem_vt[1024 + l * 32 + q], smem_w[l * {STRIP} + c], s);")
+    out.append(f"        smem_c[{ZP} + e] = s;")
+    out.append("    }")
+    out.append("    rt_sync_threads();")
+    out.append(f"    for (int64_t e = t; e < 1024; e += {THREADS})")
+    out.append("        smem_vt[e] = cap_load_f32(TB, e);")
+    out.append("    rt_sync_threads();")
+    # W2 = T2^T Y
+    out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
+    out.append(f"        int64_t q = e / {STRIP};")
+    out.append(f"        int64_t c = e % {STRIP};")
+    out.append("        float s = 0.0f;")
+    out.append("        for (int64_t l = 0; l <= q; l++)")
+    out.append(f"            s = fmaf(smem_vt[l * 32 + q], smem_c[{ZP} + l * {STRIP} + c], s);")
+    out.append(f"        smem_w[{ZP} + e] = s;")
+    out.append("    }")
+    out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
+    out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
+    out.append(f"        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
+    out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
+    for i in I8:
+        out.append("        " + " ".join(
+            f"float a{i}{j} = smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}];" for j in I4))
+    _apply_half(out, 0)
+    out.append(f"        cap_tile_load_f32(VB, 32 * n + r0, n, 32, rows, smem_vt, 0, {VT_LD});")
+    _apply_half(out, 32)
+    for i in I8:
+        for j in I4:
+            out.append(f"        smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}] = a{i}{j};")
+    out.append(f"        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
+    out.append("    }")
+    out.append("}")
+
+
 def source() -> str:
     out = [HEADER]
     _kernel_z(out)
     out.append("")
     _kernel_apply(out)
+    out.append("")
+    _kernel_z2(out)
+    out.append("")
+    _kernel_apply2(out)
     return "\n".join(out) + "\n"
 
 

@@ -25,10 +25,21 @@
  * (rg = t / 16): per reflector q, eight consecutive entries of column q of V
  * (from V^T, copied from VT) and four of row q of W,
  * three 16-byte loads for 32 multiply-adds.  Row strides 36 and 68 keep
- * rows 16-byte aligned.
+ * rows 16-byte aligned.  Both take the column end ce (n, or the end of the second
+ * panel of a pair, whose columns alone the first panel's update touches).
+ *
+ * gpu_qr_update2_z / gpu_qr_update2_apply: the same for the 64 reflectors of a pair
+ * of panels (columns k0 .. k0+63, T1 and T2 their T factors), one pass over the
+ * trailing columns instead of two.  The pair's T is [[T1, -T1 G T2], [0, T2]] with
+ * G = V1^T V2, so W1 = T1^T Z1 and W2 = T2^T (Z2 - G^T W1); the strip-0 blocks of
+ * the Z launch write V^T (64 x n per matrix) and their rows' part of G (32 x 32 per
+ * row block, to Gp), which the apply blocks add up.  Z: thread t owns reflectors
+ * 8 qg .. 8 qg + 7 and the same 4 columns (8 x 4 tile); C -= V W goes through V^T
+ * in two halves of 32 reflectors (shared memory holds one).
  */
 KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
-                            int64_t nb, int64_t nstrips, int64_t nrb, int64_t rb)
+                            int64_t nb, int64_t ce, int64_t nstrips, int64_t nrb,
+                            int64_t rb)
 {
     rt_require_block_dim(128);
     float smem_v[2304];
@@ -44,7 +55,7 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
     int64_t cs = k0 + nb + sp * 64;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
-    int64_t cols = n - cs < 64 ? n - cs : 64;
+    int64_t cols = ce - cs < 64 ? ce - cs : 64;
     cap_t M = cap_offset_f32(A, b * n * n);
     int64_t qg = t / 16;
     int64_t fr = t % 64;
@@ -115,8 +126,8 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
 }
 
 KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n,
-                                int64_t k0, int64_t nb, int64_t nstrips,
-                                int64_t nrb, int64_t rb)
+                                int64_t k0, int64_t nb, int64_t ce,
+                                int64_t nstrips, int64_t nrb, int64_t rb)
 {
     rt_require_block_dim(128);
     float smem_vt[2176];
@@ -132,7 +143,7 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n
     int64_t cs = k0 + nb + sp * 64;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
-    int64_t cols = n - cs < 64 ? n - cs : 64;
+    int64_t cols = ce - cs < 64 ? ce - cs : 64;
     cap_t M = cap_offset_f32(A, b * n * n);
     int64_t rg = t / 16;
     cap_t VB = cap_offset_f32(VT, b * 32 * n);
@@ -181,6 +192,375 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n
             float w1 = smem_w[q * 64 + cg * 4 + 1];
             float w2 = smem_w[q * 64 + cg * 4 + 2];
             float w3 = smem_w[q * 64 + cg * 4 + 3];
+            a00 = fmaf(-u0, w0, a00);
+            a01 = fmaf(-u0, w1, a01);
+            a02 = fmaf(-u0, w2, a02);
+            a03 = fmaf(-u0, w3, a03);
+            a10 = fmaf(-u1, w0, a10);
+            a11 = fmaf(-u1, w1, a11);
+            a12 = fmaf(-u1, w2, a12);
+            a13 = fmaf(-u1, w3, a13);
+            a20 = fmaf(-u2, w0, a20);
+            a21 = fmaf(-u2, w1, a21);
+            a22 = fmaf(-u2, w2, a22);
+            a23 = fmaf(-u2, w3, a23);
+            a30 = fmaf(-u3, w0, a30);
+            a31 = fmaf(-u3, w1, a31);
+            a32 = fmaf(-u3, w2, a32);
+            a33 = fmaf(-u3, w3, a33);
+            a40 = fmaf(-u4, w0, a40);
+            a41 = fmaf(-u4, w1, a41);
+            a42 = fmaf(-u4, w2, a42);
+            a43 = fmaf(-u4, w3, a43);
+            a50 = fmaf(-u5, w0, a50);
+            a51 = fmaf(-u5, w1, a51);
+            a52 = fmaf(-u5, w2, a52);
+            a53 = fmaf(-u5, w3, a53);
+            a60 = fmaf(-u6, w0, a60);
+            a61 = fmaf(-u6, w1, a61);
+            a62 = fmaf(-u6, w2, a62);
+            a63 = fmaf(-u6, w3, a63);
+            a70 = fmaf(-u7, w0, a70);
+            a71 = fmaf(-u7, w1, a71);
+            a72 = fmaf(-u7, w2, a72);
+            a73 = fmaf(-u7, w3, a73);
+        }
+        smem_c[(rg * 8 + 0) * 64 + cg * 4 + 0] = a00;
+        smem_c[(rg * 8 + 0) * 64 + cg * 4 + 1] = a01;
+        smem_c[(rg * 8 + 0) * 64 + cg * 4 + 2] = a02;
+        smem_c[(rg * 8 + 0) * 64 + cg * 4 + 3] = a03;
+        smem_c[(rg * 8 + 1) * 64 + cg * 4 + 0] = a10;
+        smem_c[(rg * 8 + 1) * 64 + cg * 4 + 1] = a11;
+        smem_c[(rg * 8 + 1) * 64 + cg * 4 + 2] = a12;
+        smem_c[(rg * 8 + 1) * 64 + cg * 4 + 3] = a13;
+        smem_c[(rg * 8 + 2) * 64 + cg * 4 + 0] = a20;
+        smem_c[(rg * 8 + 2) * 64 + cg * 4 + 1] = a21;
+        smem_c[(rg * 8 + 2) * 64 + cg * 4 + 2] = a22;
+        smem_c[(rg * 8 + 2) * 64 + cg * 4 + 3] = a23;
+        smem_c[(rg * 8 + 3) * 64 + cg * 4 + 0] = a30;
+        smem_c[(rg * 8 + 3) * 64 + cg * 4 + 1] = a31;
+        smem_c[(rg * 8 + 3) * 64 + cg * 4 + 2] = a32;
+        smem_c[(rg * 8 + 3) * 64 + cg * 4 + 3] = a33;
+        smem_c[(rg * 8 + 4) * 64 + cg * 4 + 0] = a40;
+        smem_c[(rg * 8 + 4) * 64 + cg * 4 + 1] = a41;
+        smem_c[(rg * 8 + 4) * 64 + cg * 4 + 2] = a42;
+        smem_c[(rg * 8 + 4) * 64 + cg * 4 + 3] = a43;
+        smem_c[(rg * 8 + 5) * 64 + cg * 4 + 0] = a50;
+        smem_c[(rg * 8 + 5) * 64 + cg * 4 + 1] = a51;
+        smem_c[(rg * 8 + 5) * 64 + cg * 4 + 2] = a52;
+        smem_c[(rg * 8 + 5) * 64 + cg * 4 + 3] = a53;
+        smem_c[(rg * 8 + 6) * 64 + cg * 4 + 0] = a60;
+        smem_c[(rg * 8 + 6) * 64 + cg * 4 + 1] = a61;
+        smem_c[(rg * 8 + 6) * 64 + cg * 4 + 2] = a62;
+        smem_c[(rg * 8 + 6) * 64 + cg * 4 + 3] = a63;
+        smem_c[(rg * 8 + 7) * 64 + cg * 4 + 0] = a70;
+        smem_c[(rg * 8 + 7) * 64 + cg * 4 + 1] = a71;
+        smem_c[(rg * 8 + 7) * 64 + cg * 4 + 2] = a72;
+        smem_c[(rg * 8 + 7) * 64 + cg * 4 + 3] = a73;
+        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 64);
+    }
+}
+
+KERNEL void gpu_qr_update2_z(cap_t A, cap_t Zp, cap_t Gp, cap_t VT, int64_t n,
+                             int64_t k0, int64_t nb, int64_t ce, int64_t nstrips,
+                             int64_t nrb, int64_t rb)
+{
+    rt_require_block_dim(128);
+    float smem_v[4352];
+    float smem_c[4096];
+    int64_t t = rt_thread_idx();
+    int64_t cg = t % 16;
+    int64_t bid = rt_block_idx();
+    int64_t per = nstrips * nrb;
+    int64_t b = bid / per;
+    int64_t sp = (bid % per) / nrb;
+    int64_t rbi = bid % nrb;
+    int64_t cs = k0 + nb + sp * 64;
+    int64_t rlo = k0 + rbi * rb;
+    int64_t rhi = rlo + rb < n ? rlo + rb : n;
+    int64_t cols = ce - cs < 64 ? ce - cs : 64;
+    cap_t M = cap_offset_f32(A, b * n * n);
+    int64_t qg = t / 16;
+    int64_t fr = t % 64;
+    int64_t gi = t / 8;
+    int64_t gj = t % 8;
+    cap_t VB = cap_offset_f32(VT, b * 64 * n);
+    float z00 = 0.0f; float z01 = 0.0f; float z02 = 0.0f; float z03 = 0.0f;
+    float z10 = 0.0f; float z11 = 0.0f; float z12 = 0.0f; float z13 = 0.0f;
+    float z20 = 0.0f; float z21 = 0.0f; float z22 = 0.0f; float z23 = 0.0f;
+    float z30 = 0.0f; float z31 = 0.0f; float z32 = 0.0f; float z33 = 0.0f;
+    float z40 = 0.0f; float z41 = 0.0f; float z42 = 0.0f; float z43 = 0.0f;
+    float z50 = 0.0f; float z51 = 0.0f; float z52 = 0.0f; float z53 = 0.0f;
+    float z60 = 0.0f; float z61 = 0.0f; float z62 = 0.0f; float z63 = 0.0f;
+    float z70 = 0.0f; float z71 = 0.0f; float z72 = 0.0f; float z73 = 0.0f;
+    float g00 = 0.0f; float g01 = 0.0f; float g02 = 0.0f; float g03 = 0.0f;
+    float g10 = 0.0f; float g11 = 0.0f; float g12 = 0.0f; float g13 = 0.0f;
+    for (int64_t r0 = rlo; r0 < rhi; r0 += 64) {
+        int64_t rows = rhi - r0 < 64 ? rhi - r0 : 64;
+        cap_tile_load_f32(M, r0 * n + k0, n, rows, nb, smem_v, 0, 68);
+        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 64);
+        for (int64_t q = t / 64; q < 64; q += 2) {
+            float v = smem_v[fr * 68 + q];
+            int64_t d = r0 + fr - k0 - q;
+            float u = d > 0 ? v : (d == 0 ? 1.0f : 0.0f);
+            smem_v[fr * 68 + q] = fr < rows && q < nb ? u : 0.0f;
+        }
+        rt_sync_threads();
+        if (sp == 0) {
+            if (fr < rows) {
+                for (int64_t q = t / 64; q < 64; q += 2)
+                    cap_store_f32(VB, q * n + r0 + fr, smem_v[fr * 68 + q]);
+            }
+            for (int64_t rr = 0; rr < rows; rr++) {
+                float e0 = smem_v[rr * 68 + gi * 2 + 0];
+                float e1 = smem_v[rr * 68 + gi * 2 + 1];
+                float f0 = smem_v[rr * 68 + 32 + gj * 4 + 0];
+                float f1 = smem_v[rr * 68 + 32 + gj * 4 + 1];
+                float f2 = smem_v[rr * 68 + 32 + gj * 4 + 2];
+                float f3 = smem_v[rr * 68 + 32 + gj * 4 + 3];
+                g00 = fmaf(e0, f0, g00);
+                g01 = fmaf(e0, f1, g01);
+                g02 = fmaf(e0, f2, g02);
+                g03 = fmaf(e0, f3, g03);
+                g10 = fmaf(e1, f0, g10);
+                g11 = fmaf(e1, f1, g11);
+                g12 = fmaf(e1, f2, g12);
+                g13 = fmaf(e1, f3, g13);
+            }
+        }
+        for (int64_t rr = 0; rr < rows; rr++) {
+            float p0 = smem_v[rr * 68 + qg * 8 + 0];
+            float p1 = smem_v[rr * 68 + qg * 8 + 1];
+            float p2 = smem_v[rr * 68 + qg * 8 + 2];
+            float p3 = smem_v[rr * 68 + qg * 8 + 3];
+            float p4 = smem_v[rr * 68 + qg * 8 + 4];
+            float p5 = smem_v[rr * 68 + qg * 8 + 5];
+            float p6 = smem_v[rr * 68 + qg * 8 + 6];
+            float p7 = smem_v[rr * 68 + qg * 8 + 7];
+            float h0 = smem_c[rr * 64 + cg * 4 + 0];
+            float h1 = smem_c[rr * 64 + cg * 4 + 1];
+            float h2 = smem_c[rr * 64 + cg * 4 + 2];
+            float h3 = smem_c[rr * 64 + cg * 4 + 3];
+            z00 = fmaf(p0, h0, z00);
+            z01 = fmaf(p0, h1, z01);
+            z02 = fmaf(p0, h2, z02);
+            z03 = fmaf(p0, h3, z03);
+            z10 = fmaf(p1, h0, z10);
+            z11 = fmaf(p1, h1, z11);
+            z12 = fmaf(p1, h2, z12);
+            z13 = fmaf(p1, h3, z13);
+            z20 = fmaf(p2, h0, z20);
+            z21 = fmaf(p2, h1, z21);
+            z22 = fmaf(p2, h2, z22);
+            z23 = fmaf(p2, h3, z23);
+            z30 = fmaf(p3, h0, z30);
+            z31 = fmaf(p3, h1, z31);
+            z32 = fmaf(p3, h2, z32);
+            z33 = fmaf(p3, h3, z33);
+            z40 = fmaf(p4, h0, z40);
+            z41 = fmaf(p4, h1, z41);
+            z42 = fmaf(p4, h2, z42);
+            z43 = fmaf(p4, h3, z43);
+            z50 = fmaf(p5, h0, z50);
+            z51 = fmaf(p5, h1, z51);
+            z52 = fmaf(p5, h2, z52);
+            z53 = fmaf(p5, h3, z53);
+            z60 = fmaf(p6, h0, z60);
+            z61 = fmaf(p6, h1, z61);
+            z62 = fmaf(p6, h2, z62);
+            z63 = fmaf(p6, h3, z63);
+            z70 = fmaf(p7, h0, z70);
+            z71 = fmaf(p7, h1, z71);
+            z72 = fmaf(p7, h2, z72);
+            z73 = fmaf(p7, h3, z73);
+        }
+        rt_sync_threads();
+    }
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 0) * 64 + cg * 4 + 0, z00);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 0) * 64 + cg * 4 + 1, z01);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 0) * 64 + cg * 4 + 2, z02);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 0) * 64 + cg * 4 + 3, z03);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 1) * 64 + cg * 4 + 0, z10);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 1) * 64 + cg * 4 + 1, z11);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 1) * 64 + cg * 4 + 2, z12);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 1) * 64 + cg * 4 + 3, z13);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 2) * 64 + cg * 4 + 0, z20);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 2) * 64 + cg * 4 + 1, z21);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 2) * 64 + cg * 4 + 2, z22);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 2) * 64 + cg * 4 + 3, z23);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 3) * 64 + cg * 4 + 0, z30);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 3) * 64 + cg * 4 + 1, z31);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 3) * 64 + cg * 4 + 2, z32);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 3) * 64 + cg * 4 + 3, z33);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 4) * 64 + cg * 4 + 0, z40);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 4) * 64 + cg * 4 + 1, z41);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 4) * 64 + cg * 4 + 2, z42);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 4) * 64 + cg * 4 + 3, z43);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 5) * 64 + cg * 4 + 0, z50);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 5) * 64 + cg * 4 + 1, z51);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 5) * 64 + cg * 4 + 2, z52);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 5) * 64 + cg * 4 + 3, z53);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 6) * 64 + cg * 4 + 0, z60);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 6) * 64 + cg * 4 + 1, z61);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 6) * 64 + cg * 4 + 2, z62);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 6) * 64 + cg * 4 + 3, z63);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 7) * 64 + cg * 4 + 0, z70);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 7) * 64 + cg * 4 + 1, z71);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 7) * 64 + cg * 4 + 2, z72);
+    cap_store_f32(Zp, bid * 4096 + (qg * 8 + 7) * 64 + cg * 4 + 3, z73);
+    if (sp == 0) {
+        cap_store_f32(Gp, (b * nrb + rbi) * 1024 + (gi * 2 + 0) * 32 + gj * 4 + 0, g00);
+        cap_store_f32(Gp, (b * nrb + rbi) * 1024 + (gi * 2 + 0) * 32 + gj * 4 + 1, g01);
+        cap_store_f32(Gp, (b * nrb + rbi) * 1024 + (gi * 2 + 0) * 32 + gj * 4 + 2, g02);
+        cap_store_f32(Gp, (b * nrb + rbi) * 1024 + (gi * 2 + 0) * 32 + gj * 4 + 3, g03);
+        cap_store_f32(Gp, (b * nrb + rbi) * 1024 + (gi * 2 + 1) * 32 + gj * 4 + 0, g10);
+        cap_store_f32(Gp, (b * nrb + rbi) * 1024 + (gi * 2 + 1) * 32 + gj * 4 + 1, g11);
+        cap_store_f32(Gp, (b * nrb + rbi) * 1024 + (gi * 2 + 1) * 32 + gj * 4 + 2, g12);
+        cap_store_f32(Gp, (b * nrb + rbi) * 1024 + (gi * 2 + 1) * 32 + gj * 4 + 3, g13);
+    }
+}
+
+KERNEL void gpu_qr_update2_apply(cap_t A, cap_t T1, cap_t T2, cap_t Zp, cap_t Gp,
+                                 cap_t VT, int64_t n, int64_t k0, int64_t nb,
+                                 int64_t ce, int64_t nstrips, int64_t nrb,
+                                 int64_t rb)
+{
+    rt_require_block_dim(128);
+    float smem_vt[2176];
+    float smem_c[4096];
+    float smem_w[4096];
+    int64_t t = rt_thread_idx();
+    int64_t cg = t % 16;
+    int64_t bid = rt_block_idx();
+    int64_t per = nstrips * nrb;
+    int64_t b = bid / per;
+    int64_t sp = (bid % per) / nrb;
+    int64_t rbi = bid % nrb;
+    int64_t cs = k0 + nb + sp * 64;
+    int64_t rlo = k0 + rbi * rb;
+    int64_t rhi = rlo + rb < n ? rlo + rb : n;
+    int64_t cols = ce - cs < 64 ? ce - cs : 64;
+    cap_t M = cap_offset_f32(A, b * n * n);
+    int64_t rg = t / 16;
+    cap_t VB = cap_offset_f32(VT, b * 64 * n);
+    cap_t TA = cap_offset_f32(T1, b * 1024);
+    cap_t TB = cap_offset_f32(T2, b * 1024);
+    int64_t zb = (bid - rbi) * 4096;
+    for (int64_t e = t; e < 4096; e += 128) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < nrb; i++)
+            s += cap_load_f32(Zp, zb + i * 4096 + e);
+        smem_c[e] = s;
+    }
+    for (int64_t e = t; e < 1024; e += 128) {
+        smem_vt[e] = cap_load_f32(TA, e);
+        float s = 0.0f;
+        for (int64_t i = 0; i < nrb; i++)
+            s += cap_load_f32(Gp, (b * nrb + i) * 1024 + e);
+        smem_vt[1024 + e] = s;
+    }
+    rt_sync_threads();
+    for (int64_t e = t; e < 2048; e += 128) {
+        int64_t q = e / 64;
+        int64_t c = e % 64;
+        float s = 0.0f;
+        for (int64_t l = 0; l <= q; l++)
+            s = fmaf(smem_vt[l * 32 + q], smem_c[l * 64 + c], s);
+        smem_w[e] = s;
+    }
+    rt_sync_threads();
+    for (int64_t e = t; e < 2048; e += 128) {
+        int64_t q = e / 64;
+        int64_t c = e % 64;
+        float s = smem_c[2048 + e];
+        for (int64_t l = 0; l < 32; l++)
+            s = fmaf(-smem_vt[1024 + l * 32 + q], smem_w[l * 64 + c], s);
+        smem_c[2048 + e] = s;
+    }
+    rt_sync_threads();
+    for (int64_t e = t; e < 1024; e += 128)
+        smem_vt[e] = cap_load_f32(TB, e);
+    rt_sync_threads();
+    for (int64_t e = t; e < 2048; e += 128) {
+        int64_t q = e / 64;
+        int64_t c = e % 64;
+        float s = 0.0f;
+        for (int64_t l = 0; l <= q; l++)
+            s = fmaf(smem_vt[l * 32 + q], smem_c[2048 + l * 64 + c], s);
+        smem_w[2048 + e] = s;
+    }
+    for (int64_t r0 = rlo; r0 < rhi; r0 += 64) {
+        int64_t rows = rhi - r0 < 64 ? rhi - r0 : 64;
+        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, 68);
+        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, 64);
+        float a00 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 0]; float a01 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 1]; float a02 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 2]; float a03 = smem_c[(rg * 8 + 0) * 64 + cg * 4 + 3];
+        float a10 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 0]; float a11 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 1]; float a12 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 2]; float a13 = smem_c[(rg * 8 + 1) * 64 + cg * 4 + 3];
+        float a20 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 0]; float a21 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 1]; float a22 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 2]; float a23 = smem_c[(rg * 8 + 2) * 64 + cg * 4 + 3];
+        float a30 = smem_c[(rg * 8 + 3) * 64 + cg * 4 + 0]; float a31 = smem_c[(rg * 8 + 3) * 64 + cg * 4 + 1]; float a32 = smem_c[(rg * 8 + 3) * 64 + cg * 4 + 2]; float a33 = smem_c[(rg * 8 + 3) * 64 + cg * 4 + 3];
+        float a40 = smem_c[(rg * 8 + 4) * 64 + cg * 4 + 0]; float a41 = smem_c[(rg * 8 + 4) * 64 + cg * 4 + 1]; float a42 = smem_c[(rg * 8 + 4) * 64 + cg * 4 + 2]; float a43 = smem_c[(rg * 8 + 4) * 64 + cg * 4 + 3];
+        float a50 = smem_c[(rg * 8 + 5) * 64 + cg * 4 + 0]; float a51 = smem_c[(rg * 8 + 5) * 64 + cg * 4 + 1]; float a52 = smem_c[(rg * 8 + 5) * 64 + cg * 4 + 2]; float a53 = smem_c[(rg * 8 + 5) * 64 + cg * 4 + 3];
+        float a60 = smem_c[(rg * 8 + 6) * 64 + cg * 4 + 0]; float a61 = smem_c[(rg * 8 + 6) * 64 + cg * 4 + 1]; float a62 = smem_c[(rg * 8 + 6) * 64 + cg * 4 + 2]; float a63 = smem_c[(rg * 8 + 6) * 64 + cg * 4 + 3];
+        float a70 = smem_c[(rg * 8 + 7) * 64 + cg * 4 + 0]; float a71 = smem_c[(rg * 8 + 7) * 64 + cg * 4 + 1]; float a72 = smem_c[(rg * 8 + 7) * 64 + cg * 4 + 2]; float a73 = smem_c[(rg * 8 + 7) * 64 + cg * 4 + 3];
+        for (int64_t q = 0; q < 32; q++) {
+            float u0 = smem_vt[q * 68 + rg * 8 + 0];
+            float u1 = smem_vt[q * 68 + rg * 8 + 1];
+            float u2 = smem_vt[q * 68 + rg * 8 + 2];
+            float u3 = smem_vt[q * 68 + rg * 8 + 3];
+            float u4 = smem_vt[q * 68 + rg * 8 + 4];
+            float u5 = smem_vt[q * 68 + rg * 8 + 5];
+            float u6 = smem_vt[q * 68 + rg * 8 + 6];
+            float u7 = smem_vt[q * 68 + rg * 8 + 7];
+            float w0 = smem_w[(0 + q) * 64 + cg * 4 + 0];
+            float w1 = smem_w[(0 + q) * 64 + cg * 4 + 1];
+            float w2 = smem_w[(0 + q) * 64 + cg * 4 + 2];
+            float w3 = smem_w[(0 + q) * 64 + cg * 4 + 3];
+            a00 = fmaf(-u0, w0, a00);
+            a01 = fmaf(-u0, w1, a01);
+            a02 = fmaf(-u0, w2, a02);
+            a03 = fmaf(-u0, w3, a03);
+            a10 = fmaf(-u1, w0, a10);
+            a11 = fmaf(-u1, w1, a11);
+            a12 = fmaf(-u1, w2, a12);
+            a13 = fmaf(-u1, w3, a13);
+            a20 = fmaf(-u2, w0, a20);
+            a21 = fmaf(-u2, w1, a21);
+            a22 = fmaf(-u2, w2, a22);
+            a23 = fmaf(-u2, w3, a23);
+            a30 = fmaf(-u3, w0, a30);
+            a31 = fmaf(-u3, w1, a31);
+            a32 = fmaf(-u3, w2, a32);
+            a33 = fmaf(-u3, w3, a33);
+            a40 = fmaf(-u4, w0, a40);
+            a41 = fmaf(-u4, w1, a41);
+            a42 = fmaf(-u4, w2, a42);
+            a43 = fmaf(-u4, w3, a43);
+            a50 = fmaf(-u5, w0, a50);
+            a51 = fmaf(-u5, w1, a51);
+            a52 = fmaf(-u5, w2, a52);
+            a53 = fmaf(-u5, w3, a53);
+            a60 = fmaf(-u6, w0, a60);
+            a61 = fmaf(-u6, w1, a61);
+            a62 = fmaf(-u6, w2, a62);
+            a63 = fmaf(-u6, w3, a63);
+            a70 = fmaf(-u7, w0, a70);
+            a71 = fmaf(-u7, w1, a71);
+            a72 = fmaf(-u7, w2, a72);
+            a73 = fmaf(-u7, w3, a73);
+        }
+        cap_tile_load_f32(VB, 32 * n + r0, n, 32, rows, smem_vt, 0, 68);
+        for (int64_t q = 0; q < 32; q++) {
+            float u0 = smem_vt[q * 68 + rg * 8 + 0];
+            float u1 = smem_vt[q * 68 + rg * 8 + 1];
+            float u2 = smem_vt[q * 68 + rg * 8 + 2];
+            float u3 = smem_vt[q * 68 + rg * 8 + 3];
+            float u4 = smem_vt[q * 68 + rg * 8 + 4];
+            float u5 = smem_vt[q * 68 + rg * 8 + 5];
+            float u6 = smem_vt[q * 68 + rg * 8 + 6];
+            float u7 = smem_vt[q * 68 + rg * 8 + 7];
+            float w0 = smem_w[(32 + q) * 64 + cg * 4 + 0];
+            float w1 = smem_w[(32 + q) * 64 + cg * 4 + 1];
+            float w2 = smem_w[(32 + q) * 64 + cg * 4 + 2];
+            float w3 = smem_w[(32 + q) * 64 + cg * 4 + 3];
             a00 = fmaf(-u0, w0, a00);
             a01 = fmaf(-u0, w1, a01);
             a02 = fmaf(-u0, w2, a02);
