@@ -97,6 +97,56 @@ def _chunk_load_z(out: list[str]) -> None:
     out.append("        rt_sync_threads();")
 
 
+def _z_rows(out: list[str], rq: int, v_ld: int) -> None:
+    """Z += V^T C over the chunk's rows: rq reflectors (from qg * rq) by 4 columns."""
+    out.append("        for (int64_t rr = 0; rr < rows; rr++) {")
+    for i in range(rq):
+        out.append(f"            float p{i} = smem_v[rr * {v_ld} + qg * {rq} + {i}];")
+    for j in I4:
+        out.append(f"            float h{j} = smem_c[rr * {STRIP} + cg * 4 + {j}];")
+    for i in range(rq):
+        for j in I4:
+            out.append(f"            z{i}{j} = fmaf(p{i}, h{j}, z{i}{j});")
+    out.append("        }")
+
+
+def _z_store(out: list[str], rq: int) -> None:
+    """The block's part of Z (rq * 8 reflectors x STRIP columns) to Zp."""
+    for i in range(rq):
+        for j in I4:
+            zp = f"bid * {rq * 8 * STRIP} + (qg * {rq} + {i}) * {STRIP} + cg * 4 + {j}"
+            out.append(f"    cap_store_f32(Zp, {zp}, z{i}{j});")
+
+
+def _tile_in(out: list[str]) -> None:
+    """The thread's 8 x 4 register tile of C from smem_c."""
+    for i in I8:
+        out.append("        " + " ".join(
+            f"float a{i}{j} = smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}];" for j in I4))
+
+
+def _tile_out(out: list[str]) -> None:
+    """The register tile back to smem_c and the chunk of C back to A (one tile copy)."""
+    for i in I8:
+        for j in I4:
+            out.append(f"        smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}] = a{i}{j};")
+    out.append(f"        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
+
+
+def _apply_half(out: list[str], w0: int) -> None:
+    """C -= V W for 32 of the reflectors: V^T rows from smem_vt, W rows w0 .. w0+31."""
+    out.append("        for (int64_t q = 0; q < 32; q++) {")
+    for i in I8:
+        out.append(f"            float u{i} = smem_vt[q * {VT_LD} + rg * 8 + {i}];")
+    for j in I4:
+        w = f"q * {STRIP}" if w0 == 0 else f"({w0} + q) * {STRIP}"
+        out.append(f"            float w{j} = smem_w[{w} + cg * 4 + {j}];")
+    for i in I8:
+        for j in I4:
+            out.append(f"            a{i}{j} = fmaf(-u{i}, w{j}, a{i}{j});")
+    out.append("        }")
+
+
 def _kernel_z(out: list[str]) -> None:
     out.append("KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,")
     out.append("                            int64_t nb, int64_t ce, int64_t nstrips, int64_t nrb,")
@@ -117,21 +167,10 @@ def _kernel_z(out: list[str]) -> None:
     # the strip-0 blocks keep V^T of their rows for gpu_qr_update_apply
     out.append("        if (sp == 0)")
     out.append(f"            cap_tile_store_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
-    out.append("        for (int64_t rr = 0; rr < rows; rr++) {")
-    for i in I4:
-        out.append(f"            float p{i} = smem_v[rr * {V_LD} + qg * 4 + {i}];")
-    for j in I4:
-        out.append(f"            float h{j} = smem_c[rr * {STRIP} + cg * 4 + {j}];")
-    for i in I4:
-        for j in I4:
-            out.append(f"            z{i}{j} = fmaf(p{i}, h{j}, z{i}{j});")
-    out.append("        }")
+    _z_rows(out, 4, V_LD)
     out.append("        rt_sync_threads();")
     out.append("    }")
-    for i in I4:
-        for j in I4:
-            zp = f"bid * {ZP} + (qg * 4 + {i}) * {STRIP} + cg * 4 + {j}"
-            out.append(f"    cap_store_f32(Zp, {zp}, z{i}{j});")
+    _z_store(out, 4)
     out.append("}")
 
 
@@ -174,22 +213,9 @@ def _kernel_apply(out: list[str]) -> None:
     out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
     out.append(f"        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
     out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
-    for i in I8:
-        out.append("        " + " ".join(
-            f"float a{i}{j} = smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}];" for j in I4))
-    out.append("        for (int64_t q = 0; q < 32; q++) {")
-    for i in I8:
-        out.append(f"            float u{i} = smem_vt[q * {VT_LD} + rg * 8 + {i}];")
-    for j in I4:
-        out.append(f"            float w{j} = smem_w[q * {STRIP} + cg * 4 + {j}];")
-    for i in I8:
-        for j in I4:
-            out.append(f"            a{i}{j} = fmaf(-u{i}, w{j}, a{i}{j});")
-    out.append("        }")
-    for i in I8:
-        for j in I4:
-            out.append(f"        smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}] = a{i}{j};")
-    out.append(f"        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
+    _tile_in(out)
+    _apply_half(out, 0)
+    _tile_out(out)
     out.append("    }")
     out.append("}")
 
@@ -246,21 +272,10 @@ def _kernel_z2(out: list[str]) -> None:
             out.append(f"                g{i}{j} = fmaf(e{i}, f{j}, g{i}{j});")
     out.append("            }")
     out.append("        }")
-    out.append("        for (int64_t rr = 0; rr < rows; rr++) {")
-    for i in I8:
-        out.append(f"            float p{i} = smem_v[rr * {V2_LD} + qg * 8 + {i}];")
-    for j in I4:
-        out.append(f"            float h{j} = smem_c[rr * {STRIP} + cg * 4 + {j}];")
-    for i in I8:
-        for j in I4:
-            out.append(f"            z{i}{j} = fmaf(p{i}, h{j}, z{i}{j});")
-    out.append("        }")
+    _z_rows(out, 8, V2_LD)
     out.append("        rt_sync_threads();")
     out.append("    }")
-    for i in I8:
-        for j in I4:
-            zp = f"bid * {2 * ZP} + (qg * 8 + {i}) * {STRIP} + cg * 4 + {j}"
-            out.append(f"    cap_store_f32(Zp, {zp}, z{i}{j});")
+    _z_store(out, 8)
     out.append("    if (sp == 0) {")
     for i in I2:
         for j in I4:
@@ -268,19 +283,6 @@ def _kernel_z2(out: list[str]) -> None:
             out.append(f"        cap_store_f32(Gp, {gp}, g{i}{j});")
     out.append("    }")
     out.append("}")
-
-
-def _apply_half(out: list[str], w0: int) -> None:
-    """C -= V W for 32 of the reflectors: V^T rows from smem_vt, W rows w0 .. w0+31."""
-    out.append("        for (int64_t q = 0; q < 32; q++) {")
-    for i in I8:
-        out.append(f"            float u{i} = smem_vt[q * {VT_LD} + rg * 8 + {i}];")
-    for j in I4:
-        out.append(f"            float w{j} = smem_w[({w0} + q) * {STRIP} + cg * 4 + {j}];")
-    for i in I8:
-        for j in I4:
-            out.append(f"            a{i}{j} = fmaf(-u{i}, w{j}, a{i}{j});")
-    out.append("        }")
 
 
 def _kernel_apply2(out: list[str]) -> None:
@@ -352,16 +354,11 @@ def _kernel_apply2(out: list[str]) -> None:
     out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
     out.append(f"        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
     out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
-    for i in I8:
-        out.append("        " + " ".join(
-            f"float a{i}{j} = smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}];" for j in I4))
+    _tile_in(out)
     _apply_half(out, 0)
     out.append(f"        cap_tile_load_f32(VB, 32 * n + r0, n, 32, rows, smem_vt, 0, {VT_LD});")
     _apply_half(out, 32)
-    for i in I8:
-        for j in I4:
-            out.append(f"        smem_c[(rg * 8 + {i}) * {STRIP} + cg * 4 + {j}] = a{i}{j};")
-    out.append(f"        cap_tile_store_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
+    _tile_out(out)
     out.append("    }")
     out.append("}")
 

@@ -510,10 +510,10 @@ KERNEL void gpu_qr_update2_apply(cap_t A, cap_t T1, cap_t T2, cap_t Zp, cap_t Gp
             float u5 = smem_vt[q * 68 + rg * 8 + 5];
             float u6 = smem_vt[q * 68 + rg * 8 + 6];
             float u7 = smem_vt[q * 68 + rg * 8 + 7];
-            float w0 = smem_w[(0 + q) * 64 + cg * 4 + 0];
-            float w1 = smem_w[(0 + q) * 64 + cg * 4 + 1];
-            float w2 = smem_w[(0 + q) * 64 + cg * 4 + 2];
-            float w3 = smem_w[(0 + q) * 64 + cg * 4 + 3];
+            float w0 = smem_w[q * 64 + cg * 4 + 0];
+            float w1 = smem_w[q * 64 + cg * 4 + 1];
+            float w2 = smem_w[q * 64 + cg * 4 + 2];
+            float w3 = smem_w[q * 64 + cg * 4 + 3];
             a00 = fmaf(-u0, w0, a00);
             a01 = fmaf(-u0, w1, a01);
             a02 = fmaf(-u0, w2, a02);
