@@ -147,6 +147,21 @@ def _apply_half(out: list[str], w0: int) -> None:
     out.append("        }")
 
 
+def _w_from_z(out: list[str], t_arr: str, z_arr: str, z_off: int, w_off: int) -> None:
+    """W = T^T Z for 32 reflectors: T (32 x 32, upper triangular, so T[l][q] = 0 for
+    l > q) from t_arr, Z's rows from z_arr at z_off, W's rows to smem_w at w_off."""
+    z = f"{z_arr}[{z_off} + l * {STRIP} + c]" if z_off else f"{z_arr}[l * {STRIP} + c]"
+    w = f"smem_w[{w_off} + e]" if w_off else "smem_w[e]"
+    out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
+    out.append(f"        int64_t q = e / {STRIP};")
+    out.append(f"        int64_t c = e % {STRIP};")
+    out.append("        float s = 0.0f;")
+    out.append("        for (int64_t l = 0; l <= q; l++)")
+    out.append(f"            s = fmaf({t_arr}[l * 32 + q], {z}, s);")
+    out.append(f"        {w} = s;")
+    out.append("    }")
+
+
 def _kernel_z(out: list[str]) -> None:
     out.append("KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,")
     out.append("                            int64_t nb, int64_t ce, int64_t nstrips, int64_t nrb,")
@@ -198,14 +213,7 @@ def _kernel_apply(out: list[str]) -> None:
     out.append("        smem_c[1024 + e] = s;")
     out.append("    }")
     out.append("    rt_sync_threads();")
-    out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
-    out.append(f"        int64_t q = e / {STRIP};")
-    out.append(f"        int64_t c = e % {STRIP};")
-    out.append("        float s = 0.0f;")
-    out.append("        for (int64_t l = 0; l <= q; l++)")
-    out.append(f"            s = fmaf(smem_c[l * 32 + q], smem_c[1024 + l * {STRIP} + c], s);")
-    out.append("        smem_w[e] = s;")
-    out.append("    }")
+    _w_from_z(out, "smem_c", "smem_c", 1024, 0)
     out.append("    rt_sync_threads();")
     out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
     # V^T as gpu_qr_update_z left it; rows and columns past the chunk's and the
@@ -319,14 +327,7 @@ def _kernel_apply2(out: list[str]) -> None:
     out.append("    }")
     out.append("    rt_sync_threads();")
     # W1 = T1^T Z1 (T upper triangular: T[l][q] = 0 for l > q)
-    out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
-    out.append(f"        int64_t q = e / {STRIP};")
-    out.append(f"        int64_t c = e % {STRIP};")
-    out.append("        float s = 0.0f;")
-    out.append("        for (int64_t l = 0; l <= q; l++)")
-    out.append(f"            s = fmaf(smem_vt[l * 32 + q], smem_c[l * {STRIP} + c], s);")
-    out.append("        smem_w[e] = s;")
-    out.append("    }")
+    _w_from_z(out, "smem_vt", "smem_c", 0, 0)
     out.append("    rt_sync_threads();")
     # Y = Z2 - G^T W1, in place of Z2 (each element reads only its own Z2 entry)
     out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
@@ -342,14 +343,7 @@ def _kernel_apply2(out: list[str]) -> None:
     out.append("        smem_vt[e] = cap_load_f32(TB, e);")
     out.append("    rt_sync_threads();")
     # W2 = T2^T Y
-    out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
-    out.append(f"        int64_t q = e / {STRIP};")
-    out.append(f"        int64_t c = e % {STRIP};")
-    out.append("        float s = 0.0f;")
-    out.append("        for (int64_t l = 0; l <= q; l++)")
-    out.append(f"            s = fmaf(smem_vt[l * 32 + q], smem_c[{ZP} + l * {STRIP} + c], s);")
-    out.append(f"        smem_w[{ZP} + e] = s;")
-    out.append("    }")
+    _w_from_z(out, "smem_vt", "smem_c", ZP, ZP)
     out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
     out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
     out.append(f"        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
