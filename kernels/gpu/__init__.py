@@ -206,8 +206,10 @@ def work_size(batch: int) -> int:
 
 
 def _updates(batch: int, n: int) -> list[Launch]:
-    """The plan's update launches (their sizes do not depend on tall_rows)."""
-    return [s for s in launch_plan(batch, n, None) if s.kernel.endswith("_z")]
+    """The update launches of both plans (one and two panels per update), so one
+    workspace serves either; their sizes do not depend on tall_rows."""
+    return [s for two in (False, True) for s in launch_plan(batch, n, None, two_panel=two)
+            if s.kernel.endswith("_z")]
 
 
 def scratch_size(batch: int, n: int) -> int:

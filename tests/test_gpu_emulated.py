@@ -1,0 +1,86 @@
+"""The GPU QR kernels' generated CUDA, run on the CPU (tests/emulate_cuda.py).
+
+The device tests (tests/test_gpu_qr.py, ``-m gpu``) need a GPU; these run the
+same translation of kernels/gpu/*.c - the checked build, with its loop
+versioning and checks - under a CPU model of blocks, threads and barriers, so
+the launch plans (one and two panels per update) are exercised end to end in CI:
+kernels.check passes, the result agrees with the numpy model of the kernels,
+and a planted out-of-range launch faults at the exact index.  Kernels that use
+warp collectives or grid barriers (gpu_qr_steps) are not modelled here.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import kernels
+import kernels.gpu as g
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
+
+KINDS = {"panel": (g.PANEL_SOURCE, "gpu_qr_panel"),
+         "panel_small": (g.PANEL_SMALL_SOURCE, "gpu_qr_panel_small"),
+         "update_z": (g.UPDATE_SOURCE, "gpu_qr_update_z"),
+         "update_apply": (g.UPDATE_SOURCE, "gpu_qr_update_apply"),
+         "update2_z": (g.UPDATE_SOURCE, "gpu_qr_update2_z"),
+         "update2_apply": (g.UPDATE_SOURCE, "gpu_qr_update2_apply")}
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory) -> dict:
+    from emulate_cuda import build  # tests/ is on sys.path
+
+    d = tmp_path_factory.mktemp("emu")
+    built = {src: build(src, checked=True, workdir=d) for src in {s for s, _ in KINDS.values()}}
+    return {kind: built[src][name] for kind, (src, name) in KINDS.items()}
+
+
+def _qr(emulated: dict, a: np.ndarray, two_panel: bool) -> tuple[np.ndarray, np.ndarray]:
+    batch, n, _ = a.shape
+    A = a.copy()
+    tau = np.zeros((batch, n), np.float32)
+    ws = {"work": np.zeros(g.work_size(batch), np.float32),
+          "work2": np.zeros(g.work_size(batch), np.float32),
+          "scratch": np.zeros(g.scratch_size(batch, n), np.float32),
+          "gram": np.zeros(g.gram_size(batch, n), np.float32),
+          "vt": np.zeros(g.vt_size(batch, n), np.float32)}
+    for step in g.launch_plan(batch, n, None, two_panel=two_panel):
+        w = ws["work2"] if step.slot else ws["work"]
+        caps = {"panel": [A, tau, w], "panel_small": [A, tau, w],
+                "update_z": [A, ws["scratch"], ws["vt"]],
+                "update_apply": [A, ws["work"], ws["scratch"], ws["vt"]],
+                "update2_z": [A, ws["scratch"], ws["gram"], ws["vt"]],
+                "update2_apply": [A, ws["work"], ws["work2"], ws["scratch"], ws["gram"],
+                                  ws["vt"]]}[step.kernel]
+        fault = emulated[step.kernel].launch(caps + list(step.args), step.grid, step.block)
+        assert fault is None, (step, fault)
+    return A, tau
+
+
+@pytest.mark.parametrize("two_panel", [False, True])
+@pytest.mark.parametrize("batch,n", [(2, 40), (1, 96), (1, 161), (1, 300)])
+def test_emulated_gpu_qr_passes_the_checker(emulated, batch: int, n: int,
+                                            two_panel: bool) -> None:
+    from test_gpu_qr import model_qr
+
+    a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
+    H, tau = _qr(emulated, a, two_panel)
+    rep = kernels.check(a, H, tau)
+    assert rep.ok, str(rep)
+    Hm, taum = model_qr(a, None, two_panel)
+    np.testing.assert_allclose(tau, taum, rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(H, Hm, rtol=2e-2, atol=2e-3 * float(np.abs(a).max()))
+
+
+def test_emulated_update_launch_past_the_matrix_faults(emulated) -> None:
+    """An update told the matrix is larger than the buffer faults on A, at the first
+    element past it, like the device (the checks are the device's own code)."""
+    n = 64
+    A = np.zeros((1, n, n), np.float32)
+    z = np.zeros(g.scratch_size(1, 2 * n), np.float32)
+    vt = np.zeros(g.vt_size(1, 2 * n), np.float32)
+    fault = emulated["update_z"].launch([A, z, vt, 2 * n, 0, 32, 2 * n, 3, 1, 128], 3, 128)
+    assert fault is not None and fault["kind"] == 1 and fault["slot"] == 0  # OOB on A
