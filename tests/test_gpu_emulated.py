@@ -29,13 +29,23 @@ KINDS = {"panel": (g.PANEL_SOURCE, "gpu_qr_panel"),
          "update2_apply": (g.UPDATE_SOURCE, "gpu_qr_update2_apply")}
 
 
-@pytest.fixture(scope="module")
-def emulated(tmp_path_factory) -> dict:
+def _build(tmp_path_factory, checked: bool) -> dict:
     from emulate_cuda import build  # tests/ is on sys.path
 
     d = tmp_path_factory.mktemp("emu")
-    built = {src: build(src, checked=True, workdir=d) for src in {s for s, _ in KINDS.values()}}
+    built = {src: build(src, checked=checked, workdir=d)
+             for src in {s for s, _ in KINDS.values()}}
     return {kind: built[src][name] for kind, (src, name) in KINDS.items()}
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory) -> dict:
+    return _build(tmp_path_factory, True)
+
+
+@pytest.fixture(scope="module")
+def emulated_raw(tmp_path_factory) -> dict:
+    return _build(tmp_path_factory, False)
 
 
 def _qr(emulated: dict, a: np.ndarray, two_panel: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -84,3 +94,15 @@ def test_emulated_update_launch_past_the_matrix_faults(emulated) -> None:
     vt = np.zeros(g.vt_size(1, 2 * n), np.float32)
     fault = emulated["update_z"].launch([A, z, vt, 2 * n, 0, 32, 2 * n, 3, 1, 128], 3, 128)
     assert fault is not None and fault["kind"] == 1 and fault["slot"] == 0  # OOB on A
+
+
+@pytest.mark.parametrize("two_panel", [False, True])
+def test_emulated_checked_equals_raw(emulated, emulated_raw, two_panel: bool) -> None:
+    """The instrumentation (checks, versioned loop copies) leaves the arithmetic alone:
+    the raw build gives the same bits."""
+    raw = emulated_raw
+    a = np.random.default_rng(3).standard_normal((2, 161, 161)).astype(np.float32)
+    H, tau = _qr(emulated, a, two_panel)
+    Hr, taur = _qr(raw, a, two_panel)
+    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
+    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
