@@ -3,21 +3,23 @@ the GPU's execution model, for tests on machines without a GPU.
 
 ``build(source, checked)`` compiles what ``runtime.cuda.translate`` hands to
 NVRTC - the device prelude and the instrumented kernels, unchanged except that
-the PTX ``exit`` of a faulting thread becomes a C++ exit of that thread - with
-g++ against a small header that plays the device: every block runs on its own
-threads, one per CUDA thread, ``__syncthreads`` is a ``std::barrier`` over them
-(an exited thread drops out of it, as PTX ``exit`` does), ``__shared__`` arrays
-are function statics (blocks run one after another), atomics are GCC atomics.
-Warp collectives, warp votes, tensor-core MMA and grid barriers are not
-modelled: a kernel that reaches one aborts.  So this checks the GPU kernels'
-index arithmetic, shared-memory layout, barrier placement and checks with the
-same generated code the device runs, under a scheduler that interleaves threads
-in other orders than a GPU does.
+the PTX ``exit`` of a faulting thread becomes a C++ exit of that thread and each
+``__shared__`` declaration gets one copy per block - with g++ against a small
+header that plays the device: a thread per CUDA thread; ``__syncthreads`` a
+``std::barrier`` over the block's threads and each warp's shuffles, votes and
+matches a barrier over its live lanes (an exited thread drops out of both, as
+PTX ``exit`` does); atomics are GCC atomics.  Blocks run one after another,
+except for kernels that call the grid barrier (``rt_group_sync``), whose blocks
+all run at once, as a cooperative launch does.  Tensor-core MMA is not modelled
+(it aborts).  So this checks the GPU kernels' index arithmetic, shared-memory
+layout, barrier placement and checks with the same generated code the device
+runs, under a scheduler that interleaves threads in other orders than a GPU does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ DEVICE = r"""
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 using std::sqrt; using std::copysign; using std::fabs;
@@ -41,31 +44,97 @@ using std::sqrt; using std::copysign; using std::fabs;
 #define __forceinline__ inline
 #define __noinline__
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static
+#define RT_EMU_MAX_BLOCKS 64   /* copies of each __shared__ array; concurrent blocks */
 struct rt_dim3 { unsigned x, y, z; };
-static thread_local rt_dim3 threadIdx;
-static rt_dim3 blockIdx, gridDim, blockDim;
-static std::barrier<> *rt_emu_barrier;
+static thread_local rt_dim3 threadIdx, blockIdx;
+static rt_dim3 gridDim, blockDim;
+struct rt_emu_warp { std::barrier<> *bar; unsigned long long slot[32]; };
+struct rt_emu_block { std::barrier<> *bar; rt_emu_warp *warps; };
+static thread_local rt_emu_block *rt_emu_self;
 struct rt_emu_exited {};
-static inline void rt_emu_exit(void) { rt_emu_barrier->arrive_and_drop(); throw rt_emu_exited(); }
-static inline void __syncthreads(void) { rt_emu_barrier->arrive_and_wait(); }
+static inline rt_emu_warp &rt_emu_my_warp(void) { return rt_emu_self->warps[threadIdx.x / 32]; }
+static inline void rt_emu_exit(void)
+{
+    rt_emu_my_warp().bar->arrive_and_drop();
+    rt_emu_self->bar->arrive_and_drop();
+    throw rt_emu_exited();
+}
+static inline void __syncthreads(void) { rt_emu_self->bar->arrive_and_wait(); }
+static inline void __syncwarp(void) { rt_emu_my_warp().bar->arrive_and_wait(); }
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __threadfence_block(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline void __nanosleep(unsigned) {}
-static inline void __syncwarp(void) { std::abort(); }
+static inline void __nanosleep(unsigned) { std::this_thread::yield(); }
 template <class T> static inline T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, 5); }
 template <class T> static inline T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, 5); }
 static inline int atomicCAS(int *p, int a, int b)
 { __atomic_compare_exchange_n(p, &a, b, false, 5, 5); return a; }
 static inline long long __mul64hi(long long a, long long b)
 { return (long long)(((__int128)a * b) >> 64); }
-template <class T> static inline T __shfl_xor_sync(unsigned, T, int) { std::abort(); }
-template <class T> static inline T __shfl_sync(unsigned, T, int) { std::abort(); }
-template <class T> static inline unsigned __match_all_sync(unsigned, T, int *) { std::abort(); }
-static inline int __all_sync(unsigned, int) { std::abort(); }
-static inline int __any_sync(unsigned, int) { std::abort(); }
-static inline unsigned __reduce_min_sync(unsigned, unsigned) { std::abort(); }
-static inline float __uint_as_float(unsigned x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
+/* A warp exchange: every live lane posts a word, all read, all leave. */
+template <class T> static inline T rt_emu_read(const rt_emu_warp &w, unsigned lane)
+{ T o; std::memcpy(&o, &w.slot[lane], sizeof(T)); return o; }
+template <class T> static inline void rt_emu_post(rt_emu_warp &w, T v)
+{
+    std::memcpy(&w.slot[threadIdx.x & 31u], &v, sizeof(T));
+    w.bar->arrive_and_wait();
+}
+template <class T> static inline T __shfl_sync(unsigned, T v, int src)
+{
+    rt_emu_warp &w = rt_emu_my_warp();
+    rt_emu_post(w, v);
+    T o = rt_emu_read<T>(w, (unsigned)src & 31u);
+    w.bar->arrive_and_wait();
+    return o;
+}
+template <class T> static inline T __shfl_xor_sync(unsigned m, T v, int x)
+{ return __shfl_sync(m, v, (int)((threadIdx.x & 31u) ^ (unsigned)x)); }
+static inline unsigned rt_emu_live(void)
+{
+    unsigned n = blockDim.x - (threadIdx.x & ~31u);
+    return n >= 32u ? 0xffffffffu : ((1u << n) - 1u);
+}
+static inline int __all_sync(unsigned m, int p)
+{
+    rt_emu_warp &w = rt_emu_my_warp();
+    rt_emu_post(w, (long long)(p != 0));
+    int all = 1;
+    for (unsigned l = 0; l < 32; l++)
+        if ((m >> l) & 1u) all &= (int)rt_emu_read<long long>(w, l);
+    w.bar->arrive_and_wait();
+    return all;
+}
+static inline int __any_sync(unsigned m, int p)
+{
+    rt_emu_warp &w = rt_emu_my_warp();
+    rt_emu_post(w, (long long)(p != 0));
+    int any = 0;
+    for (unsigned l = 0; l < 32; l++)
+        if ((m >> l) & 1u) any |= (int)rt_emu_read<long long>(w, l);
+    w.bar->arrive_and_wait();
+    return any;
+}
+template <class T> static inline unsigned __match_all_sync(unsigned m, T v, int *pred)
+{
+    rt_emu_warp &w = rt_emu_my_warp();
+    rt_emu_post(w, v);
+    int same = 1;
+    for (unsigned l = 0; l < 32; l++)
+        if ((m >> l) & 1u) same &= rt_emu_read<T>(w, l) == v;
+    w.bar->arrive_and_wait();
+    *pred = same;
+    return same ? m : 0u;
+}
+static inline unsigned __reduce_min_sync(unsigned m, unsigned v)
+{
+    rt_emu_warp &w = rt_emu_my_warp();
+    rt_emu_post(w, v);
+    unsigned lo = v;
+    for (unsigned l = 0; l < 32; l++)
+        if ((m >> l) & 1u && rt_emu_read<unsigned>(w, l) < lo) lo = rt_emu_read<unsigned>(w, l);
+    w.bar->arrive_and_wait();
+    return lo;
+}
+static inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) double2 { double x, y; };
 """
@@ -108,9 +177,10 @@ class Kernel:
 _ffi: Any = None
 
 
-def _launcher(name: str, params: list[tuple[str, str]], checked: bool) -> str:
-    """extern "C" emu_<name>(caps, ints, dbls, record, grid, block): every block on
-    its own threads, one after another (a raw kernel has no fault record)."""
+def _launcher(name: str, params: list[tuple[str, str]], checked: bool, together: bool) -> str:
+    """extern "C" emu_<name>(caps, ints, dbls, record, grid, block): a thread per CUDA
+    thread; blocks one after another, or all at once (``together``: the kernel calls
+    the grid barrier).  A raw kernel has no fault record."""
     ic = ii = idd = 0
     args = []
     for _pname, kind in params:
@@ -130,20 +200,62 @@ extern "C" void emu_{name}(const cap_t *caps, const long long *ints, const doubl
 {{
     gridDim = rt_dim3{{(unsigned)grid, 1u, 1u}};
     blockDim = rt_dim3{{(unsigned)block, 1u, 1u}};
-    for (int b = 0; b < grid; b++) {{
-        blockIdx = rt_dim3{{(unsigned)b, 0u, 0u}};
-        std::barrier<> bar(block);
-        rt_emu_barrier = &bar;
+    int wave = {"grid" if together else "1"};
+    if (wave > RT_EMU_MAX_BLOCKS) std::abort();
+    for (int b0 = 0; b0 < grid; b0 += wave) {{
+        std::vector<std::barrier<> *> bars;
+        std::vector<rt_emu_block> blocks(wave);
+        std::vector<std::vector<rt_emu_warp>> warps(wave);
+        for (int i = 0; i < wave; i++) {{
+            blocks[i].bar = new std::barrier<>(block);
+            bars.push_back(blocks[i].bar);
+            for (int w = 0; w * 32 < block; w++) {{
+                int lanes = block - w * 32 < 32 ? block - w * 32 : 32;
+                warps[i].push_back(rt_emu_warp{{new std::barrier<>(lanes), {{}}}});
+                bars.push_back(warps[i].back().bar);
+            }}
+            blocks[i].warps = warps[i].data();
+        }}
         std::vector<std::thread> threads;
-        for (int t = 0; t < block; t++)
-            threads.emplace_back([&, t] {{
-                threadIdx = rt_dim3{{(unsigned)t, 0u, 0u}};
-                try {{ {call}; }} catch (rt_emu_exited &) {{}}
-            }});
+        for (int i = 0; i < wave; i++)
+            for (int t = 0; t < block; t++)
+                threads.emplace_back([&, i, t] {{
+                    threadIdx = rt_dim3{{(unsigned)t, 0u, 0u}};
+                    blockIdx = rt_dim3{{(unsigned)(b0 + i), 0u, 0u}};
+                    rt_emu_self = &blocks[i];
+                    try {{ {call}; }} catch (rt_emu_exited &) {{}}
+                }});
         for (auto &th : threads) th.join();
+        for (auto *br : bars) delete br;
     }}
 }}
 """
+
+
+_SHARED = re.compile(r"^(\s*)__shared__ (?:__align__\((\d+)\) )?([\w ]*?[\w*]) ?(\**)(\w+)"
+                     r"((?:\[\d+\])*);(.*)$")
+
+
+def _per_block_shared(text: str) -> str:
+    """Each __shared__ declaration becomes RT_EMU_MAX_BLOCKS copies, one per block
+    (by blockIdx.x): an array through a reference made at the declaration, a
+    file-scope variable through a macro."""
+    out = []
+    for line in text.splitlines():
+        m = _SHARED.match(line)
+        if not m:
+            out.append(line)
+            continue
+        ind, align, typ, stars, name, dims, rest = m.groups()
+        store = f"rt_emu_sh_{name}"
+        slot = f"{store}[blockIdx.x % RT_EMU_MAX_BLOCKS].v"
+        out.append(f"{ind}static struct alignas({align or 16}) {{ {typ} {stars}v{dims}; }} "
+                   f"{store}[RT_EMU_MAX_BLOCKS];{rest}")
+        if ind:
+            out.append(f"{ind}{typ} {stars}(&{name}){dims} = {slot};")
+        else:
+            out.append(f"#define {name} ({slot})")
+    return "\n".join(out)
 
 
 def build(source: str, checked: bool = True, workdir: Path | None = None) -> dict[str, Kernel]:
@@ -154,8 +266,9 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
     from runtime.cuda import translate
 
     cs = translate(source, checked=checked)
-    text = DEVICE + cs.text.replace(_EXIT, "rt_emu_exit()")
-    text += "".join(_launcher(k, sig.params, checked) for k, sig in cs.kernels.items())
+    text = DEVICE + _per_block_shared(cs.text.replace(_EXIT, "rt_emu_exit()"))
+    text += "".join(_launcher(k, sig.params, checked, sig.group_sync)
+                    for k, sig in cs.kernels.items())
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     out = Path(workdir or tempfile.gettempdir()) / f"capqr_emu_{key}.so"
     if not out.exists():

@@ -5,8 +5,10 @@ same translation of kernels/gpu/*.c - the checked build, with its loop
 versioning and checks - under a CPU model of blocks, threads and barriers, so
 the launch plans (one and two panels per update) are exercised end to end in CI:
 kernels.check passes, the result agrees with the numpy model of the kernels,
-and a planted out-of-range launch faults at the exact index.  Kernels that use
-warp collectives or grid barriers (gpu_qr_steps) are not modelled here.
+and a planted out-of-range launch faults at the exact index.  gpu_qr_steps runs
+its blocks at once (its grid barrier) and its shuffles through the emulated warps;
+a loop with a shuffle, versioned under a warp vote, is run with lanes whose guards
+differ.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import kernels.gpu as g
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 
-KINDS = {"panel": (g.PANEL_SOURCE, "gpu_qr_panel"),
+KINDS = {"steps": (g.PANEL_STEPS_SOURCE, "gpu_qr_steps"),
+         "panel": (g.PANEL_SOURCE, "gpu_qr_panel"),
          "panel_small": (g.PANEL_SMALL_SOURCE, "gpu_qr_panel_small"),
          "update_z": (g.UPDATE_SOURCE, "gpu_qr_update_z"),
          "update_apply": (g.UPDATE_SOURCE, "gpu_qr_update_apply"),
@@ -48,7 +51,8 @@ def emulated_raw(tmp_path_factory) -> dict:
     return _build(tmp_path_factory, False)
 
 
-def _qr(emulated: dict, a: np.ndarray, two_panel: bool) -> tuple[np.ndarray, np.ndarray]:
+def _qr(emulated: dict, a: np.ndarray, two_panel: bool,
+        tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     batch, n, _ = a.shape
     A = a.copy()
     tau = np.zeros((batch, n), np.float32)
@@ -56,10 +60,12 @@ def _qr(emulated: dict, a: np.ndarray, two_panel: bool) -> tuple[np.ndarray, np.
           "work2": np.zeros(g.work_size(batch), np.float32),
           "scratch": np.zeros(g.scratch_size(batch, n), np.float32),
           "gram": np.zeros(g.gram_size(batch, n), np.float32),
-          "vt": np.zeros(g.vt_size(batch, n), np.float32)}
-    for step in g.launch_plan(batch, n, None, two_panel=two_panel):
+          "vt": np.zeros(g.vt_size(batch, n), np.float32),
+          "steps": np.zeros(g.steps_size(batch, n), np.float64)}
+    for step in g.launch_plan(batch, n, tall_rows, two_panel=two_panel):
         w = ws["work2"] if step.slot else ws["work"]
         caps = {"panel": [A, tau, w], "panel_small": [A, tau, w],
+                "steps": [A, tau, w, ws["steps"]],
                 "update_z": [A, ws["scratch"], ws["vt"]],
                 "update_apply": [A, ws["work"], ws["scratch"], ws["vt"]],
                 "update2_z": [A, ws["scratch"], ws["gram"], ws["vt"]],
@@ -106,3 +112,40 @@ def test_emulated_checked_equals_raw(emulated, emulated_raw, two_panel: bool) ->
     Hr, taur = _qr(raw, a, two_panel)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
     assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
+
+
+@pytest.mark.parametrize("two_panel", [False, True])
+def test_emulated_column_steps_pass_the_checker(emulated, two_panel: bool) -> None:
+    """Panels over row blocks (gpu_qr_steps: grid barrier, shuffles) as one
+    cooperative launch, its blocks running at once; agrees with the numpy model."""
+    from test_gpu_qr import model_qr
+
+    a = np.random.default_rng(5).standard_normal((2, 150, 150)).astype(np.float32)
+    H, tau = _qr(emulated, a, two_panel, tall_rows=64)
+    assert any(s.kernel == "steps" for s in g.launch_plan(2, 150, 64))
+    rep = kernels.check(a, H, tau)
+    assert rep.ok, str(rep)
+    Hm, taum = model_qr(a, 64, two_panel)
+    np.testing.assert_allclose(tau, taum, rtol=2e-3, atol=2e-4)
+
+
+@pytest.mark.parametrize("far", [0, 10_000])
+def test_emulated_warp_voted_loop(tmp_path_factory, far: int) -> None:
+    """tests/test_hoist.py WARP_LOOP (the device test is in tests/test_gpu_builtins.py):
+    lane 7's guard fails, the warp votes for the checked copy, every shuffle meets;
+    a planted value makes lane 7 fault at its exact index."""
+    from emulate_cuda import build
+    from test_gpu_builtins import _rot_oracle
+    from test_hoist import WARP_LOOP
+
+    k = build(WARP_LOOP, checked=True, workdir=tmp_path_factory.mktemp("emu"))["rot"]
+    n = 16
+    x = np.random.default_rng(far).standard_normal(n * 32).astype(np.float32)
+    out = np.zeros(32, np.float32)
+    assert k.launch([x, out, n, far], 1, 32) is None
+    np.testing.assert_allclose(out, _rot_oracle(x, n), rtol=1e-6, atol=1e-6)
+    if far:
+        x[3 * 32 + 7] = 1e31
+        fault = k.launch([x, out, n, far], 1, 32)
+        assert fault is not None and fault["kind"] == 1 and fault["thread"] == 7
+        assert fault["index"] == 3 * 32 + 7 + far
