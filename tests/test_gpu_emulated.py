@@ -149,3 +149,9 @@ def test_emulated_warp_voted_loop(tmp_path_factory, far: int) -> None:
         fault = k.launch([x, out, n, far], 1, 32)
         assert fault is not None and fault["kind"] == 1 and fault["thread"] == 7
         assert fault["index"] == 3 * 32 + 7 + far
+
+
+def test_readme_emulation_example_runs() -> None:
+    from readme_examples import run_readme_example
+
+    run_readme_example("GPU lane (runtime/cuda)", 1)
