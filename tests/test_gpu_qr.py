@@ -456,3 +456,21 @@ def test_matches_lapack_convention() -> None:
         (h_ref, tau_ref), _ = scipy_linalg.qr(a[b].astype(np.float64), mode="raw")
         np.testing.assert_allclose(H[b], h_ref, atol=2e-4, rtol=2e-3)
         np.testing.assert_allclose(tau[b], tau_ref, atol=2e-5, rtol=1e-4)
+
+
+def test_kernels_compile_on_first_use(monkeypatch) -> None:
+    """blocked_kernels compiles a launch kind when a plan first needs it (with its own
+    source and options), once; a plan without pairs of panels never builds theirs."""
+    from runtime import cuda as lane
+
+    built = []
+    monkeypatch.setattr(lane, "compile", lambda src, name, checked, options: built.append(
+        (name, checked, tuple(options))) or name)
+    ks = g._Compiled(checked=False)
+    for step in g.launch_plan(2, 300, None, two_panel=False):
+        assert ks[step.kernel] == "gpu_qr_" + step.kernel
+    assert sorted(n for n, _, _ in built) == ["gpu_qr_panel", "gpu_qr_panel_small",
+                                              "gpu_qr_update_apply", "gpu_qr_update_z"]
+    assert ("gpu_qr_panel", False, g.PANEL_OPTIONS) in built
+    assert ks["update2_z"] == "gpu_qr_update2_z" and len(built) == 5
+    assert ks["update2_z"] == "gpu_qr_update2_z" and len(built) == 5  # cached

@@ -179,25 +179,38 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
     return plan
 
 
+def _kernel_spec(kind: str) -> tuple[str, str, tuple[str, ...]]:
+    """(source, kernel name, NVRTC options) of one launch kind, read when compiled."""
+    return {"panel": (PANEL_SOURCE, "gpu_qr_panel", PANEL_OPTIONS),
+            "panel_small": (PANEL_SMALL_SOURCE, "gpu_qr_panel_small", ()),
+            "steps": (PANEL_STEPS_SOURCE, "gpu_qr_steps", STEPS_OPTIONS),
+            "update_z": (UPDATE_SOURCE, "gpu_qr_update_z", UPDATE_Z_OPTIONS),
+            "update_apply": (UPDATE_SOURCE, "gpu_qr_update_apply", UPDATE_OPTIONS),
+            "update2_z": (UPDATE_SOURCE, "gpu_qr_update2_z", UPDATE2_OPTIONS),
+            "update2_apply": (UPDATE_SOURCE, "gpu_qr_update2_apply", UPDATE2_OPTIONS)}[kind]
+
+
+class _Compiled(dict):
+    """Launch kind -> compiled kernel, each compiled on first use (a plan without
+    pairs of panels never builds the two-panel kernels)."""
+
+    def __init__(self, checked: bool):
+        super().__init__()
+        self.checked = checked
+
+    def __missing__(self, kind: str) -> Any:
+        from runtime import cuda
+
+        source, name, options = _kernel_spec(kind)
+        kernel = self[kind] = cuda.compile(source, name, checked=self.checked, options=options)
+        return kernel
+
+
 @cache
 def blocked_kernels(checked: bool = True) -> dict[str, Any]:
-    """The compiled panel and update kernels (checked or raw build), cached per process."""
-    from runtime import cuda
-
-    return {"panel": cuda.compile(PANEL_SOURCE, "gpu_qr_panel", checked=checked,
-                                  options=PANEL_OPTIONS),
-            "panel_small": cuda.compile(PANEL_SMALL_SOURCE, "gpu_qr_panel_small",
-                                        checked=checked),
-            "steps": cuda.compile(PANEL_STEPS_SOURCE, "gpu_qr_steps", checked=checked,
-                                  options=STEPS_OPTIONS),
-            "update_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_z", checked=checked,
-                                     options=UPDATE_Z_OPTIONS),
-            "update_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update_apply",
-                                         checked=checked, options=UPDATE_OPTIONS),
-            "update2_z": cuda.compile(UPDATE_SOURCE, "gpu_qr_update2_z", checked=checked,
-                                      options=UPDATE2_OPTIONS),
-            "update2_apply": cuda.compile(UPDATE_SOURCE, "gpu_qr_update2_apply",
-                                          checked=checked, options=UPDATE2_OPTIONS)}
+    """The panel and update kernels (checked or raw build) by launch kind, compiled on
+    first use and cached per process."""
+    return _Compiled(checked)
 
 
 def work_size(batch: int) -> int:
