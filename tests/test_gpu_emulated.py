@@ -1,14 +1,16 @@
-"""The GPU QR kernels' generated CUDA, run on the CPU (tests/emulate_cuda.py).
+"""The GPU lane's generated CUDA, run on the CPU (tests/emulate_cuda.py).
 
-The device tests (tests/test_gpu_qr.py, ``-m gpu``) need a GPU; these run the
-same translation of kernels/gpu/*.c - the checked build, with its loop
-versioning and checks - under a CPU model of blocks, threads and barriers, so
-the launch plans (one and two panels per update) are exercised end to end in CI:
-kernels.check passes, the result agrees with the numpy model of the kernels,
-and a planted out-of-range launch faults at the exact index.  gpu_qr_steps runs
-its blocks at once (its grid barrier) and its shuffles through the emulated warps;
-a loop with a shuffle, versioned under a warp vote, is run with lanes whose guards
-differ.
+The device tests (``-m gpu``) need a GPU; these run the same translation - the
+checked build, with its loop versioning and checks - under a CPU model of
+blocks, threads, warps and barriers, in CI:
+- the GPU QR launch plans (one and two panels per update) end to end:
+  kernels.check passes, the result agrees with the numpy model of the kernels,
+  checked equals raw bit for bit, a planted out-of-range launch faults at the
+  exact index; gpu_qr_steps runs its blocks at once (its grid barrier) and its
+  shuffles through the emulated warps;
+- a loop with a shuffle, versioned under a warp vote, with lanes whose guards
+  differ;
+- the bounds fuzz of tests/test_fuzz_bounds.py against the GPU lane's checks.
 """
 
 from __future__ import annotations
@@ -155,3 +157,65 @@ def test_readme_emulation_example_runs() -> None:
     from readme_examples import run_readme_example
 
     run_readme_example("GPU lane (runtime/cuda)", 1)
+
+
+# ---------------------------------------------------------------------------
+# the GPU lane's checks under the bounds fuzz of tests/test_fuzz_bounds.py
+EMU_DTYPES = ("f32", "f64", "i32", "i64")  # f16 converts through PTX asm: not emulated
+
+
+@pytest.fixture(scope="module")
+def fuzz_kernels(tmp_path_factory) -> dict:
+    from emulate_cuda import build
+    from test_fuzz_bounds import LOAD_SRC, SENTINEL, STORE_SRC
+
+    d = tmp_path_factory.mktemp("emu")
+    out = {}
+    for t in EMU_DTYPES:
+        v = repr(SENTINEL[t]) + ("LL" if t == "i64" else "")
+        out[t] = (build(STORE_SRC.format(t=t, v=v), workdir=d)[f"fz_store_{t}"],
+                  build(LOAD_SRC.format(t=t), workdir=d)[f"fz_load_{t}"])
+    return out
+
+
+def _fuzz_cases():
+    from test_fuzz_bounds import cases
+
+    return cases().filter(lambda c: c[0] in EMU_DTYPES)
+
+
+def test_emulated_gpu_store_and_load_land_iff_in_bounds(fuzz_kernels) -> None:
+    """On the GPU lane's generated code: a store lands and a load reads iff the index
+    is in bounds; otherwise the fault record holds the out-of-bounds kind and the exact
+    index, and no byte of the buffer or its neighbours changed (canaries)."""
+    from hypothesis import HealthCheck, given, settings
+    from test_fuzz_bounds import GUARD, SENTINEL, canary, wrap64
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_fuzz_cases())
+    def run(case) -> None:
+        t, n, org, i, stride, off, seed = case
+        store, load = fuzz_kernels[t]
+        idx = wrap64(i * stride + off)
+        pos = org + idx
+        big = canary(t, n, seed)
+        orig = big.copy()
+        fault = store.launch([big[GUARD:GUARD + n], org, i, stride, off], 1, 1)
+        want = orig.copy()
+        if 0 <= pos < n:
+            assert fault is None
+            want[GUARD + pos] = SENTINEL[t]
+        else:
+            assert fault is not None and (fault["kind"], fault["index"]) == (1, idx)
+        assert big.tobytes() == want.tobytes()
+        out = np.zeros(1, big.dtype)
+        big = orig.copy()
+        fault = load.launch([big[GUARD:GUARD + n], out, org, i, stride, off], 1, 1)
+        if 0 <= pos < n:
+            assert fault is None and out.tobytes() == orig[GUARD + pos:GUARD + pos + 1].tobytes()
+        else:
+            assert fault is not None and (fault["kind"], fault["index"]) == (1, idx)
+            assert not out.any()
+        assert big.tobytes() == orig.tobytes()
+
+    run()
