@@ -93,6 +93,19 @@ def test_emulated_gpu_qr_passes_the_checker(emulated, batch: int, n: int,
     np.testing.assert_allclose(H, Hm, rtol=2e-2, atol=2e-3 * float(np.abs(a).max()))
 
 
+@pytest.mark.parametrize("two_panel", [False, True])
+def test_emulated_stress_inputs(emulated, two_panel: bool) -> None:
+    """tests/test_gpu_qr.py's stress inputs (graded, near rank deficient, zero and
+    duplicate columns, huge, tiny), 100 x 100 (pairs of panels with a trailing update)."""
+    from test_gpu_qr import STRESS, _stress
+
+    rng = np.random.default_rng(11)
+    for kind in STRESS:
+        a = np.stack([_stress(kind, 100, rng) for _ in range(2)])
+        H, tau = _qr(emulated, a, two_panel)
+        rep = kernels.check(a, H, tau)
+        assert rep.ok, (kind, str(rep))
+
 def test_emulated_update_launch_past_the_matrix_faults(emulated) -> None:
     """An update told the matrix is larger than the buffer faults on A, at the first
     element past it, like the device (the checks are the device's own code)."""
