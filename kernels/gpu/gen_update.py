@@ -162,6 +162,19 @@ def _w_from_z(out: list[str], t_arr: str, z_arr: str, z_off: int, w_off: int) ->
     out.append("    }")
 
 
+def _apply_chunk(out: list[str]) -> None:
+    """Open the loop over the block's chunks of C: the chunk and the first 32 rows of
+    V^T into shared memory, the register tile in, C -= V W for those reflectors.
+    V^T is used as the Z launch left it: rows and columns past the chunk's and the
+    strip's last are not fixed up, they only reach elements no one stores back."""
+    out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
+    out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
+    out.append(f"        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
+    out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
+    _tile_in(out)
+    _apply_half(out, 0)
+
+
 def _kernel_z(out: list[str]) -> None:
     out.append("KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,")
     out.append("                            int64_t nb, int64_t ce, int64_t nstrips, int64_t nrb,")
@@ -215,14 +228,7 @@ def _kernel_apply(out: list[str]) -> None:
     out.append("    rt_sync_threads();")
     _w_from_z(out, "smem_c", "smem_c", 1024, 0)
     out.append("    rt_sync_threads();")
-    out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
-    # V^T as gpu_qr_update_z left it; rows and columns past the chunk's and the
-    # strip's last are not fixed up: they only reach elements no one stores back
-    out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
-    out.append(f"        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
-    out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
-    _tile_in(out)
-    _apply_half(out, 0)
+    _apply_chunk(out)
     _tile_out(out)
     out.append("    }")
     out.append("}")
@@ -344,12 +350,7 @@ def _kernel_apply2(out: list[str]) -> None:
     out.append("    rt_sync_threads();")
     # W2 = T2^T Y
     _w_from_z(out, "smem_vt", "smem_c", ZP, ZP)
-    out.append(f"    for (int64_t r0 = rlo; r0 < rhi; r0 += {CHUNK}) {{")
-    out.append(f"        int64_t rows = rhi - r0 < {CHUNK} ? rhi - r0 : {CHUNK};")
-    out.append(f"        cap_tile_load_f32(VB, r0, n, 32, rows, smem_vt, 0, {VT_LD});")
-    out.append(f"        cap_tile_load_f32(M, r0 * n + cs, n, rows, cols, smem_c, 0, {STRIP});")
-    _tile_in(out)
-    _apply_half(out, 0)
+    _apply_chunk(out)
     out.append(f"        cap_tile_load_f32(VB, 32 * n + r0, n, 32, rows, smem_vt, 0, {VT_LD});")
     _apply_half(out, 32)
     _tile_out(out)
