@@ -139,6 +139,65 @@ def _scale_run(n: int, threads: int, reps: int) -> dict[str, Any]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+# What the cores alone allow: every worker runs the same vector FMA loop on
+# registers and L1 only (no shared memory traffic, no synchronisation), and the
+# time of one block alone over the time of a block while every worker runs one
+# is the efficiency ceiling that clocks and power set for any kernel (all-core
+# turbo below single-core turbo).
+_CLOCK_KERNEL = """
+KERNEL void clock_spin(cap_t out, int64_t iters)
+{
+    float acc[64];
+    for (int64_t k = 0; k < 64; k++)
+        acc[k] = (float)k;
+    for (int64_t i = 0; i < iters; i++)
+        for (int64_t k = 0; k < 64; k++)
+            acc[k] = fmaf(acc[k], 0.999999f, 1e-6f);
+    float s = 0.0f;
+    for (int64_t k = 0; k < 64; k++)
+        s += acc[k];
+    cap_store_f32(out, rt_block_idx(), s);
+}
+"""
+_CLOCK_SCRIPT = """
+import json, sys, time
+import capabilities, numpy as np, runtime
+from bench.qr_parallel import _CLOCK_KERNEL
+iters = int(sys.argv[1])
+k = runtime.compile(_CLOCK_KERNEL, "clock_spin")
+w = runtime.threads()
+out = capabilities.alloc((w,), np.float32)
+runtime.launch(k, [out], args=(iters // 10,), grid=w)
+ts = []
+for _ in range(3):
+    t0 = time.perf_counter(); runtime.launch(k, [out], args=(iters,), grid=w)
+    ts.append(time.perf_counter() - t0)
+print(json.dumps({"threads": w, "block_s": min(ts)}))
+"""
+
+
+def _clock_run(threads: int, iters: int) -> dict[str, Any]:
+    env = dict(os.environ, CAPQR_THREADS=str(threads))
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", _CLOCK_SCRIPT, str(iters)], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        return {"error": p.stderr[-500:]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def clock_ceiling(threads: int, quick: bool) -> dict[str, Any]:
+    """Time of the FMA loop (_CLOCK_KERNEL) for one block alone over its time with a
+    block on each of ``threads`` workers: the scaling ceiling of this machine."""
+    iters = 5_000_000 if quick else 50_000_000
+    one, all_ = _clock_run(1, iters), _clock_run(threads, iters)
+    if "error" in one or "error" in all_:
+        return {"error": one.get("error") or all_.get("error")}
+    return {"threads": threads, "one_block_s": one["block_s"], "all_blocks_s": all_["block_s"],
+            "ceiling": one["block_s"] / all_["block_s"]}
+
+
 def scaling(quick: bool, rounds: int = 3) -> list[dict[str, Any]]:
     """GF/s of one n x n matrix with 1, 2 and all workers: one subprocess per
     worker count and round, the counts interleaved round by round."""
@@ -172,6 +231,11 @@ def scaling(quick: bool, rounds: int = 3) -> list[dict[str, Any]]:
         print(f"scaling n={n}: {r.get('threads')} workers {r.get('gflops', float('nan')):6.1f} "
               f"GF/s (best {r.get('gflops_best', float('nan')):6.1f}), efficiency "
               f"{r.get('efficiency', float('nan')):.2f} (goal >= 0.8)", flush=True)
+    if cores > 1:
+        clock = clock_ceiling(cores, quick)
+        out[-1]["clock"] = clock
+        print(f"scaling ceiling with {cores} workers: {clock.get('ceiling', float('nan')):.2f} "
+              "(a vector FMA loop on registers, one block alone vs one per worker)", flush=True)
     return out
 
 

@@ -214,3 +214,13 @@ def test_source_digest_names_the_commit(tmp_path: Path) -> None:
     assert source_digest(tmp_path) == first
     (tmp_path / "kernels" / "gpu" / "k.c").write_text("KERNEL void k(cap_t b) { }\n")
     assert source_digest(tmp_path) != first
+
+
+def test_clock_ceiling_measures_a_ratio() -> None:
+    """bench.qr_parallel.clock_ceiling: one block alone vs one per worker (subprocesses
+    with CAPQR_THREADS 1 and 2), a time ratio, not an error."""
+    from bench.qr_parallel import clock_ceiling
+
+    r = clock_ceiling(2, quick=True)
+    assert "error" not in r, r
+    assert r["one_block_s"] > 0 and r["all_blocks_s"] > 0 and 0.2 < r["ceiling"] < 2.0
