@@ -152,26 +152,30 @@ class Kernel:
 
     def launch(self, args: list[Any], grid: int, block: int) -> dict[str, int] | None:
         """Run ``grid`` blocks of ``block`` threads; args in the kernel's order (numpy
-        arrays for caps, numbers for scalars).  Returns the fault record's fields
-        (kind, line, block, thread, index) or None."""
+        arrays for caps, or (array, "r") for a read-only one; numbers for scalars).
+        Returns the fault record's fields (kind, access, line, block, thread, index,
+        slot) or None."""
         caps = [a for (_, k), a in zip(self.params, args, strict=True) if k == "cap"]
         ints = [int(a) for (_, k), a in zip(self.params, args, strict=True) if k == "int64"]
         dbls = [float(a) for (_, k), a in zip(self.params, args, strict=True)
                 if k in ("double", "float")]
         c = _ffi.new("cap_t[]", max(1, len(caps)))
+        keep = []
         for i, a in enumerate(caps):
+            a, perms = a if isinstance(a, tuple) else (a, "rw")
             buf = _ffi.from_buffer(a, require_writable=True)
-            ptr = _ffi.cast("char *", buf)
-            c[i].p = c[i].lo = ptr
-            c[i].rlen = c[i].wlen = a.nbytes
+            keep.append(buf)
+            c[i].p = c[i].lo = _ffi.cast("char *", buf)
+            c[i].rlen = a.nbytes if "r" in perms else 0
+            c[i].wlen = a.nbytes if "w" in perms else 0
             c[i].tag = i + 1
         rec = _ffi.new("rt_gpu_fault *")
         self.fn(c, _ffi.new("long long[]", ints or [0]), _ffi.new("double[]", dbls or [0.0]),
                 rec, grid, block)
         if not rec.flag:
             return None
-        return {"kind": rec.kind, "line": rec.line, "block": rec.block, "thread": rec.thread,
-                "index": rec.index, "slot": rec.slot}
+        return {"kind": rec.kind, "access": rec.access, "line": rec.line, "block": rec.block,
+                "thread": rec.thread, "index": rec.index, "slot": rec.slot}
 
 
 _ffi: Any = None

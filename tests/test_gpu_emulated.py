@@ -232,3 +232,39 @@ def test_emulated_gpu_store_and_load_land_iff_in_bounds(fuzz_kernels) -> None:
         assert big.tobytes() == orig.tobytes()
 
     run()
+
+
+# ---------------------------------------------------------------------------
+# the conformance table's fault cases on the GPU lane's generated code
+def _conformance_cases():
+    from test_conformance import FAULT_CASES
+
+    return FAULT_CASES
+
+
+@pytest.mark.parametrize("case", _conformance_cases(), ids=lambda c: c.ident)
+def test_emulated_gpu_faults_match_the_conformance_table(tmp_path_factory, case) -> None:
+    """tests/test_conformance.py's fault cases (run on the CPU lane in CI, on the GPU
+    lane on a device), on the GPU lowering: the record names the same fault kind,
+    access, line and index, the buffer (slot 0 is x; -1 a cap made from an integer),
+    and the refused access touched nothing: neighbours and x intact."""
+    from capabilities import abi
+    from emulate_cuda import build
+
+    k = build(case.src, workdir=tmp_path_factory.mktemp("emu"))["k"]
+    big = np.concatenate([np.full(64, 3.0), np.zeros(case.n), np.full(64, 5.0)]
+                         ).astype(np.float32)
+    x = big[64:64 + case.n]
+    fault = k.launch([(x, case.perms), case.n], 1, 1)
+    assert fault is not None
+    assert abi.FAULT_REASON[fault["kind"]] == case.reason
+    assert abi.ACCESS[fault["access"]] == case.access and fault["line"] == case.line
+    if case.index is not None:
+        assert fault["index"] == case.index
+    if case.buffer == "x":
+        assert fault["slot"] == 0
+    elif case.buffer == "<int-derived>":
+        assert fault["slot"] == -1
+    assert (big[:64] == 3.0).all() and (big[64 + case.n:] == 5.0).all()
+    if not case.ident.startswith("hoisted"):
+        assert (x == 0.0).all()
