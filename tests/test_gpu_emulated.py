@@ -10,7 +10,8 @@ blocks, threads, warps and barriers, in CI:
   shuffles through the emulated warps;
 - a loop with a shuffle, versioned under a warp vote, with lanes whose guards
   differ;
-- the bounds fuzz of tests/test_fuzz_bounds.py against the GPU lane's checks.
+- the bounds fuzz of tests/test_fuzz_bounds.py and the fault cases of
+  tests/test_conformance.py against the GPU lane's checks.
 """
 
 from __future__ import annotations
@@ -248,8 +249,9 @@ def test_emulated_gpu_faults_match_the_conformance_table(tmp_path_factory, case)
     lane on a device), on the GPU lowering: the record names the same fault kind,
     access, line and index, the buffer (slot 0 is x; -1 a cap made from an integer),
     and the refused access touched nothing: neighbours and x intact."""
-    from capabilities import abi
     from emulate_cuda import build
+
+    from capabilities import abi
 
     k = build(case.src, workdir=tmp_path_factory.mktemp("emu"))["k"]
     big = np.concatenate([np.full(64, 3.0), np.zeros(case.n), np.full(64, 5.0)]
