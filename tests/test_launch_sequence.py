@@ -19,6 +19,7 @@ device half of the protocol is checked on a GPU by tests/test_gpu_async.py.
 
 from __future__ import annotations
 
+import functools
 import gc as pygc
 from types import SimpleNamespace
 from typing import Any
@@ -664,3 +665,40 @@ def test_fake_group_arguments_are_refused_before_anything_runs(fake: FakeDevice)
     with pytest.raises(TypeError, match="tuples"):
         lane.launch_many([(g, [x], (0,), 8, 64, 8, "extra")])
     assert fake.calls.get("launch", 0) == 0 and lane.pending() == 0
+
+
+_translate_once = functools.cache(lane.translate)
+
+
+@pytest.mark.parametrize("batch,n,tall_rows,two_panel", [
+    (3, 161, None, False), (3, 161, None, True), (1, 300, 64, True), (1, 96, "auto", False)])
+def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monkeypatch,
+                                                           batch: int, n: int, tall_rows,
+                                                           two_panel: bool) -> None:
+    """kernels.gpu.qr_launch on the fake device, with the real kernel sources: every
+    launch of the plan (one or two panels per update, column steps where the grid
+    fits) passes the lane's argument, block-size and group checks against its
+    kernel's signature, runs, and the sequence syncs once."""
+    import kernels.gpu as g
+
+    monkeypatch.setattr(lane, "translate", _translate_once)  # the sources are the same
+    ks = {kind: _fake_kernel(fake, src, name) for kind, (src, name, _) in
+          ((k, g._kernel_spec(k)) for k in ("panel", "panel_small", "steps", "update_z",
+                                            "update_apply", "update2_z", "update2_apply"))}
+    monkeypatch.setattr(g, "blocked_kernels", lambda checked=True: ks)
+    A = lane.alloc_device((batch, n, n), np.float32, name="A")
+    tau = lane.alloc_device((batch, n), np.float32, name="tau")
+    ws = g.Workspace.alloc(batch, n)
+    try:
+        g.qr_launch(A, tau, ws, n, tall_rows=tall_rows, two_panel=two_panel)
+        plan = g.launch_plan(batch, n, tall_rows, ks["steps"].max_group(g.STEP_BLOCK),
+                             two_panel)
+        assert [f.split("@")[0] for f, _ in fake.ran] == [
+            g._kernel_spec(s.kernel)[1] for s in plan]
+        kinds = {s.kernel for s in plan}
+        assert ("update2_z" in kinds) == two_panel and ("steps" in kinds) == (n == 300)
+        assert fake.calls["synchronize"] == 1
+    finally:
+        ws.free()
+        A.free()
+        tau.free()
