@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from capabilities import abi
 
 DEVICE = r"""
@@ -297,7 +295,3 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
                   "rt_gpu_fault *, int, int);", override=True)
         kernels[k] = Kernel(k, sig.params, getattr(lib, f"emu_{k}"))
     return kernels
-
-
-def zeros(n: int, dtype: Any = np.float32) -> np.ndarray:
-    return np.zeros(max(1, n), dtype)

@@ -59,21 +59,9 @@ def _qr(emulated: dict, a: np.ndarray, two_panel: bool,
     batch, n, _ = a.shape
     A = a.copy()
     tau = np.zeros((batch, n), np.float32)
-    ws = {"work": np.zeros(g.work_size(batch), np.float32),
-          "work2": np.zeros(g.work_size(batch), np.float32),
-          "scratch": np.zeros(g.scratch_size(batch, n), np.float32),
-          "gram": np.zeros(g.gram_size(batch, n), np.float32),
-          "vt": np.zeros(g.vt_size(batch, n), np.float32),
-          "steps": np.zeros(g.steps_size(batch, n), np.float64)}
+    ws = g.Workspace.alloc(batch, n, alloc=lambda size, dtype, name: np.zeros(size, dtype))
     for step in g.launch_plan(batch, n, tall_rows, two_panel=two_panel):
-        w = ws["work2"] if step.slot else ws["work"]
-        caps = {"panel": [A, tau, w], "panel_small": [A, tau, w],
-                "steps": [A, tau, w, ws["steps"]],
-                "update_z": [A, ws["scratch"], ws["vt"]],
-                "update_apply": [A, ws["work"], ws["scratch"], ws["vt"]],
-                "update2_z": [A, ws["scratch"], ws["gram"], ws["vt"]],
-                "update2_apply": [A, ws["work"], ws["work2"], ws["scratch"], ws["gram"],
-                                  ws["vt"]]}[step.kernel]
+        caps = ws.caps(step, A, tau)
         fault = emulated[step.kernel].launch(caps + list(step.args), step.grid, step.block)
         assert fault is None, (step, fault)
     return A, tau

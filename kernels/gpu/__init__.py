@@ -32,6 +32,7 @@ made it (``launch_index``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -268,16 +269,21 @@ class Workspace:
     vt: Any
 
     @classmethod
-    def alloc(cls, batch: int, n: int, prefix: str = "qr.") -> Workspace:
-        from runtime import cuda
+    def alloc(cls, batch: int, n: int, prefix: str = "qr.",
+              alloc: Callable[..., Any] | None = None) -> Workspace:
+        """Device buffers (``alloc(size, dtype, name=...)``, default
+        runtime.cuda.alloc_device) sized for either plan."""
+        if alloc is None:
+            from runtime import cuda
 
+            alloc = cuda.alloc_device
         f32 = np.float32
-        return cls(cuda.alloc_device(work_size(batch), f32, name=prefix + "work"),
-                   cuda.alloc_device(work_size(batch), f32, name=prefix + "work2"),
-                   cuda.alloc_device(scratch_size(batch, n), f32, name=prefix + "scratch"),
-                   cuda.alloc_device(gram_size(batch, n), f32, name=prefix + "gram"),
-                   cuda.alloc_device(steps_size(batch, n), np.float64, name=prefix + "steps"),
-                   cuda.alloc_device(vt_size(batch, n), f32, name=prefix + "vt"))
+        return cls(alloc(work_size(batch), f32, name=prefix + "work"),
+                   alloc(work_size(batch), f32, name=prefix + "work2"),
+                   alloc(scratch_size(batch, n), f32, name=prefix + "scratch"),
+                   alloc(gram_size(batch, n), f32, name=prefix + "gram"),
+                   alloc(steps_size(batch, n), np.float64, name=prefix + "steps"),
+                   alloc(vt_size(batch, n), f32, name=prefix + "vt"))
 
     def caps(self, step: Launch, A: Any, tau: Any) -> list[Any]:
         """The capability arguments of one launch of the plan."""
