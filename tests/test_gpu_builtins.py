@@ -224,17 +224,42 @@ def _tf32(x: np.ndarray) -> np.ndarray:
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
-def _mma_run(checked: bool, args: tuple, block: int = 64):
-    rng = np.random.default_rng(7)
-    a_h = rng.standard_normal(512).astype(np.float32)
-    b_h = rng.standard_normal(512).astype(np.float32)
-    c_h = rng.standard_normal(1024).astype(np.float32)
-    k = cuda.compile(MMA_SRC, "mma", checked=checked)
-    a = cuda.to_device(a_h, perms="r", name="a")
-    b = cuda.to_device(b_h, perms="r", name="b")
-    c = cuda.to_device(c_h, name="c")
-    cuda.launch(k, [a, b, c], args=args, grid=1, block=block, timeout=20)
-    return a_h, b_h, c_h, c.numpy()
+def _mma_buffers(n_ab: int, n_c: int, seed: int | None = None) -> tuple[list, list]:
+    """The MMA test kernels' a and b (n_ab floats, read-only) and c (n_c floats): standard
+    normal from ``seed``, or ones, ones and twos (seed None: the fault cases).  Returns
+    the host arrays and their device copies."""
+    if seed is None:
+        hosts = [np.ones(n_ab, np.float32), np.ones(n_ab, np.float32),
+                 np.full(n_c, 2.0, np.float32)]
+    else:
+        rng = np.random.default_rng(seed)
+        hosts = [rng.standard_normal(m).astype(np.float32) for m in (n_ab, n_ab, n_c)]
+    caps = [cuda.to_device(h, perms=p, name=nm) for h, p, nm in zip(hosts, ("r", "r", "rw"),
+                                                                      "abc", strict=True)]
+    return hosts, caps
+
+
+def _mma_launch(src: str, name: str, n_ab: int, n_c: int, args: tuple, seed: int,
+                checked: bool = True):
+    """Run an MMA test kernel (two warps) on random inputs: (a, b, c as given, c
+    afterwards)."""
+    (a_h, b_h, c_h), caps = _mma_buffers(n_ab, n_c, seed)
+    cuda.launch(cuda.compile(src, name, checked=checked), caps, args=args, grid=1, block=64,
+                timeout=20)
+    return a_h, b_h, c_h, caps[2].numpy()
+
+
+def _mma_fault(src: str, name: str, n_ab: int, n_c: int, args: tuple, block: int = 64):
+    """The fault an MMA test kernel raises on ones and twos, and c after it."""
+    _, caps = _mma_buffers(n_ab, n_c)
+    k = cuda.compile(src, name)
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(k, caps, args=args, grid=1, block=block, timeout=20)
+    return ei.value, caps[2].numpy()
+
+
+def _mma_run(checked: bool, args: tuple):
+    return _mma_launch(MMA_SRC, "mma", 512, 1024, args, 7, checked)
 
 
 @pytest.mark.parametrize("c_off,ldc,a_off,lda,b_off,ldb", [
@@ -270,15 +295,9 @@ def test_warp_mma_equals_tf32_matmul(c_off, ldc, a_off, lda, b_off, ldb) -> None
 def test_warp_mma_out_of_range_tile_faults_exactly(args, buffer, index) -> None:
     """A tile that leaves its shared array faults before the MMA, at the tile's first
     element outside (rows, then columns), and the block writes nothing back."""
-    k = cuda.compile(MMA_SRC, "mma")
-    a = cuda.to_device(np.ones(512, np.float32), perms="r", name="a")
-    b = cuda.to_device(np.ones(512, np.float32), perms="r", name="b")
-    c = cuda.to_device(np.full(1024, 2.0, np.float32), name="c")
-    with pytest.raises(CapabilityFault) as ei:
-        cuda.launch(k, [a, b, c], args=args, grid=1, block=64, timeout=20)
-    e = ei.value
+    e, c = _mma_fault(MMA_SRC, "mma", 512, 1024, args)
     assert (e.reason, e.buffer, e.index, e.line) == ("local-array", buffer, index, MMA_LINE)
-    assert np.all(c.numpy() == 2.0)
+    assert np.all(c == 2.0)
 
 
 @pytest.mark.parametrize("args,block,position", [
@@ -289,13 +308,7 @@ def test_warp_mma_out_of_range_tile_faults_exactly(args, buffer, index) -> None:
     ((0, 16, 0, 8, 0, 16, -1), 48, 0),      # the second warp has 16 lanes
 ], ids=["misaligned-offset", "odd-stride", "narrow-stride", "lanes-disagree", "partial-warp"])
 def test_warp_mma_contract_faults_with_the_argument(args, block, position) -> None:
-    k = cuda.compile(MMA_SRC, "mma")
-    a = cuda.to_device(np.ones(512, np.float32), perms="r", name="a")
-    b = cuda.to_device(np.ones(512, np.float32), perms="r", name="b")
-    c = cuda.to_device(np.full(1024, 2.0, np.float32), name="c")
-    with pytest.raises(CapabilityFault) as ei:
-        cuda.launch(k, [a, b, c], args=args, grid=1, block=block, timeout=20)
-    e = ei.value
+    e, _ = _mma_fault(MMA_SRC, "mma", 512, 1024, args, block)
     assert (e.reason, e.index, e.buffer, e.line) == ("argument", position, None, MMA_LINE)
     assert "rt_warp_mma_tf32" in str(e)
 
@@ -332,16 +345,7 @@ MMA_F32_LINE = 17  # the rt_warp_mma_f32 call of MMA_F32_SRC
 
 
 def _mma32(args: tuple, checked: bool = True):
-    rng = np.random.default_rng(11)
-    a_h = rng.standard_normal(2048).astype(np.float32)
-    b_h = rng.standard_normal(2048).astype(np.float32)
-    c_h = rng.standard_normal(512).astype(np.float32)
-    k = cuda.compile(MMA_F32_SRC, "mma32", checked=checked)
-    a = cuda.to_device(a_h, perms="r", name="a")
-    b = cuda.to_device(b_h, perms="r", name="b")
-    c = cuda.to_device(c_h, name="c")
-    cuda.launch(k, [a, b, c], args=args, grid=1, block=64, timeout=20)
-    return a_h, b_h, c_h, c.numpy()
+    return _mma_launch(MMA_F32_SRC, "mma32", 2048, 512, args, 11, checked)
 
 
 @pytest.mark.parametrize("lda,ldb,k", [(64, 16, 64), (40, 20, 32), (128, 16, 128)])
@@ -371,15 +375,9 @@ def test_warp_mma_f32_is_fp32_accurate(lda, ldb, k) -> None:
     ((128, 16, 136, -1), "local-array", "smem_a", 2048),   # row 15 of A runs past the end
 ], ids=["k-12", "k-0", "lanes-disagree-on-k", "lda-below-k", "a-past-end"])
 def test_warp_mma_f32_faults_name_the_argument_or_element(args, reason, buffer, index) -> None:
-    k = cuda.compile(MMA_F32_SRC, "mma32")
-    a = cuda.to_device(np.ones(2048, np.float32), perms="r", name="a")
-    b = cuda.to_device(np.ones(2048, np.float32), perms="r", name="b")
-    c = cuda.to_device(np.full(512, 2.0, np.float32), name="c")
-    with pytest.raises(CapabilityFault) as ei:
-        cuda.launch(k, [a, b, c], args=args, grid=1, block=64, timeout=20)
-    e = ei.value
+    e, c = _mma_fault(MMA_F32_SRC, "mma32", 2048, 512, args)
     assert (e.reason, e.buffer, e.index, e.line) == (reason, buffer, index, MMA_F32_LINE)
-    assert np.all(c.numpy() == 2.0)
+    assert np.all(c == 2.0)
 
 
 MMA_AT_SRC = MMA_F32_SRC.replace("mma32", "mma_at").replace("rt_warp_mma_f32(",
@@ -389,16 +387,7 @@ MMA_AT_SRC = MMA_F32_SRC.replace("mma32", "mma_at").replace("rt_warp_mma_f32(",
 @pytest.mark.parametrize("lda,ldb,k", [(16, 16, 64), (40, 20, 32)])
 def test_warp_mma_f32_at_reads_a_transposed(lda, ldb, k) -> None:
     """rt_warp_mma_f32_at takes A^T (k x 16, row-major): the same fp32-level error."""
-    rng = np.random.default_rng(5)
-    a_h = rng.standard_normal(2048).astype(np.float32)
-    b_h = rng.standard_normal(2048).astype(np.float32)
-    c_h = rng.standard_normal(512).astype(np.float32)
-    kern = cuda.compile(MMA_AT_SRC, "mma_at")
-    a = cuda.to_device(a_h, perms="r", name="a")
-    b = cuda.to_device(b_h, perms="r", name="b")
-    c = cuda.to_device(c_h, name="c")
-    cuda.launch(kern, [a, b, c], args=(lda, ldb, k, -1), grid=1, block=64, timeout=20)
-    got = c.numpy()
+    a_h, b_h, c_h, got = _mma_launch(MMA_AT_SRC, "mma_at", 2048, 512, (lda, ldb, k, -1), 5)
     At = a_h[np.arange(k)[:, None] * lda + np.arange(16)].astype(np.float64)
     B = b_h[np.arange(k)[:, None] * ldb + np.arange(16)].astype(np.float64)
     scale = np.abs(At.T) @ np.abs(B) + 1.0
@@ -411,16 +400,10 @@ def test_warp_mma_f32_at_reads_a_transposed(lda, ldb, k) -> None:
 def test_warp_mma_f32_at_checks_the_transposed_tile() -> None:
     """A^T is k x 16: with k = 128 and lda = 16 its last row starts at 2032 (in range);
     k = 136 reaches row 128, index 2048: a local-array fault there."""
-    kern = cuda.compile(MMA_AT_SRC, "mma_at")
-    a = cuda.to_device(np.ones(2048, np.float32), perms="r", name="a")
-    b = cuda.to_device(np.ones(2048, np.float32), perms="r", name="b")
-    c = cuda.to_device(np.full(512, 2.0, np.float32), name="c")
-    with pytest.raises(CapabilityFault) as ei:
-        cuda.launch(kern, [a, b, c], args=(16, 8, 136, -1), grid=1, block=64, timeout=20)
-    e = ei.value
+    e, c = _mma_fault(MMA_AT_SRC, "mma_at", 2048, 512, (16, 8, 136, -1))
     assert (e.reason, e.buffer, e.index, e.line) == ("local-array", "smem_a", 2048,
                                                      MMA_F32_LINE)
-    assert np.all(c.numpy() == 2.0)
+    assert np.all(c == 2.0)
 
 
 def _rot_oracle(x: np.ndarray, n: int) -> np.ndarray:
