@@ -128,12 +128,14 @@ print(json.dumps({"threads": runtime.threads(), "times_s": ts}))
 """
 
 
-def _scale_run(n: int, threads: int, reps: int) -> dict[str, Any]:
+def _run_with_workers(script: str, threads: int, *argv: object) -> dict[str, Any]:
+    """Run ``script`` in a fresh process with a pool of ``threads`` workers (the pool
+    size is fixed per process); its last line of output is JSON."""
     env = dict(os.environ, CAPQR_THREADS=str(threads))
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-c", _SCALE_SCRIPT, str(n), str(reps)],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    p = subprocess.run([sys.executable, "-c", script, *map(str, argv)], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         return {"error": p.stderr[-500:]}
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -176,22 +178,12 @@ print(json.dumps({"threads": w, "block_s": min(ts)}))
 """
 
 
-def _clock_run(threads: int, iters: int) -> dict[str, Any]:
-    env = dict(os.environ, CAPQR_THREADS=str(threads))
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-c", _CLOCK_SCRIPT, str(iters)], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        return {"error": p.stderr[-500:]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def clock_ceiling(threads: int, quick: bool) -> dict[str, Any]:
     """Time of the FMA loop (_CLOCK_KERNEL) for one block alone over its time with a
     block on each of ``threads`` workers: the scaling ceiling of this machine."""
     iters = 5_000_000 if quick else 50_000_000
-    one, all_ = _clock_run(1, iters), _clock_run(threads, iters)
+    one = _run_with_workers(_CLOCK_SCRIPT, 1, iters)
+    all_ = _run_with_workers(_CLOCK_SCRIPT, threads, iters)
     if "error" in one or "error" in all_:
         return {"error": one.get("error") or all_.get("error")}
     return {"threads": threads, "one_block_s": one["block_s"], "all_blocks_s": all_["block_s"],
@@ -208,7 +200,7 @@ def scaling(quick: bool, rounds: int = 3) -> list[dict[str, Any]]:
     errors: dict[int, str] = {}
     for r in range(1 if quick else rounds):
         for threads in counts[r % len(counts):] + counts[:r % len(counts)]:
-            res = _scale_run(n, threads, 1)
+            res = _run_with_workers(_SCALE_SCRIPT, threads, n, 1)
             if "error" in res:
                 errors[threads] = res["error"]
             else:
