@@ -157,16 +157,20 @@ class Kernel:
         ints = [int(a) for (_, k), a in zip(self.params, args, strict=True) if k == "int64"]
         dbls = [float(a) for (_, k), a in zip(self.params, args, strict=True)
                 if k in ("double", "float")]
-        c = _ffi.new("cap_t[]", max(1, len(caps)))
+        # each cap as the GPU lane passes it: abi.CAP_WORDS, 64-bit words, the owner
+        # word a tag (argument slot + 1)
+        nw = len(abi.CAP_WORDS)
+        c = _ffi.new("uint64_t[]", max(1, len(caps)) * nw)
         keep = []
         for i, a in enumerate(caps):
             a, perms = a if isinstance(a, tuple) else (a, "rw")
             buf = _ffi.from_buffer(a, require_writable=True)
             keep.append(buf)
-            c[i].p = c[i].lo = _ffi.cast("char *", buf)
-            c[i].rlen = a.nbytes if "r" in perms else 0
-            c[i].wlen = a.nbytes if "w" in perms else 0
-            c[i].tag = i + 1
+            ptr = int(_ffi.cast("uintptr_t", buf))
+            words = {"p": ptr, "lo": ptr, "rlen": a.nbytes if "r" in perms else 0,
+                     "wlen": a.nbytes if "w" in perms else 0, "owner": i + 1}
+            for w, word in enumerate(abi.CAP_WORDS):
+                c[i * nw + w] = words[word]
         rec = _ffi.new("rt_gpu_fault *")
         self.fn(c, _ffi.new("long long[]", ints or [0]), _ffi.new("double[]", dbls or [0.0]),
                 rec, grid, block)
@@ -197,9 +201,10 @@ def _launcher(name: str, params: list[tuple[str, str]], checked: bool, together:
             idd += 1
     call = f"{name}({', '.join(args + (['rec', '0'] if checked else []))})"
     return f"""
-extern "C" void emu_{name}(const cap_t *caps, const long long *ints, const double *dbls,
+extern "C" void emu_{name}(const void *cap_words, const long long *ints, const double *dbls,
                            rt_gpu_fault *rec, int grid, int block)
 {{
+    const cap_t *caps = (const cap_t *)cap_words;
     gridDim = rt_dim3{{(unsigned)grid, 1u, 1u}};
     blockDim = rt_dim3{{(unsigned)block, 1u, 1u}};
     int wave = {"grid" if together else "1"};
@@ -269,6 +274,8 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
 
     cs = translate(source, checked=checked)
     text = DEVICE + _per_block_shared(cs.text.replace(_EXIT, "rt_emu_exit()"))
+    text += (f"\nstatic_assert(sizeof(cap_t) == {abi.CAP_BYTES}, "
+             "\"caps are passed as abi.CAP_WORDS\");\n")
     text += "".join(_launcher(k, sig.params, checked, sig.group_sync)
                     for k, sig in cs.kernels.items())
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -286,12 +293,11 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
         tmp.replace(out)
     if _ffi is None:
         _ffi = cffi.FFI()
-        _ffi.cdef("typedef struct cap_t { char *p; char *lo; uint64_t rlen; uint64_t wlen; "
-                  "uint64_t tag; } cap_t;\n" + abi.GPU_FAULT_DECL)
+        _ffi.cdef(abi.GPU_FAULT_DECL)
     lib = _ffi.dlopen(str(out))
     kernels = {}
     for k, sig in cs.kernels.items():
-        _ffi.cdef(f"void emu_{k}(const cap_t *, const long long *, const double *, "
+        _ffi.cdef(f"void emu_{k}(const void *, const long long *, const double *, "
                   "rt_gpu_fault *, int, int);", override=True)
         kernels[k] = Kernel(k, sig.params, getattr(lib, f"emu_{k}"))
     return kernels
