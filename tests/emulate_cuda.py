@@ -265,6 +265,14 @@ def _per_block_shared(text: str) -> str:
     return "\n".join(out)
 
 
+def host_cpp(cuda_text: str) -> str:
+    """The C++ g++ compiles for a CUDA translation: the device header, then the
+    translation with PTX exit made a C++ one and __shared__ arrays per block."""
+    return (DEVICE + _per_block_shared(cuda_text.replace(_EXIT, "rt_emu_exit()"))
+            + f"\nstatic_assert(sizeof(cap_t) == {abi.CAP_BYTES}, "
+            "\"caps are passed as abi.CAP_WORDS\");\n")
+
+
 def build(source: str, checked: bool = True, workdir: Path | None = None) -> dict[str, Kernel]:
     """Compile ``source``'s CUDA lowering for the CPU; returns its kernels by name."""
     global _ffi
@@ -273,9 +281,7 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
     from runtime.cuda import translate
 
     cs = translate(source, checked=checked)
-    text = DEVICE + _per_block_shared(cs.text.replace(_EXIT, "rt_emu_exit()"))
-    text += (f"\nstatic_assert(sizeof(cap_t) == {abi.CAP_BYTES}, "
-             "\"caps are passed as abi.CAP_WORDS\");\n")
+    text = host_cpp(cs.text)
     text += "".join(_launcher(k, sig.params, checked, sig.group_sync)
                     for k, sig in cs.kernels.items())
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
