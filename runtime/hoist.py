@@ -148,8 +148,9 @@ class Versioning:
     loops: list[LoopPlan] = field(default_factory=list)
 
 #: A loop nest polls once after itself when the outer loop has fewer than
-#: OUTER_SHORT_TRIP iterations and every inner loop at most INNER_CONST_TRIP
-#: (a constant): at most 2^20 leaf iterations between pollchecks.
+#: OUTER_SHORT_TRIP iterations and every inner loop at most INNER_CONST_TRIP (a
+#: constant trip count, or a folded loop's span, tested before the nest runs):
+#: at most 2^20 iterations of each inner loop between pollchecks.
 OUTER_SHORT_TRIP = 1 << 12
 INNER_CONST_TRIP = 256
 
@@ -611,13 +612,16 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
             fast_block = quiet_block
         else:
             fast_block = c_ast.If(_span_below(span.hs, step, SHORT_TRIP), quiet_block, fast)
-    elif not innermost and _short_nest(loop.stmt):
-        # Few outer iterations over short constant inner loops: poll once after
-        # the whole nest, so gcc may unroll-and-jam it like raw code.
+    elif not innermost and (inner_short := _short_nest(loop.stmt, folds)) is not None:
+        # Few outer iterations over short inner loops (constant trip counts, or
+        # folded loops whose span, known before the nest, is short this time):
+        # poll once after the whole nest, so gcc may unroll-and-jam it like raw code.
         quiet = copy.deepcopy(fast)
         _silence(quiet)
-        fast_block = c_ast.If(_span_below(span.hs, step, OUTER_SHORT_TRIP), _then_poll(quiet),
-                              fast)
+        short: c_ast.Node = _span_below(span.hs, step, OUTER_SHORT_TRIP)
+        for term in inner_short:
+            short = c_ast.BinaryOp("&&", short, term)
+        fast_block = c_ast.If(short, _then_poll(quiet), fast)
     ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, guard_terms, covered,
                                     fast_block is not fast))
     fast_then = c_ast.Compound([fast_block])
@@ -1009,8 +1013,18 @@ def _leaf_body(node: c_ast.Node) -> bool:
     return v.ok
 
 
-def _short_nest(body: c_ast.Node) -> bool:
-    """Body is leaf code plus inner for-loops with small constant trip counts."""
+def _short_nest(body: c_ast.Node, folds: list[tuple[c_ast.Compound, _Inner, list[_Term]]]
+                ) -> list[c_ast.Node] | None:
+    """Whether body is leaf code plus inner for-loops of at most INNER_CONST_TRIP
+    iterations each: a constant trip count, or a loop folded into the enclosing
+    guard, whose span is computed before the nest.  Returns the run-time
+    conditions the folded loops add (span short enough), None if not short."""
+    folded: dict[int, _Span] = {}
+    for _box, inner, _terms in folds:
+        for n in _loops_in(inner.fast):
+            folded[id(n)] = inner.span
+    conds: list[c_ast.Node] = []
+    seen: set[str] = set()
     allowed = {"rt_loop_span", "rt_loop_span32", "rt_lrange_ok", "rt_range_ok", "rt_lrange2_ok",
                "rt_range2_ok", "rt_irange_ok", "rt_irange2_ok", "RT_IS_INT"}
 
@@ -1025,7 +1039,12 @@ def _short_nest(body: c_ast.Node) -> bool:
         def visit_For(self, n: c_ast.For) -> None:
             shape = loop_shape(n)
             trips = _const_trips(shape[2], shape[3], shape[4], shape[5]) if shape else None
-            if trips is None or trips > INNER_CONST_TRIP:
+            sp = folded.get(id(n))
+            if sp is not None and trips is None:
+                if sp.hs not in seen:
+                    seen.add(sp.hs)
+                    conds.append(_span_below(sp.hs, sp.step, INNER_CONST_TRIP))
+            elif trips is None or trips > INNER_CONST_TRIP:
                 self.ok = False
             self.generic_visit(n)
 
@@ -1040,7 +1059,24 @@ def _short_nest(body: c_ast.Node) -> bool:
 
     v = V()
     v.visit(body)
-    return v.ok
+    return conds if v.ok else None
+
+
+def _loops_in(node: c_ast.Node) -> list[c_ast.Node]:
+    """Every loop statement inside node (node included)."""
+    out: list[c_ast.Node] = []
+
+    class V(c_ast.NodeVisitor):
+        def generic_visit(self, n: c_ast.Node) -> None:
+            if isinstance(n, (c_ast.For, c_ast.While, c_ast.DoWhile)):
+                out.append(n)
+            for _attr, val in node_fields(n):
+                for item in (val if isinstance(val, list) else [val]):
+                    if isinstance(item, c_ast.Node):
+                        self.visit(item)
+
+    V().visit(node)
+    return out
 
 
 def _silence(node: c_ast.Node) -> None:

@@ -257,6 +257,55 @@ def test_hoisted_nest_equals_checked(nest_builds, rows, ld, off) -> None:
     assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
 
 
+
+ROWS_SRC = """
+KERNEL void fill_rows(cap_t x, int64_t rows, int64_t cw, int64_t ld)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float s = cap_load_f32(x, r * ld);
+        for (int64_t l = 1; l < cw; l++)
+            cap_store_f32(x, r * ld + l, s + (float)l);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def rows_builds() -> tuple:
+    return (runtime.compile(ROWS_SRC, "fill_rows"),
+            runtime.compile(ROWS_SRC, "fill_rows", hoist=False))
+
+
+def test_nest_over_a_short_runtime_width_polls_once_after_itself(rows_builds) -> None:
+    """An inner loop whose bound is a run-time value, invariant in the nest, is as
+    short as a constant one when its span (computed before the nest) says so: the
+    nest gets a copy without per-iteration pollchecks, taken only when the outer
+    span is short and the inner one at most INNER_CONST_TRIP iterations."""
+    import copy
+
+    from runtime.hoist import INNER_CONST_TRIP, hoist_function
+    from runtime.parse import parse
+    from runtime.verifier import verify
+
+    v = verify(parse(ROWS_SRC))
+    fn = copy.deepcopy(v.parsed.funcs["fill_rows"])
+    table = hoist_function(fn, v.local_arrays["fill_rows"])
+    outer = [plan for plan in table.loops if plan.line == 4]
+    assert outer and outer[0].quiet, table.loops
+    text = rows_builds[0].c_source
+    limit = rf"\(RT_DIV\(__rt, __h\d+_span, 1, 0\) < {INNER_CONST_TRIP}\)"
+    assert re.search(limit, text), text
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.integers(-2, 6), cw=st.integers(-3, 300), ld=st.integers(-20, 400))
+def test_nest_over_a_runtime_width_equals_checked(rows_builds, rows, cw, ld) -> None:
+    hoisted, plain = rows_builds
+    f1, m1 = _run(hoisted, 640, (rows, cw, ld))
+    f2, m2 = _run(plain, 640, (rows, cw, ld))
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
 # Two-level nests: an inner loop whose bounds do not change in the outer loop
 # is folded into the outer loop's guard (one box check per access, corners of
 # the iteration box).  Indices are affine in both counters, with coefficients
