@@ -340,6 +340,43 @@ def test_repeated_timeouts_do_not_leak_workers(fill):
     assert (y.numpy() == 2.5).all()
 
 
+IDLE_PROBE = """
+import json, sys, time
+import numpy as np
+import capabilities, runtime
+k = runtime.compile(sys.argv[1], "fill")
+x = capabilities.alloc(4096, np.float64)
+for _ in range(50):  # a launch sequence: the workers spin between its launches
+    runtime.launch(k, [x], args=(4096, 1.0), grid=runtime.threads())
+time.sleep(0.05)
+c0 = time.process_time()
+time.sleep(0.5)
+print(json.dumps(dict(threads=runtime.threads(), idle_cpu_s=time.process_time() - c0)))
+"""
+
+
+def test_idle_workers_stop_spinning():
+    """Between the launches of a sequence idle workers watch for work briefly
+    instead of sleeping (runtime/csrc/launch.c, RT_WORKER_SPIN_NS); once the
+    sequence is over they must go to sleep, not burn the cores: half a second
+    of idleness costs the process almost no CPU time."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CAPQR_THREADS="4")
+    p = subprocess.run([sys.executable, "-c", IDLE_PROBE, FILL_SRC], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["threads"] == 4
+    assert out["idle_cpu_s"] < 0.1, out
+
+
 # ---------------------------------------------------------------------------
 # the kernel cache
 

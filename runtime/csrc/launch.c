@@ -51,6 +51,7 @@ static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_work = PTHREAD_COND_INITIALIZER;   /* workers wait here */
 static pthread_cond_t pool_done = PTHREAD_COND_INITIALIZER;   /* launchers wait here */
 static rt_launch *active = NULL;      /* launches with blocks left to hand out */
+static uint64_t pool_gen = 0;         /* launches started (written under pool_mu, read atomically) */
 static int nworkers = 0;
 static rt_thread *workers = NULL;
 static pthread_t *worker_ids = NULL;
@@ -334,11 +335,39 @@ static void maybe_finish(rt_launch *L)
     }
 }
 
+/* How long an idle worker watches pool_gen, yielding the core, before it sleeps
+ * on pool_work.  A launch sequence (the steps of one matrix: a launch per
+ * panel, a few host microseconds apart) then finds its workers awake instead of
+ * paying a futex wake-up per worker per launch; a worker idle for longer
+ * sleeps as before.  sched_yield leaves the core to the launching thread when
+ * the cores are oversubscribed. */
+#define RT_WORKER_SPIN_NS 200000L
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Called and returns with pool_mu held: whether a launch started meanwhile. */
+static int spin_for_work(void)
+{
+    uint64_t gen = pool_gen;
+    pthread_mutex_unlock(&pool_mu);
+    int64_t end = now_ns() + RT_WORKER_SPIN_NS;
+    while (__atomic_load_n(&pool_gen, __ATOMIC_ACQUIRE) == gen && now_ns() < end)
+        sched_yield();
+    pthread_mutex_lock(&pool_mu);
+    return pool_gen != gen;
+}
+
 static void *worker_main(void *arg)
 {
     rt_thread *self = arg;
     gc_thread_register(self);
     pthread_mutex_lock(&pool_mu);
+    int spun = 0;  /* spun since the last block: sleep next time */
     for (;;) {
         rt_launch *L = active;
         while (L && (L->next >= L->grid || L->stop)) {
@@ -347,9 +376,15 @@ static void *worker_main(void *arg)
             L = nx;
         }
         if (!L) {
+            if (!spun && self->index < nworkers - 1) {
+                spun = 1;
+                spin_for_work();
+                continue;
+            }
             pthread_cond_wait(&pool_work, &pool_mu);
             continue;
         }
+        spun = 0;
         int64_t idx = L->next++;
         L->running++;
         pthread_mutex_unlock(&pool_mu);
@@ -404,6 +439,7 @@ rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid, int64_
         rt_launch **pp = &active;
         while (*pp) pp = &(*pp)->next_active;
         *pp = L;   /* FIFO: earlier launches get workers first */
+        __atomic_store_n(&pool_gen, pool_gen + 1, __ATOMIC_RELEASE);  /* spinning workers */
         /* Wake only as many workers as there are blocks: waking all of them
          * for a one-block launch makes the rest contend for pool_mu and
          * sleep again. */
@@ -422,13 +458,6 @@ rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid, int64_
  * a block that wants it, so with every core busy the spin costs the blocks
  * little (measured on 2 cores: grid = cores got faster, not slower). */
 #define RT_WAIT_SPIN_NS 50000L
-
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000L + t.tv_nsec;
-}
 
 int rt_launch_wait(rt_launch *L, double seconds)
 {
