@@ -10,8 +10,9 @@ header that plays the device: a thread per CUDA thread; ``__syncthreads`` a
 matches a barrier over its live lanes (an exited thread drops out of both, as
 PTX ``exit`` does); atomics are GCC atomics.  Blocks run one after another,
 except for kernels that call the grid barrier (``rt_group_sync``), whose blocks
-all run at once, as a cooperative launch does.  Tensor-core MMA is not modelled
-(it aborts).  So this checks the GPU kernels' index arithmetic, shared-memory
+all run at once, as a cooperative launch does.  Tensor-core MMA runs the prelude's
+own checks, then a model of the tensor cores' arithmetic (rt_mma_tiles below).
+So this checks the GPU kernels' index arithmetic, shared-memory
 layout, barrier placement and checks with the same generated code the device
 runs, under a scheduler that interleaves threads in other orders than a GPU does.
 """
@@ -46,8 +47,25 @@ using std::sqrt; using std::copysign; using std::fabs;
 struct rt_dim3 { unsigned x, y, z; };
 static thread_local rt_dim3 threadIdx, blockIdx;
 static rt_dim3 gridDim, blockDim;
+/* __rt_bfault, the block's "a thread faulted" flag: written at once, read as it
+ * stood when the block's last barrier completed.  The prelude reads it only right
+ * after a barrier, where a GPU warp reads it in one instruction for all its lanes;
+ * threads here run apart, and one that faulted just after the barrier must not make
+ * some lanes of another warp leave and not others.  So every thread released by
+ * a barrier sees the same value: one of the orders a GPU can run them in. */
+static volatile int rt_emu_bfault_live[RT_EMU_MAX_BLOCKS];
+static int rt_emu_bfault_seen[RT_EMU_MAX_BLOCKS];
+struct rt_emu_bfault_ref {
+    unsigned b;
+    operator int() const { return rt_emu_bfault_seen[b]; }
+    rt_emu_bfault_ref &operator=(int v) { rt_emu_bfault_live[b] = v; return *this; }
+};
+struct rt_emu_latch {
+    unsigned b;
+    void operator()() noexcept { rt_emu_bfault_seen[b] = rt_emu_bfault_live[b]; }
+};
 struct rt_emu_warp { std::barrier<> *bar; unsigned long long slot[32]; };
-struct rt_emu_block { std::barrier<> *bar; rt_emu_warp *warps; };
+struct rt_emu_block { std::barrier<rt_emu_latch> *bar; rt_emu_warp *warps; };
 static thread_local rt_emu_block *rt_emu_self;
 struct rt_emu_exited {};
 static inline rt_emu_warp &rt_emu_my_warp(void) { return rt_emu_self->warps[threadIdx.x / 32]; }
@@ -135,6 +153,47 @@ static inline unsigned __reduce_min_sync(unsigned m, unsigned v)
 static inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) double2 { double x, y; };
+/* Tensor cores: the prelude's rt_mma checks its tiles as on the device, then calls
+ * rt_mma_tiles, modelled here: one m16n16k8 step adds its eight products (exact:
+ * tf32 x tf32 fits a float) to the fp32 accumulator with one rounding; tf32 is
+ * cvt.rna (10 mantissa bits, to nearest, ties away).  The steps go in the
+ * device's order (f32: lo x hi, hi x lo, then hi x hi).  Lane 0 computes the
+ * tile, between two warp barriers, as the warp's collective result. */
+#define RT_EMU_TENSOR_CORES 1
+static inline float rt_emu_tf32(float x)
+{
+    unsigned u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+template <int SPLIT, int A_T>
+static inline void rt_mma_tiles(float *pc, long long ldc, const float *pa, long long lda,
+                                const float *pb, long long ldb, long long k)
+{
+    __syncwarp();
+    if ((threadIdx.x & 31u) == 0u)
+        for (long long r = 0; r < 16; r++)
+            for (long long c = 0; c < 16; c++) {
+                float d = pc[r * ldc + c];
+                for (long long kk = 0; kk < k; kk += 8)
+                    for (int part = SPLIT ? 0 : 2; part < 3; part++) {
+                        double s = 0.0;
+                        for (long long q = kk; q < kk + 8; q++) {
+                            float x = A_T ? pa[q * lda + r] : pa[r * lda + q];
+                            float y = pb[q * ldb + c];
+                            float xh = rt_emu_tf32(x), yh = rt_emu_tf32(y);
+                            float xa = part == 0 ? rt_emu_tf32(x - xh) : xh;
+                            float yb = part == 1 ? rt_emu_tf32(y - yh) : yh;
+                            s += (double)xa * (double)yb;
+                        }
+                        d = (float)((double)d + s);
+                    }
+                pc[r * ldc + c] = d;
+            }
+    __syncwarp();
+}
 """
 
 _EXIT = 'asm volatile("exit;")'
@@ -147,6 +206,7 @@ class Kernel:
     name: str
     params: list[tuple[str, str]]
     fn: Any
+    local_arrays: list[str]  # the names behind a local-array fault's slot -(id + 1)
 
     def launch(self, args: list[Any], grid: int, block: int) -> dict[str, int] | None:
         """Run ``grid`` blocks of ``block`` threads; args in the kernel's order (numpy
@@ -211,11 +271,14 @@ extern "C" void emu_{name}(const void *cap_words, const long long *ints, const d
     if (wave > RT_EMU_MAX_BLOCKS) std::abort();
     for (int b0 = 0; b0 < grid; b0 += wave) {{
         std::vector<std::barrier<> *> bars;
+        std::vector<std::barrier<rt_emu_latch> *> block_bars;
         std::vector<rt_emu_block> blocks(wave);
         std::vector<std::vector<rt_emu_warp>> warps(wave);
         for (int i = 0; i < wave; i++) {{
-            blocks[i].bar = new std::barrier<>(block);
-            bars.push_back(blocks[i].bar);
+            unsigned slot = (unsigned)((b0 + i) % RT_EMU_MAX_BLOCKS);
+            rt_emu_bfault_seen[slot] = rt_emu_bfault_live[slot] = 0;
+            blocks[i].bar = new std::barrier<rt_emu_latch>(block, rt_emu_latch{{slot}});
+            block_bars.push_back(blocks[i].bar);
             for (int w = 0; w * 32 < block; w++) {{
                 int lanes = block - w * 32 < 32 ? block - w * 32 : 32;
                 warps[i].push_back(rt_emu_warp{{new std::barrier<>(lanes), {{}}}});
@@ -234,6 +297,7 @@ extern "C" void emu_{name}(const void *cap_words, const long long *ints, const d
                 }});
         for (auto &th : threads) th.join();
         for (auto *br : bars) delete br;
+        for (auto *br : block_bars) delete br;
     }}
 }}
 """
@@ -254,6 +318,9 @@ def _per_block_shared(text: str) -> str:
             out.append(line)
             continue
         ind, align, typ, stars, name, dims, rest = m.groups()
+        if name == "__rt_bfault":  # read as of the last barrier (DEVICE above)
+            out.append(f"#define {name} (rt_emu_bfault_ref{{blockIdx.x % RT_EMU_MAX_BLOCKS}})")
+            continue
         store = f"rt_emu_sh_{name}"
         slot = f"{store}[blockIdx.x % RT_EMU_MAX_BLOCKS].v"
         out.append(f"{ind}static struct alignas({align or 16}) {{ {typ} {stars}v{dims}; }} "
@@ -305,5 +372,5 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
     for k, sig in cs.kernels.items():
         _ffi.cdef(f"void emu_{k}(const void *, const long long *, const double *, "
                   "rt_gpu_fault *, int, int);", override=True)
-        kernels[k] = Kernel(k, sig.params, getattr(lib, f"emu_{k}"))
+        kernels[k] = Kernel(k, sig.params, getattr(lib, f"emu_{k}"), list(cs.local_arrays))
     return kernels

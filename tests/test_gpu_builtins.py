@@ -224,16 +224,19 @@ def _tf32(x: np.ndarray) -> np.ndarray:
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
-def _mma_buffers(n_ab: int, n_c: int, seed: int | None = None) -> tuple[list, list]:
+def mma_hosts(n_ab: int, n_c: int, seed: int | None = None) -> list[np.ndarray]:
     """The MMA test kernels' a and b (n_ab floats, read-only) and c (n_c floats): standard
-    normal from ``seed``, or ones, ones and twos (seed None: the fault cases).  Returns
-    the host arrays and their device copies."""
+    normal from ``seed``, or ones, ones and twos (seed None: the fault cases)."""
     if seed is None:
-        hosts = [np.ones(n_ab, np.float32), np.ones(n_ab, np.float32),
-                 np.full(n_c, 2.0, np.float32)]
-    else:
-        rng = np.random.default_rng(seed)
-        hosts = [rng.standard_normal(m).astype(np.float32) for m in (n_ab, n_ab, n_c)]
+        return [np.ones(n_ab, np.float32), np.ones(n_ab, np.float32),
+                np.full(n_c, 2.0, np.float32)]
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(m).astype(np.float32) for m in (n_ab, n_ab, n_c)]
+
+
+def _mma_buffers(n_ab: int, n_c: int, seed: int | None = None) -> tuple[list, list]:
+    """mma_hosts and their device copies."""
+    hosts = mma_hosts(n_ab, n_c, seed)
     caps = [cuda.to_device(h, perms=p, name=nm) for h, p, nm in zip(hosts, ("r", "r", "rw"),
                                                                       "abc", strict=True)]
     return hosts, caps
@@ -262,23 +265,50 @@ def _mma_run(checked: bool, args: tuple):
     return _mma_launch(MMA_SRC, "mma", 512, 1024, args, 7, checked)
 
 
-@pytest.mark.parametrize("c_off,ldc,a_off,lda,b_off,ldb", [
+# The MMA cases, shared with tests/test_gpu_emulated.py (the same kernels on the CPU
+# model of the device): tile placements, then faults (args, expected fields).
+MMA_TILES = [
     (0, 16, 0, 8, 0, 16),
     (8, 16, 128, 12, 64, 20),      # offsets from the arrays' starts, wider strides
     (0, 24, 8, 32, 8, 24),
-])
-def test_warp_mma_equals_tf32_matmul(c_off, ldc, a_off, lda, b_off, ldb) -> None:
-    """Two warps, each on its own 16 x 16 accumulator tile (warp w at c_off + 512 w):
-    C += tf32(A) tf32(B) in fp32, against numpy in double on the tf32-rounded inputs;
-    the raw build gives the same bits."""
-    args = (c_off, ldc, a_off, lda, b_off, ldb, -1)
-    a_h, b_h, c_h, got = _mma_run(True, args)
+]
+MMA_RANGE_FAULTS = [
+    ((600, 16, 0, 8, 0, 16, -1), "smem_c", 1112),   # warp 1's tile starts past the array
+    ((0, 16, -8, 8, 0, 16, -1), "smem_a", -8),      # A's origin before the array
+    ((0, 16, 0, 8, 448, 16, -1), "smem_b", 512),     # B's row 4
+]
+MMA_RANGE_IDS = ["acc-past-end", "a-before-start", "b-past-end"]
+MMA_CONTRACT_FAULTS = [
+    ((4, 16, 0, 8, 0, 16, -1), 64, 2),      # accumulator origin not 32-byte aligned
+    ((0, 18, 0, 8, 0, 16, -1), 64, 3),      # stride not a multiple of 4
+    ((0, 16, 0, 4, 0, 16, -1), 64, 6),      # A's stride narrower than its 8 columns
+    ((0, 16, 0, 8, 0, 16, 5), 64, 2),       # lane 5 passes another accumulator origin
+    ((0, 16, 0, 8, 0, 16, -1), 48, 0),      # the second warp has 16 lanes
+]
+MMA_CONTRACT_IDS = ["misaligned-offset", "odd-stride", "narrow-stride", "lanes-disagree",
+                    "partial-warp"]
+
+
+def mma_tf32_want(a_h, b_h, c_h, c_off, ldc, a_off, lda, b_off, ldb) -> np.ndarray:
+    """C after two warps' rt_warp_mma_tf32 (warp w on C at c_off + 512 w), in double
+    from the tf32-rounded inputs."""
     A = _tf32(a_h[a_off + np.arange(16)[:, None] * lda + np.arange(8)]).astype(np.float64)
     B = _tf32(b_h[b_off + np.arange(8)[:, None] * ldb + np.arange(16)]).astype(np.float64)
     want = c_h.astype(np.float64).copy()
     for w in range(2):
         idx = c_off + 512 * w + np.arange(16)[:, None] * ldc + np.arange(16)
         want[idx] += A @ B
+    return want
+
+
+@pytest.mark.parametrize("c_off,ldc,a_off,lda,b_off,ldb", MMA_TILES)
+def test_warp_mma_equals_tf32_matmul(c_off, ldc, a_off, lda, b_off, ldb) -> None:
+    """Two warps, each on its own 16 x 16 accumulator tile (warp w at c_off + 512 w):
+    C += tf32(A) tf32(B) in fp32, against numpy in double on the tf32-rounded inputs;
+    the raw build gives the same bits."""
+    args = (c_off, ldc, a_off, lda, b_off, ldb, -1)
+    a_h, b_h, c_h, got = _mma_run(True, args)
+    want = mma_tf32_want(a_h, b_h, c_h, c_off, ldc, a_off, lda, b_off, ldb)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     untouched = np.ones(1024, bool)
     for w in range(2):
@@ -287,11 +317,7 @@ def test_warp_mma_equals_tf32_matmul(c_off, ldc, a_off, lda, b_off, ldb) -> None
     assert np.array_equal(_mma_run(False, args)[3], got)
 
 
-@pytest.mark.parametrize("args,buffer,index", [
-    ((600, 16, 0, 8, 0, 16, -1), "smem_c", 1112),   # warp 1's tile starts past the array
-    ((0, 16, -8, 8, 0, 16, -1), "smem_a", -8),      # A's origin before the array
-    ((0, 16, 0, 8, 448, 16, -1), "smem_b", 512),     # B's row 4
-], ids=["acc-past-end", "a-before-start", "b-past-end"])
+@pytest.mark.parametrize("args,buffer,index", MMA_RANGE_FAULTS, ids=MMA_RANGE_IDS)
 def test_warp_mma_out_of_range_tile_faults_exactly(args, buffer, index) -> None:
     """A tile that leaves its shared array faults before the MMA, at the tile's first
     element outside (rows, then columns), and the block writes nothing back."""
@@ -300,13 +326,7 @@ def test_warp_mma_out_of_range_tile_faults_exactly(args, buffer, index) -> None:
     assert np.all(c == 2.0)
 
 
-@pytest.mark.parametrize("args,block,position", [
-    ((4, 16, 0, 8, 0, 16, -1), 64, 2),      # accumulator origin not 32-byte aligned
-    ((0, 18, 0, 8, 0, 16, -1), 64, 3),      # stride not a multiple of 4
-    ((0, 16, 0, 4, 0, 16, -1), 64, 6),      # A's stride narrower than its 8 columns
-    ((0, 16, 0, 8, 0, 16, 5), 64, 2),       # lane 5 passes another accumulator origin
-    ((0, 16, 0, 8, 0, 16, -1), 48, 0),      # the second warp has 16 lanes
-], ids=["misaligned-offset", "odd-stride", "narrow-stride", "lanes-disagree", "partial-warp"])
+@pytest.mark.parametrize("args,block,position", MMA_CONTRACT_FAULTS, ids=MMA_CONTRACT_IDS)
 def test_warp_mma_contract_faults_with_the_argument(args, block, position) -> None:
     e, _ = _mma_fault(MMA_SRC, "mma", 512, 1024, args, block)
     assert (e.reason, e.index, e.buffer, e.line) == ("argument", position, None, MMA_LINE)
@@ -348,32 +368,52 @@ def _mma32(args: tuple, checked: bool = True):
     return _mma_launch(MMA_F32_SRC, "mma32", 2048, 512, args, 11, checked)
 
 
-@pytest.mark.parametrize("lda,ldb,k", [(64, 16, 64), (40, 20, 32), (128, 16, 128)])
-def test_warp_mma_f32_is_fp32_accurate(lda, ldb, k) -> None:
-    """C += A B over k, each operand split into two tf32 parts: the error against double
-    is at fp32 level (a tf32-only product is off by ~1e-4 of |A||B| here), two warps
-    on their own tiles, the raw build bitwise the same."""
-    a_h, b_h, c_h, got = _mma32((lda, ldb, k, -1))
-    A = a_h[np.arange(16)[:, None] * lda + np.arange(k)].astype(np.float64)
-    B = b_h[np.arange(k)[:, None] * ldb + np.arange(16)].astype(np.float64)
-    scale = np.abs(A) @ np.abs(B) + 1.0
-    for w in range(2):
-        tile = c_h[256 * w:256 * w + 256].reshape(16, 16).astype(np.float64)
-        err = np.abs(got[256 * w:256 * w + 256].reshape(16, 16) - (tile + A @ B)) / scale
-        assert err.max() < 2e-6, err.max()
-        tf32 = _tf32(a_h[np.arange(16)[:, None] * lda + np.arange(k)]).astype(np.float64) @ \
-            _tf32(b_h[np.arange(k)[:, None] * ldb + np.arange(16)]).astype(np.float64)
-        assert (np.abs(tile + tf32 - (tile + A @ B)) / scale).max() > 20 * err.max()
-    assert np.array_equal(_mma32((lda, ldb, k, -1), checked=False)[3], got)
-
-
-@pytest.mark.parametrize("args,reason,buffer,index", [
+MMA_F32_SHAPES = [(64, 16, 64), (40, 20, 32), (128, 16, 128)]
+MMA_F32_FAULTS = [
     ((64, 16, 12, -1), "argument", None, 10),        # k not a multiple of 8
     ((64, 16, 0, -1), "argument", None, 10),         # k = 0
     ((64, 16, 64, 3), "argument", None, 10),         # lane 3 passes another k
     ((32, 16, 64, -1), "argument", None, 6),         # lda narrower than k
     ((128, 16, 136, -1), "local-array", "smem_a", 2048),   # row 15 of A runs past the end
-], ids=["k-12", "k-0", "lanes-disagree-on-k", "lda-below-k", "a-past-end"])
+]
+MMA_F32_FAULT_IDS = ["k-12", "k-0", "lanes-disagree-on-k", "lda-below-k", "a-past-end"]
+
+
+def mma_f32_error(a_h, b_h, c_h, got, lda, ldb, k, a_t: bool = False) -> tuple[float, float]:
+    """Largest error of two warps' fp32-accurate MMA (warp w on C[256 w:], 16 x 16,
+    stride 16) relative to |A||B| + 1, against double; and the same for a tf32-only
+    product (what the split is for)."""
+    if a_t:
+        A = a_h[np.arange(k)[:, None] * lda + np.arange(16)].T
+    else:
+        A = a_h[np.arange(16)[:, None] * lda + np.arange(k)]
+    B = b_h[np.arange(k)[:, None] * ldb + np.arange(16)]
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    scale = np.abs(A64) @ np.abs(B64) + 1.0
+    tf32 = _tf32(A).astype(np.float64) @ _tf32(B).astype(np.float64)
+    err = tf32_err = 0.0
+    for w in range(2):
+        tile = c_h[256 * w:256 * w + 256].reshape(16, 16).astype(np.float64)
+        want = tile + A64 @ B64
+        err = max(err, (np.abs(got[256 * w:256 * w + 256].reshape(16, 16) - want)
+                        / scale).max())
+        tf32_err = max(tf32_err, (np.abs(tile + tf32 - want) / scale).max())
+    return err, tf32_err
+
+
+@pytest.mark.parametrize("lda,ldb,k", MMA_F32_SHAPES)
+def test_warp_mma_f32_is_fp32_accurate(lda, ldb, k) -> None:
+    """C += A B over k, each operand split into two tf32 parts: the error against double
+    is at fp32 level (a tf32-only product is off by ~1e-4 of |A||B| here), two warps
+    on their own tiles, the raw build bitwise the same."""
+    a_h, b_h, c_h, got = _mma32((lda, ldb, k, -1))
+    err, tf32_err = mma_f32_error(a_h, b_h, c_h, got, lda, ldb, k)
+    assert err < 2e-6, err
+    assert tf32_err > 20 * err
+    assert np.array_equal(_mma32((lda, ldb, k, -1), checked=False)[3], got)
+
+
+@pytest.mark.parametrize("args,reason,buffer,index", MMA_F32_FAULTS, ids=MMA_F32_FAULT_IDS)
 def test_warp_mma_f32_faults_name_the_argument_or_element(args, reason, buffer, index) -> None:
     e, c = _mma_fault(MMA_F32_SRC, "mma32", 2048, 512, args)
     assert (e.reason, e.buffer, e.index, e.line) == (reason, buffer, index, MMA_F32_LINE)
@@ -384,17 +424,15 @@ MMA_AT_SRC = MMA_F32_SRC.replace("mma32", "mma_at").replace("rt_warp_mma_f32(",
                                                               "rt_warp_mma_f32_at(")
 
 
-@pytest.mark.parametrize("lda,ldb,k", [(16, 16, 64), (40, 20, 32)])
+MMA_AT_SHAPES = [(16, 16, 64), (40, 20, 32)]
+
+
+@pytest.mark.parametrize("lda,ldb,k", MMA_AT_SHAPES)
 def test_warp_mma_f32_at_reads_a_transposed(lda, ldb, k) -> None:
     """rt_warp_mma_f32_at takes A^T (k x 16, row-major): the same fp32-level error."""
     a_h, b_h, c_h, got = _mma_launch(MMA_AT_SRC, "mma_at", 2048, 512, (lda, ldb, k, -1), 5)
-    At = a_h[np.arange(k)[:, None] * lda + np.arange(16)].astype(np.float64)
-    B = b_h[np.arange(k)[:, None] * ldb + np.arange(16)].astype(np.float64)
-    scale = np.abs(At.T) @ np.abs(B) + 1.0
-    for w in range(2):
-        tile = c_h[256 * w:256 * w + 256].reshape(16, 16).astype(np.float64)
-        err = np.abs(got[256 * w:256 * w + 256].reshape(16, 16) - (tile + At.T @ B)) / scale
-        assert err.max() < 2e-6, err.max()
+    err, _ = mma_f32_error(a_h, b_h, c_h, got, lda, ldb, k, a_t=True)
+    assert err < 2e-6, err
 
 
 def test_warp_mma_f32_at_checks_the_transposed_tile() -> None:

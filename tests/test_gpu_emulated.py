@@ -258,3 +258,130 @@ def test_emulated_gpu_faults_match_the_conformance_table(tmp_path_factory, case)
     assert (big[:64] == 3.0).all() and (big[64 + case.n:] == 5.0).all()
     if not case.ident.startswith("hoisted"):
         assert (x == 0.0).all()
+
+
+# ---- tensor-core MMA: tests/test_gpu_builtins.py's kernels and cases ---------------
+# The prelude's checks of rt_warp_mma_* (lanes agreeing by match/reduce, tile ranges,
+# the alignment contract, the exact fault) run as generated; the tensor cores'
+# arithmetic is emulate_cuda's model of it.
+
+@pytest.fixture(scope="module")
+def mma_kernels(tmp_path_factory) -> dict:
+    from emulate_cuda import build
+    from test_gpu_builtins import MMA_AT_SRC, MMA_F32_SRC, MMA_SRC
+
+    d = tmp_path_factory.mktemp("emu_mma")
+    return {(name, checked): build(src, checked=checked, workdir=d)[name]
+            for name, src in (("mma", MMA_SRC), ("mma32", MMA_F32_SRC), ("mma_at", MMA_AT_SRC))
+            for checked in (True, False)}
+
+
+def _mma_emulated(mma_kernels: dict, name: str, args: tuple, seed: int | None,
+                  checked: bool = True, block: int = 64) -> tuple[list, dict | None]:
+    """One block of ``block`` threads on test_gpu_builtins.mma_hosts: (a, b, c as
+    given, c afterwards), and the fault record."""
+    from test_gpu_builtins import mma_hosts
+
+    n_ab, n_c = (512, 1024) if name == "mma" else (2048, 512)
+    a, b, c = mma_hosts(n_ab, n_c, seed)
+    c_in = c.copy()
+    fault = mma_kernels[name, checked].launch([(a, "r"), (b, "r"), c, *args], 1, block)
+    return [a, b, c_in, c], fault
+
+
+def _mma_fault_fields(mma_kernels: dict, name: str, fault: dict) -> tuple:
+    """(reason, buffer, index, line) of an emulated fault, as CapabilityFault names them."""
+    from capabilities import abi
+
+    slot = fault["slot"]
+    names = mma_kernels[name, True].local_arrays
+    buffer = names[-slot - 1] if slot < -1 else None
+    return abi.FAULT_REASON[fault["kind"]], buffer, fault["index"], fault["line"]
+
+
+def _tiles():
+    from test_gpu_builtins import MMA_TILES
+
+    return MMA_TILES
+
+
+@pytest.mark.parametrize("c_off,ldc,a_off,lda,b_off,ldb", _tiles())
+def test_emulated_mma_tf32_tiles(mma_kernels, c_off, ldc, a_off, lda, b_off, ldb) -> None:
+    """Each warp adds tf32(A) tf32(B) to its own tile and nothing else changes; the raw
+    build gives the same bits."""
+    from test_gpu_builtins import mma_tf32_want
+
+    args = (c_off, ldc, a_off, lda, b_off, ldb, -1)
+    (a, b, c, got), fault = _mma_emulated(mma_kernels, "mma", args, 7)
+    assert fault is None, fault
+    want = mma_tf32_want(a, b, c, c_off, ldc, a_off, lda, b_off, ldb)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    touched = np.zeros(1024, bool)
+    for w in range(2):
+        touched[c_off + 512 * w + np.arange(16)[:, None] * ldc + np.arange(16)] = True
+    assert np.array_equal(got[~touched], c[~touched])
+    assert np.array_equal(_mma_emulated(mma_kernels, "mma", args, 7, checked=False)[0][3], got)
+
+
+def _cases(table: str, ids: str) -> list:
+    import test_gpu_builtins as t
+
+    return [pytest.param(*case, id=i) for case, i in zip(getattr(t, table), getattr(t, ids),
+                                                          strict=True)]
+
+
+@pytest.mark.parametrize("args,buffer,index", _cases("MMA_RANGE_FAULTS", "MMA_RANGE_IDS"))
+def test_emulated_mma_out_of_range_tile_faults_exactly(mma_kernels, args, buffer, index) -> None:
+    from test_gpu_builtins import MMA_LINE
+
+    (_, _, c, got), fault = _mma_emulated(mma_kernels, "mma", args, None)
+    assert fault is not None
+    assert _mma_fault_fields(mma_kernels, "mma", fault) == ("local-array", buffer, index,
+                                                            MMA_LINE)
+    assert np.array_equal(got, c)  # the block stopped before any store
+
+
+@pytest.mark.parametrize("args,block,position",
+                         _cases("MMA_CONTRACT_FAULTS", "MMA_CONTRACT_IDS"))
+def test_emulated_mma_contract_faults_name_the_argument(mma_kernels, args, block,
+                                                        position) -> None:
+    from test_gpu_builtins import MMA_LINE
+
+    (_, _, c, got), fault = _mma_emulated(mma_kernels, "mma", args, None, block=block)
+    assert fault is not None
+    assert _mma_fault_fields(mma_kernels, "mma", fault) == ("argument", None, position,
+                                                            MMA_LINE)
+    assert np.array_equal(got, c)
+
+
+def _f32_shapes():
+    from test_gpu_builtins import MMA_AT_SHAPES, MMA_F32_SHAPES
+
+    return [("mma32", *s) for s in MMA_F32_SHAPES] + [("mma_at", *s) for s in MMA_AT_SHAPES]
+
+
+@pytest.mark.parametrize("name,lda,ldb,k", _f32_shapes())
+def test_emulated_mma_f32_is_fp32_accurate(mma_kernels, name, lda, ldb, k) -> None:
+    """The split products give fp32-level error (A given transposed for mma_at), far
+    below a tf32-only product's; raw equals checked."""
+    from test_gpu_builtins import mma_f32_error
+
+    args = (lda, ldb, k, -1)
+    (a, b, c, got), fault = _mma_emulated(mma_kernels, name, args, 11)
+    assert fault is None, fault
+    err, tf32_err = mma_f32_error(a, b, c, got, lda, ldb, k, a_t=name == "mma_at")
+    assert err < 2e-6, err
+    assert tf32_err > 20 * err
+    assert np.array_equal(_mma_emulated(mma_kernels, name, args, 11, checked=False)[0][3], got)
+
+
+@pytest.mark.parametrize("args,reason,buffer,index",
+                         _cases("MMA_F32_FAULTS", "MMA_F32_FAULT_IDS"))
+def test_emulated_mma_f32_faults(mma_kernels, args, reason, buffer, index) -> None:
+    from test_gpu_builtins import MMA_F32_LINE
+
+    (_, _, c, got), fault = _mma_emulated(mma_kernels, "mma32", args, None)
+    assert fault is not None
+    assert _mma_fault_fields(mma_kernels, "mma32", fault) == (reason, buffer, index,
+                                                              MMA_F32_LINE)
+    assert np.array_equal(got, c)

@@ -606,6 +606,10 @@ static __device__ __forceinline__ void rt_mma_slow(
     if (bad) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
 }
 #endif
+/* The tensor-core part of rt_mma, on tiles its checks passed: pc, pa, pb point at
+ * the tiles' first elements.  tests/emulate_cuda.py defines RT_EMU_TENSOR_CORES
+ * and models this part on the CPU; the checks it runs are these. */
+#ifndef RT_EMU_TENSOR_CORES
 static __device__ __forceinline__ unsigned int rt_tf32(float x)
 {
     unsigned int y;
@@ -633,36 +637,11 @@ static __device__ __forceinline__ void rt_wmma_step(float *d, const unsigned int
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
                    "r"(b[2]), "r"(b[3]));
 }
-/* a_t: A is given transposed (A^T, k x 16, row-major), i.e. A column-major */
 template <int SPLIT, int A_T>
-static __device__ __forceinline__ void rt_mma(
-    float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
-    const float *B, long long b_off, long long ldb, long long k, long long nc,
-    int idc, long long na, int ida, long long nb, int idb, int line)
+static __device__ __forceinline__ void rt_mma_tiles(float *pc, long long ldc, const float *pa,
+                                                    long long lda, const float *pb,
+                                                    long long ldb, long long k)
 {
-#ifndef RT_RAW
-    /* rt_warp_live() is the same in every lane of a warp: a partial warp faults whole */
-    if (rt_warp_live() != 0xffffffffu) rt_mma_fault(RT_FAULT_ARG, 0, 0, line);
-    int s0, s1, s2, s3, s4, s5, s6;
-    __match_all_sync(0xffffffffu, c_off, &s0);
-    __match_all_sync(0xffffffffu, ldc, &s1);
-    __match_all_sync(0xffffffffu, a_off, &s2);
-    __match_all_sync(0xffffffffu, lda, &s3);
-    __match_all_sync(0xffffffffu, b_off, &s4);
-    __match_all_sync(0xffffffffu, ldb, &s5);
-    __match_all_sync(0xffffffffu, k, &s6);
-    /* warp-uniform: the lanes agree, so they test the same tiles */
-    if (!(s0 && s1 && s2 && s3 && s4 && s5 && s6 && k > 0 && !(k & 7) && k < (1ll << 20)
-          && rt_mma_tile_fast(c_off, ldc, 16, 16, nc)
-          && rt_mma_tile_fast(a_off, lda, A_T ? k : 16, A_T ? 16 : k, na)
-          && rt_mma_tile_fast(b_off, ldb, k, 16, nb)))
-        rt_mma_slow(c_off, ldc, a_off, lda, b_off, ldb, k, A_T, nc, idc, na, ida, nb, idb,
-                    line);
-#else
-    (void)nc; (void)idc; (void)na; (void)ida; (void)nb; (void)idb; (void)line;
-#endif
-    const float *pa = A + a_off, *pb = B + b_off;
-    float *pc = C + c_off;
     float d[8];
     __syncwarp();
     asm volatile("wmma.load.c.sync.aligned.row.m16n16k8.f32 "
@@ -700,6 +679,37 @@ static __device__ __forceinline__ void rt_mma(
                  :: "l"(pc), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]),
                     "f"(d[6]), "f"(d[7]), "r"((int)ldc) : "memory");
     __syncwarp();
+}
+#endif
+/* a_t: A is given transposed (A^T, k x 16, row-major), i.e. A column-major */
+template <int SPLIT, int A_T>
+static __device__ __forceinline__ void rt_mma(
+    float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
+    const float *B, long long b_off, long long ldb, long long k, long long nc,
+    int idc, long long na, int ida, long long nb, int idb, int line)
+{
+#ifndef RT_RAW
+    /* rt_warp_live() is the same in every lane of a warp: a partial warp faults whole */
+    if (rt_warp_live() != 0xffffffffu) rt_mma_fault(RT_FAULT_ARG, 0, 0, line);
+    int s0, s1, s2, s3, s4, s5, s6;
+    __match_all_sync(0xffffffffu, c_off, &s0);
+    __match_all_sync(0xffffffffu, ldc, &s1);
+    __match_all_sync(0xffffffffu, a_off, &s2);
+    __match_all_sync(0xffffffffu, lda, &s3);
+    __match_all_sync(0xffffffffu, b_off, &s4);
+    __match_all_sync(0xffffffffu, ldb, &s5);
+    __match_all_sync(0xffffffffu, k, &s6);
+    /* warp-uniform: the lanes agree, so they test the same tiles */
+    if (!(s0 && s1 && s2 && s3 && s4 && s5 && s6 && k > 0 && !(k & 7) && k < (1ll << 20)
+          && rt_mma_tile_fast(c_off, ldc, 16, 16, nc)
+          && rt_mma_tile_fast(a_off, lda, A_T ? k : 16, A_T ? 16 : k, na)
+          && rt_mma_tile_fast(b_off, ldb, k, 16, nb)))
+        rt_mma_slow(c_off, ldc, a_off, lda, b_off, ldb, k, A_T, nc, idc, na, ida, nb, idb,
+                    line);
+#else
+    (void)nc; (void)idc; (void)na; (void)ida; (void)nb; (void)idb; (void)line;
+#endif
+    rt_mma_tiles<SPLIT, A_T>(C + c_off, ldc, A + a_off, lda, B + b_off, ldb, k);
 }
 /* ---- end of the device runtime; kernel source follows ---- */
 """
