@@ -178,16 +178,68 @@ print(json.dumps({"threads": w, "block_s": min(ts)}))
 """
 
 
-def clock_ceiling(threads: int, quick: bool) -> dict[str, Any]:
-    """Time of the FMA loop (_CLOCK_KERNEL) for one block alone over its time with a
-    block on each of ``threads`` workers: the scaling ceiling of this machine."""
-    iters = 5_000_000 if quick else 50_000_000
-    one = _run_with_workers(_CLOCK_SCRIPT, 1, iters)
-    all_ = _run_with_workers(_CLOCK_SCRIPT, threads, iters)
+def _ceiling(script: str, threads: int, *argv: object) -> dict[str, Any]:
+    """``script``'s block time in a pool of one worker over its time with a block on
+    each of ``threads`` workers."""
+    one = _run_with_workers(script, 1, *argv)
+    all_ = _run_with_workers(script, threads, *argv)
     if "error" in one or "error" in all_:
         return {"error": one.get("error") or all_.get("error")}
     return {"threads": threads, "one_block_s": one["block_s"], "all_blocks_s": all_["block_s"],
             "ceiling": one["block_s"] / all_["block_s"]}
+
+
+def clock_ceiling(threads: int, quick: bool) -> dict[str, Any]:
+    """Time of the FMA loop (_CLOCK_KERNEL) for one block alone over its time with a
+    block on each of ``threads`` workers: the scaling ceiling of this machine."""
+    return _ceiling(_CLOCK_SCRIPT, threads, 5_000_000 if quick else 50_000_000)
+
+
+# What the trailing update allows: every worker updates its own 64-column tile of
+# one m x n matrix with a 64-column panel (larfb_tile, as qrt_step's tiles do;
+# V and T are zeros, which costs the same arithmetic), repeatedly; one block
+# alone against one per worker.  Below the clock ceiling, the difference is the
+# memory system: the tiles' C traffic and the shared panel V.
+_TILE_KERNEL = """
+KERNEL void tile_rate(cap_t a, cap_t work, int64_t m, int64_t n, int64_t reps)
+{
+    cap_t V = work;
+    cap_t T = cap_offset_f32(work, m * 64);
+    int64_t c0 = 64 * rt_block_idx();
+    for (int64_t r = 0; r < reps; r++)
+        larfb_tile(V, 64, 64, T, 64, a, n, 0, c0, 64, m);
+}
+"""
+_TILE_SCRIPT = """
+import json, sys, time
+import capabilities, numpy as np, runtime
+from bench.qr_parallel import _TILE_KERNEL
+from kernels import sources
+m, reps = int(sys.argv[1]), int(sys.argv[2])
+k = runtime.compile(sources.source("qrt") + _TILE_KERNEL, "tile_rate")
+w = runtime.threads()
+n = max(m, 64 * w)   # an m x n matrix, a tile per worker: rows as far apart as in QR
+a = capabilities.alloc((m * n,), np.float32)
+work = capabilities.alloc((m * 64 + 64 * 64,), np.float32)
+runtime.launch(k, [a, work], args=(m, n, 1), grid=w)
+ts = []
+for _ in range(3):
+    t0 = time.perf_counter(); runtime.launch(k, [a, work], args=(m, n, reps), grid=w)
+    ts.append((time.perf_counter() - t0) / reps)
+print(json.dumps({"threads": w, "block_s": min(ts)}))
+"""
+
+
+def tile_ceiling(threads: int, quick: bool) -> dict[str, Any]:
+    """One 64-column tile update of m = SCALING_N rows (_TILE_KERNEL) alone over its
+    time with one per worker at once: the scaling ceiling of the trailing update
+    on this machine, clocks and memory together."""
+    m = SCALING_N["quick" if quick else "full"]
+    out = _ceiling(_TILE_SCRIPT, threads, m, max(20, 800_000_000 // (4 * m * 64 * 64)))
+    if "error" not in out:
+        out["rows"] = m
+        out["one_block_gflops"] = 4 * m * 64 * 64 / out["one_block_s"] / 1e9
+    return out
 
 
 def scaling(quick: bool, rounds: int = 3) -> list[dict[str, Any]]:
@@ -228,6 +280,12 @@ def scaling(quick: bool, rounds: int = 3) -> list[dict[str, Any]]:
         out[-1]["clock"] = clock
         print(f"scaling ceiling with {cores} workers: {clock.get('ceiling', float('nan')):.2f} "
               "(a vector FMA loop on registers, one block alone vs one per worker)", flush=True)
+        tile = tile_ceiling(cores, quick)
+        out[-1]["tile"] = tile
+        print(f"scaling ceiling with {cores} workers: {tile.get('ceiling', float('nan')):.2f} "
+              f"(a 64-column tile update of {tile.get('rows')} rows, "
+              f"{tile.get('one_block_gflops', float('nan')):.1f} GF/s alone, one block alone "
+              "vs one per worker)", flush=True)
     return out
 
 

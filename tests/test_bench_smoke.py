@@ -224,3 +224,13 @@ def test_clock_ceiling_measures_a_ratio() -> None:
     r = clock_ceiling(2, quick=True)
     assert "error" not in r, r
     assert r["one_block_s"] > 0 and r["all_blocks_s"] > 0 and 0.2 < r["ceiling"] < 2.0
+
+
+def test_tile_ceiling_measures_a_ratio() -> None:
+    """bench.qr_parallel.tile_ceiling: one 64-column tile update alone vs one per worker
+    (the trailing update's own ceiling), a time ratio and a rate, not an error."""
+    from bench.qr_parallel import tile_ceiling
+
+    r = tile_ceiling(2, quick=True)
+    assert "error" not in r, r
+    assert r["rows"] == 384 and r["one_block_gflops"] > 0.1 and 0.2 < r["ceiling"] < 2.0
