@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from . import core
-from .build import CAP_INCLUDE, build_module, compiler_id, content_hash
+from .build import CAP_INCLUDE, build_module, cache_dir, compiler_id, content_hash
 from .instrument import MODES, Instrumented, instrument
 from .parse import parse
 from .verifier import KernelSig
@@ -95,25 +96,63 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
     with _lock:
         if key in _compiled:
             return _compiled[key]
-    parsed = parse(source)
-    from .verifier import select_kernel, verify
+    record = stored = _read_record(key)
+    if record is None:
+        parsed = parse(source)
+        from .verifier import select_kernel, verify
 
-    verified = verify(parsed, target="cpu")
-    name = select_kernel(verified, name)
-    inst: Instrumented = instrument(verified, name, mode, hoist=hoist)
+        verified = verify(parsed, target="cpu")
+        name = select_kernel(verified, name)
+        inst: Instrumented = instrument(verified, name, mode, hoist=hoist)
+        record = (name, inst.signature, inst.c_source)
+    name, signature, c_source = record
     mod = build_module(
         f"_capqr_k_{key[:20]}",
         "void capqr_entry(void *b, const void *a);",
-        inst.c_source,
+        c_source,
         include_dirs=[str(CAP_INCLUDE)],
         extra_compile_args=flags,
         libraries=["m"],
     )
+    if stored is None:
+        _write_record(key, name, signature, c_source)
     entry = int(mod.ffi.cast("uintptr_t", mod.ffi.addressof(mod.lib, "capqr_entry")))
-    k = Kernel(name, source, mode, inst.signature, inst.c_source, key, entry, mod)
+    k = Kernel(name, source, mode, signature, c_source, key, entry, mod)
     with _lock:
         _compiled[key] = k
     return k
+
+
+# The front end's result (kernel name, signature, generated C) is a pure function of
+# the cache key, which hashes the source, the options and every module of the front
+# end (_toolchain_version), so it is kept next to the compiled module: a new process
+# then skips parse, verify and instrument (seconds for the QR kernels) on a key it
+# has built before.  A source that fails to verify never gets a record.
+def _record_path(key: str) -> Path:
+    return cache_dir() / f"_capqr_k_{key[:20]}.json"
+
+
+def _read_record(key: str) -> tuple[str, KernelSig, str] | None:
+    """The stored front-end result for ``key``, or None (absent, another key's, unreadable)."""
+    try:
+        rec = json.loads(_record_path(key).read_text())
+        if rec["key"] != key:
+            return None
+        fields = dict(rec["signature"], params=[(n, k) for n, k in rec["signature"]["params"]])
+        return rec["name"], KernelSig(**fields), rec["c_source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_record(key: str, name: str, sig: KernelSig, c_source: str) -> None:
+    path = _record_path(key)
+    rec = {"key": key, "name": name, "signature": asdict(sig), "c_source": c_source}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(rec))
+        os.replace(tmp, path)  # readers see a whole record or none
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a read-only cache only costs the next process time
 
 
 @lru_cache(maxsize=1)

@@ -4,6 +4,7 @@ free(), int(cap) and capabilities.from_int()."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -399,6 +400,54 @@ def test_cache_key_distinguishes_mode_and_source():
     x = capabilities.alloc(3, np.float64)
     runtime.launch(other, [x], args=(3, 1.0))
     assert (x.numpy() == 2.0).all()
+
+
+def _front_end_fails(*_a, **_k):
+    raise AssertionError("the front end ran")
+
+
+def test_a_new_process_reuses_the_front_end_result(tmp_path, monkeypatch):
+    """compile() keeps the front end's result (name, signature, generated C) next to
+    the compiled module; a process that has not compiled the key itself (the
+    in-memory cache cleared here) loads both and runs no parse, verify or
+    instrument, and the kernel it gets is the same."""
+    from runtime import kernel
+
+    monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
+    src = FILL_SRC.replace("fill", "fill_record")
+    first = runtime.compile(src, None)   # the name comes from the source
+    assert len(list(tmp_path.glob("_capqr_k_*.json"))) == 1
+    monkeypatch.setattr(kernel, "_compiled", {})
+    monkeypatch.setattr(kernel, "parse", _front_end_fails)
+    monkeypatch.setattr(kernel, "instrument", _front_end_fails)
+    again = runtime.compile(src, None)
+    assert again is not first
+    assert (again.name, again.c_source, again.signature) == (first.name, first.c_source,
+                                                             first.signature)
+    x = capabilities.alloc(5, np.float64)
+    runtime.launch(again, [x], args=(5, 4.5))
+    assert (x.numpy() == 4.5).all()
+
+
+def test_an_unreadable_front_end_record_is_rebuilt(tmp_path, monkeypatch):
+    """A damaged record (or one of another key) is ignored: the front end runs and
+    writes it again; a source that fails to verify leaves no record."""
+    from runtime import kernel
+
+    monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
+    src = FILL_SRC.replace("fill", "fill_damaged")
+    first = runtime.compile(src, "fill_damaged")
+    (record,) = tmp_path.glob("_capqr_k_*.json")
+    good = record.read_text()
+    for damage in ("{not json", good.replace(first.key, "0" * 64), "{}"):
+        record.write_text(damage)
+        monkeypatch.setattr(kernel, "_compiled", {})
+        k = runtime.compile(src, "fill_damaged")
+        assert k.c_source == first.c_source
+        assert json.loads(record.read_text()) == json.loads(good)
+    with pytest.raises(runtime.VerifyError):
+        runtime.compile("KERNEL void bad(cap_t x) { int *p = 0; }", "bad")
+    assert list(tmp_path.glob("_capqr_k_*.json")) == [record]
 
 
 # ---------------------------------------------------------------------------
