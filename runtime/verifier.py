@@ -1042,13 +1042,22 @@ class _Verifier(c_ast.NodeVisitor):
         if node.args is not None:
             self.visit(node.args)
 
+    def _array_operand(self, a: c_ast.Node, what: str, expects: str, shared: bool) -> _Var:
+        """The local array a tile builtin's operand names (a plain identifier; an
+        smem_ array when ``shared``), or a refusal saying what it ``expects``.  The
+        operand is then marked as seen with the call's other arguments."""
+        var = self._lookup(a.name) if isinstance(a, c_ast.ID) else None
+        if var is None or var.kind != "array" or (shared and not a.name.startswith("smem_")):
+            self._fail(a, what, expects)
+        self._array_ok.add(id(a))
+        return var
+
     def _tile_array_arg(self, node: c_ast.FuncCall, name: str, i: int, a: c_ast.Node) -> None:
         """The local-array operand of a tile copy: a plain array name of the tile's type."""
         what = f"argument {i + 1} of '{name}'"
-        var = self._lookup(a.name) if isinstance(a, c_ast.ID) else None
-        if var is None or var.kind != "array":
-            self._fail(a, what, "expects the name of a local array (the tile's other end); "
-                       "the runtime checks the tile against the array's declared size")
+        var = self._array_operand(a, what, "expects the name of a local array (the tile's "
+                                  "other end); the runtime checks the tile against the "
+                                  "array's declared size", shared=False)
         want = TILE_ELEM_TYPES[name.rsplit("_", 1)[1]]
         if var.elem != want:
             self._fail(a, what, f"'{a.name}' holds {var.elem or 'another type'}, the tile "
@@ -1058,23 +1067,20 @@ class _Verifier(c_ast.NodeVisitor):
         if self.target == "cuda" and not a.name.startswith("smem_"):
             self._fail(a, what, "on the GPU a tile copy is cooperative (every thread of the "
                        "block copies a part): the array must be a shared smem_ array")
-        self._array_ok.add(id(a))  # visited with the other arguments
 
     def _mma_array_arg(self, name: str, i: int, a: c_ast.Node) -> None:
         """A tile operand of a warp MMA: a shared float array named by a plain
         identifier; the accumulator (argument 1) is written, so not const."""
         what = f"argument {i + 1} of '{name}'"
-        var = self._lookup(a.name) if isinstance(a, c_ast.ID) else None
-        if var is None or var.kind != "array" or not a.name.startswith("smem_"):
-            self._fail(a, what, "expects the name of a shared smem_ array: the warp's lanes "
-                       "read and write the tile together, and the runtime checks it against "
-                       "the array's declared size")
+        var = self._array_operand(a, what, "expects the name of a shared smem_ array: the "
+                                  "warp's lanes read and write the tile together, and the "
+                                  "runtime checks it against the array's declared size",
+                                  shared=True)
         if var.elem != "float":
             self._fail(a, what, f"'{a.name}' holds {var.elem or 'another type'}: MMA tiles "
                        "are float (tf32 inputs, fp32 accumulator)")
         if i == 0 and var.const:
             self._fail(a, what, f"'{a.name}' is const: the MMA accumulates into it")
-        self._array_ok.add(id(a))  # visited with the other arguments
 
     def _shuffle_mask_arg(self, name: str, i: int, a: c_ast.Node) -> None:
         val = int_literal(a)
