@@ -102,6 +102,14 @@ def _run(kernel, n: int, args: tuple) -> tuple:
     return fault, guard[16:16 + n].copy()
 
 
+
+def _assert_same(hoisted, plain, n: int, args: tuple) -> None:
+    """The hoisted and the unhoisted build fault alike and leave the same bits."""
+    f1, m1 = _run(hoisted, n, args)
+    f2, m2 = _run(plain, n, args)
+    assert f1 == f2
+    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+
 def test_hoisting_applies_to_canonical_loops(builds) -> None:
     hoisted, plain = builds["fill_lt"]
     assert "rt_ustore_f32" in hoisted.c_source and "rt_range_ok" in hoisted.c_source
@@ -162,10 +170,7 @@ def test_hoisted_equals_checked(builds, name, n, lo, hi, a, b) -> None:
             hi = lo + 4096
         elif a == 0:
             a = 1
-    f1, m1 = _run(hoisted, n, (lo, hi, a, b))
-    f2, m2 = _run(plain, n, (lo, hi, a, b))
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, n, (lo, hi, a, b))
 
 
 LOCAL_SRC = """
@@ -203,10 +208,7 @@ def test_hoisted_local_arrays_equal_checked(local_builds, lo, hi, a, b) -> None:
     hoisted, plain = local_builds
     if a == 0 and hi - lo > 64:
         hi = lo + 64
-    f1, m1 = _run(hoisted, 32, (lo, hi, a, b))
-    f2, m2 = _run(plain, 32, (lo, hi, a, b))
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, 32, (lo, hi, a, b))
 
 
 NEST_SRC = """
@@ -251,10 +253,7 @@ def test_short_nests_poll_once_after_the_nest(nest_builds) -> None:
 @given(rows=st.integers(-2, 6), ld=st.integers(-20, 20), off=st.integers(-20, 60))
 def test_hoisted_nest_equals_checked(nest_builds, rows, ld, off) -> None:
     hoisted, plain = nest_builds
-    f1, m1 = _run(hoisted, 48, (rows, ld, off))
-    f2, m2 = _run(plain, 48, (rows, ld, off))
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, 48, (rows, ld, off))
 
 
 
@@ -301,10 +300,7 @@ def test_nest_over_a_short_runtime_width_polls_once_after_itself(rows_builds) ->
 @given(rows=st.integers(-2, 6), cw=st.integers(-3, 300), ld=st.integers(-20, 400))
 def test_nest_over_a_runtime_width_equals_checked(rows_builds, rows, cw, ld) -> None:
     hoisted, plain = rows_builds
-    f1, m1 = _run(hoisted, 640, (rows, cw, ld))
-    f2, m2 = _run(plain, 640, (rows, cw, ld))
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, 640, (rows, cw, ld))
 
 # Two-level nests: an inner loop whose bounds do not change in the outer loop
 # is folded into the outer loop's guard (one box check per access, corners of
@@ -433,10 +429,7 @@ def test_hoisted_nest_box_equals_checked(box_builds, name, n, i0, ci, j0, cj, a,
         j0, j1 = max(-50, min(j0, 50)), max(-50, min(j1, 50))
         i0, i1 = max(-50, min(i0, 50)), max(-50, min(i1, 50))
     args = (i0, i1, j0, j1, a, b, c)
-    f1, m1 = _run(hoisted, n, args)
-    f2, m2 = _run(plain, n, args)
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, n, args)
 
 
 # Offsets a loop body computes from its counter (int64_t a0 = (r + 4*q) * ld;
@@ -540,10 +533,7 @@ def test_body_offsets_fold_the_nest_into_one_guard(def_builds) -> None:
 def test_body_offsets_equal_checked(def_builds, name, n, nq, r, ld, j0, cj, c) -> None:
     hoisted, plain = def_builds[name]
     args = (nq, r, ld, j0, _bounds(j0, cj), c)
-    f1, m1 = _run(hoisted, n, args)
-    f2, m2 = _run(plain, n, args)
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, n, args)
 
 
 def test_planted_write_past_the_end_through_a_body_offset(def_builds) -> None:
@@ -668,10 +658,7 @@ def test_nest_guards_equal_checked(nest_guard_builds, name, n, p0, p1, ld, off, 
     if name == "ragged":
         p0 = max(p0, 0) * 5  # columns: up to three chunks, the last one ragged
     args = (p0, p1, ld, off, c)
-    f1, m1 = _run(hoisted, n, args)
-    f2, m2 = _run(plain, n, args)
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, n, args)
 
 
 def test_planted_write_past_the_end_in_a_triangular_nest(nest_guard_builds) -> None:
@@ -726,10 +713,7 @@ def test_whole_body_guards_equal_checked(whole_builds, name, n, p0, p1, ld, off,
         p0 = max(p0, 0) * 5
     args = (p0, p1, ld, off, c) if name in NEST_GUARD_NAMES else (
         p0, p1, ld, off, _bounds(off, p1), c)
-    f1, m1 = _run(hoisted, n, args)
-    f2, m2 = _run(plain, n, args)
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, n, args)
 
 
 def test_planted_write_past_the_end_behind_a_whole_body_guard(whole_builds) -> None:
@@ -848,10 +832,7 @@ def test_planted_int_wrap_faults_instead_of_landing(name) -> None:
 def test_int_counter_indices_equal_checked(wrap32_builds, name, lo, count, ld, off) -> None:
     hoisted, plain = wrap32_builds[name]
     args = (lo, min(lo + count, 2**31 - 1), ld, off)
-    f1, m1 = _run(hoisted, 16, args)
-    f2, m2 = _run(plain, 16, args)
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, 16, args)
 
 
 # Whole-body guards over values fixed at entry: a block index, caps derived from
@@ -891,10 +872,7 @@ def test_whole_body_guard_over_derived_caps(derived_builds) -> None:
        cnt=st.one_of(st.integers(-5, 40), st.sampled_from([2**62, -(2**63)])))
 def test_derived_whole_body_equals_checked(derived_builds, n, nr, ld, off, cnt) -> None:
     hoisted, plain = derived_builds
-    f1, m1 = _run(hoisted, n, (nr, ld, off, cnt))
-    f2, m2 = _run(plain, n, (nr, ld, off, cnt))
-    assert f1 == f2
-    assert np.array_equal(m1.view(np.uint32), m2.view(np.uint32))
+    _assert_same(hoisted, plain, n, (nr, ld, off, cnt))
 
 
 def test_planted_write_past_the_end_through_a_derived_cap(derived_builds) -> None:

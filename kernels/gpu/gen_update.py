@@ -147,6 +147,19 @@ def _apply_half(out: list[str], w0: int) -> None:
     out.append("        }")
 
 
+def _z_sum(out: list[str], size: int, c_off: int) -> None:
+    """Z of the block's strip (size floats): the sum of its row blocks' parts in Zp
+    (in row-block order), into smem_c at c_off."""
+    dst = f"smem_c[{c_off} + e]" if c_off else "smem_c[e]"
+    out.append(f"    int64_t zb = (bid - rbi) * {size};")
+    out.append(f"    for (int64_t e = t; e < {size}; e += {THREADS}) {{")
+    out.append("        float s = 0.0f;")
+    out.append("        for (int64_t i = 0; i < nrb; i++)")
+    out.append(f"            s += cap_load_f32(Zp, zb + i * {size} + e);")
+    out.append(f"        {dst} = s;")
+    out.append("    }")
+
+
 def _w_from_z(out: list[str], t_arr: str, z_arr: str, z_off: int, w_off: int) -> None:
     """W = T^T Z for 32 reflectors: T (32 x 32, upper triangular, so T[l][q] = 0 for
     l > q) from t_arr, Z's rows from z_arr at z_off, W's rows to smem_w at w_off."""
@@ -218,13 +231,7 @@ def _kernel_apply(out: list[str]) -> None:
     out.append("    cap_t TT = cap_offset_f32(Tw, b * 1024);")
     out.append(f"    for (int64_t e = t; e < 1024; e += {THREADS})")
     out.append("        smem_c[e] = cap_load_f32(TT, e);")
-    out.append(f"    int64_t zb = (bid - rbi) * {ZP};")
-    out.append(f"    for (int64_t e = t; e < {ZP}; e += {THREADS}) {{")
-    out.append("        float s = 0.0f;")
-    out.append("        for (int64_t i = 0; i < nrb; i++)")
-    out.append(f"            s += cap_load_f32(Zp, zb + i * {ZP} + e);")
-    out.append("        smem_c[1024 + e] = s;")
-    out.append("    }")
+    _z_sum(out, ZP, 1024)
     out.append("    rt_sync_threads();")
     _w_from_z(out, "smem_c", "smem_c", 1024, 0)
     out.append("    rt_sync_threads();")
@@ -317,13 +324,7 @@ def _kernel_apply2(out: list[str]) -> None:
     out.append("    cap_t TA = cap_offset_f32(T1, b * 1024);")
     out.append("    cap_t TB = cap_offset_f32(T2, b * 1024);")
     # Z (64 x STRIP) into smem_c; T1 and G into smem_vt until the first chunk
-    out.append(f"    int64_t zb = (bid - rbi) * {2 * ZP};")
-    out.append(f"    for (int64_t e = t; e < {2 * ZP}; e += {THREADS}) {{")
-    out.append("        float s = 0.0f;")
-    out.append("        for (int64_t i = 0; i < nrb; i++)")
-    out.append(f"            s += cap_load_f32(Zp, zb + i * {2 * ZP} + e);")
-    out.append("        smem_c[e] = s;")
-    out.append("    }")
+    _z_sum(out, 2 * ZP, 0)
     out.append(f"    for (int64_t e = t; e < 1024; e += {THREADS}) {{")
     out.append("        smem_vt[e] = cap_load_f32(TA, e);")
     out.append("        float s = 0.0f;")
