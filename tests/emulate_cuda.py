@@ -208,6 +208,16 @@ class Kernel:
     fn: Any
     local_arrays: list[str]  # the names behind a local-array fault's slot -(id + 1)
 
+    def capability_fault(self, fault: dict[str, int]) -> Any:
+        """The CapabilityFault the GPU lane raises for this fault record (its own
+        mapping, runtime.cuda.lane.fault_from_record: reason, buffer, index, line)."""
+        from types import SimpleNamespace
+
+        from runtime.cuda.lane import fault_from_record
+
+        caps = [name for name, kind in self.params if kind == "cap"]
+        return fault_from_record(SimpleNamespace(**fault), self.name, self.local_arrays, caps)
+
     def launch(self, args: list[Any], grid: int, block: int) -> dict[str, int] | None:
         """Run ``grid`` blocks of ``block`` threads; args in the kernel's order (numpy
         arrays for caps, or (array, "r") for a read-only one; numbers for scalars).

@@ -290,13 +290,9 @@ def _mma_emulated(mma_kernels: dict, name: str, args: tuple, seed: int | None,
 
 
 def _mma_fault_fields(mma_kernels: dict, name: str, fault: dict) -> tuple:
-    """(reason, buffer, index, line) of an emulated fault, as CapabilityFault names them."""
-    from capabilities import abi
-
-    slot = fault["slot"]
-    names = mma_kernels[name, True].local_arrays
-    buffer = names[-slot - 1] if slot < -1 else None
-    return abi.FAULT_REASON[fault["kind"]], buffer, fault["index"], fault["line"]
+    """(reason, buffer, index, line) of an emulated fault, as the GPU lane names them."""
+    e = mma_kernels[name, True].capability_fault(fault)
+    return e.reason, e.buffer, e.index, e.line
 
 
 def _tiles():

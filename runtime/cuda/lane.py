@@ -676,6 +676,14 @@ def _launch_async(kernel: CudaKernel, params: _ParamBlock, grid: int, block: int
 
 def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
                        index: int | None) -> CapabilityFault:
+    return fault_from_record(rec, kernel.name, kernel.cuda.local_arrays, names, index)
+
+
+def fault_from_record(rec: Any, kernel_name: str, local_arrays: Sequence[str],
+                      names: Sequence[str], index: int | None = None) -> CapabilityFault:
+    """The CapabilityFault a fault record (rt_gpu_fault's fields) stands for: the
+    buffer named from the record's slot (``names``: the launch's cap names; a
+    negative slot below -1: ``local_arrays``)."""
     slot = rec.slot
     reason = FAULT_KINDS.get(rec.kind, f"fault-{rec.kind}")
     if reason in ("division-by-zero", "argument"):
@@ -685,9 +693,8 @@ def _fault_from_record(rec: Any, kernel: CudaKernel, names: Sequence[str],
     elif slot == -1 and reason == "no-bounds":
         buf = "<int-derived>"  # cap_from_int: no object (the CPU lane's name)
     else:
-        arrays = kernel.cuda.local_arrays
-        buf = arrays[-slot - 1] if 0 <= -slot - 1 < len(arrays) else None
-    return CapabilityFault(reason, kernel=kernel.name, block=rec.block, thread=rec.thread,
+        buf = local_arrays[-slot - 1] if 0 <= -slot - 1 < len(local_arrays) else None
+    return CapabilityFault(reason, kernel=kernel_name, block=rec.block, thread=rec.thread,
                            buffer=buf, index=rec.index, access=abi.ACCESS.get(rec.access),
                            line=rec.line or None, detail=fault_detail(reason, rec.index),
                            launch_index=index)
