@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import core
+from . import core, records
 from .build import CAP_INCLUDE, build_module, cache_dir, compiler_id, content_hash
 from .instrument import MODES, Instrumented, instrument
 from .parse import parse
@@ -92,7 +90,7 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
         return cuda.compile(source, name, checked=mode == "checked", hoist=hoist)
     flags = cflags()
     key = content_hash(source, str(name), mode, str(hoist), " ".join(flags), compiler_id(),
-                       _toolchain_version())
+                       records.toolchain_version())
     with _lock:
         if key in _compiled:
             return _compiled[key]
@@ -123,48 +121,22 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
     return k
 
 
-# The front end's result (kernel name, signature, generated C) is a pure function of
-# the cache key, which hashes the source, the options and every module of the front
-# end (_toolchain_version), so it is kept next to the compiled module: a new process
-# then skips parse, verify and instrument (seconds for the QR kernels) on a key it
-# has built before.  A source that fails to verify never gets a record.
 def _record_path(key: str) -> Path:
     return cache_dir() / f"_capqr_k_{key[:20]}.json"
 
 
 def _read_record(key: str) -> tuple[str, KernelSig, str] | None:
-    """The stored front-end result for ``key``, or None (absent, another key's, unreadable)."""
+    """The stored front-end result for ``key`` (runtime/records.py), or None."""
+    rec = records.read(_record_path(key), key)
     try:
-        rec = json.loads(_record_path(key).read_text())
-        if rec["key"] != key:
-            return None
-        fields = dict(rec["signature"], params=[(n, k) for n, k in rec["signature"]["params"]])
-        return rec["name"], KernelSig(**fields), rec["c_source"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return rec["name"], records.signature_from_json(rec["signature"]), rec["c_source"]
+    except (KeyError, TypeError, ValueError):  # a record of another shape
         return None
 
 
 def _write_record(key: str, name: str, sig: KernelSig, c_source: str) -> None:
-    path = _record_path(key)
-    rec = {"key": key, "name": name, "signature": asdict(sig), "c_source": c_source}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_text(json.dumps(rec))
-        os.replace(tmp, path)  # readers see a whole record or none
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a read-only cache only costs the next process time
-
-
-@lru_cache(maxsize=1)
-def _toolchain_version() -> str:
-    """Hash of cap.h and of every module of the front end and CPU lowering (all of
-    runtime/*.py: a list of the passes would miss the next one), so changing any
-    invalidates caches.  Read once per process: compile() is called on every
-    kernels.qr call."""
-    here = Path(__file__).resolve().parent
-    return content_hash((CAP_INCLUDE / "cap.h").read_text(),
-                        (CAP_INCLUDE / "cap_abi.h").read_text(),
-                        *[p.read_text() for p in sorted(here.glob("*.py"))])
+    records.write(_record_path(key), key, {"name": name, "signature": records.signature_json(sig),
+                                           "c_source": c_source})
 
 
 _ = core  # the core must be loaded before kernels run

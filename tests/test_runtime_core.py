@@ -450,6 +450,51 @@ def test_an_unreadable_front_end_record_is_rebuilt(tmp_path, monkeypatch):
     assert list(tmp_path.glob("_capqr_k_*.json")) == [record]
 
 
+def test_the_gpu_lane_reuses_its_front_end_result(tmp_path, monkeypatch):
+    """The CUDA lane keeps its front end's result (entry name, CUDA text, signatures,
+    local-array fault names) under its cache key too: a process that has not
+    lowered the source itself (the in-memory cache cleared here) gets the same
+    result without parse, verify or lowering.  No GPU needed: the front end
+    stops before NVRTC."""
+    from runtime.cuda import lane
+
+    monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
+    src = FILL_SRC.replace("fill", "fill_gpu_record").replace("double v", "float v").replace(
+        "cap_store_f64", "cap_store_f32")
+    lane._lowered.cache_clear()
+    first = {c: lane.front_end(src, None, checked=c) for c in (True, False)}
+    assert first[True][1].text != first[False][1].text
+    assert len(list((tmp_path / "cuda").glob("_capqr_cu_*.json"))) == 2
+    lane._lowered.cache_clear()
+    monkeypatch.setattr(lane, "parse", _front_end_fails)
+    monkeypatch.setattr(lane, "instrument", _front_end_fails)
+    for c in (True, False):
+        assert lane.front_end(src, None, checked=c) == first[c]
+    assert first[True][0] == "fill_gpu_record"
+
+
+def test_an_unreadable_gpu_front_end_record_is_rebuilt(tmp_path, monkeypatch):
+    """As on the CPU: a damaged record, or one of another key, is lowered again and
+    rewritten; an unknown entry point is a VerifyError and leaves no record."""
+    from runtime.cuda import lane
+
+    monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
+    src = FILL_SRC.replace("fill", "fill_gpu_damaged").replace("double v", "float v").replace(
+        "cap_store_f64", "cap_store_f32")
+    first = lane.front_end(src, "fill_gpu_damaged")
+    (record,) = (tmp_path / "cuda").glob("_capqr_cu_*.json")
+    good = record.read_text()
+    key = json.loads(good)["key"]
+    for damage in ("{not json", good.replace(key, "0" * 64), "{}", json.dumps({"key": key})):
+        record.write_text(damage)
+        lane._lowered.cache_clear()
+        assert lane.front_end(src, "fill_gpu_damaged") == first
+        assert json.loads(record.read_text()) == json.loads(good)
+    with pytest.raises(runtime.VerifyError, match="no KERNEL function"):
+        lane.front_end(src, "no_such_kernel")
+    assert list((tmp_path / "cuda").glob("_capqr_cu_*.json")) == [record]
+
+
 # ---------------------------------------------------------------------------
 # checked and raw builds agree on correct kernels
 

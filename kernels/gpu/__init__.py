@@ -219,11 +219,13 @@ def work_size(batch: int) -> int:
     return batch * T_SIZE
 
 
-def _updates(batch: int, n: int) -> list[Launch]:
+@cache
+def _updates(batch: int, n: int) -> tuple[Launch, ...]:
     """The update launches of both plans (one and two panels per update), so one
-    workspace serves either; their sizes do not depend on tall_rows."""
-    return [s for two in (False, True) for s in launch_plan(batch, n, None, two_panel=two)
-            if s.kernel.endswith("_z")]
+    workspace serves either; their sizes do not depend on tall_rows.  Built once per
+    shape: scratch_size and gram_size both read them."""
+    return tuple(s for two in (False, True) for s in launch_plan(batch, n, None, two_panel=two)
+                 if s.kernel.endswith("_z"))
 
 
 def scratch_size(batch: int, n: int) -> int:

@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ import numpy as np
 from capabilities import abi
 from capabilities.protocol import RecordedAttributes
 
-from .. import core, heap
+from .. import core, heap, records
 from ..argcheck import (
     check_counts,
     check_grid,
@@ -54,9 +55,10 @@ from ..argcheck import (
     plain_int64,
     scalar_arg,
 )
+from ..build import content_hash
 from ..errors import CapabilityFault, KernelTimeout, fault_detail
 from ..parse import parse
-from ..verifier import KernelSig, select_kernel, verify
+from ..verifier import KernelSig, VerifiedSource, select_kernel, verify
 from . import driver as drv
 from . import nvrtc
 from .instrument_cuda import FAULT_KINDS, CudaSource, instrument
@@ -468,7 +470,40 @@ def check_group(kernel: CudaKernel, group: Any, grid: int, block: int,
 
 def translate(source: str, *, checked: bool = True, hoist: bool = True) -> CudaSource:
     """Parse, verify for target "cuda" and lower to CUDA C; no GPU needed."""
-    return instrument(verify(parse(source), target="cuda"), checked=checked, hoist=hoist)
+    return _lowered(source, checked, hoist)[1]
+
+
+@lru_cache(maxsize=32)
+def _lowered(source: str, checked: bool, hoist: bool) -> tuple[VerifiedSource, CudaSource]:
+    """The verified source and its CUDA text, once per process for the kernels of one
+    source (update.c holds four)."""
+    verified = verify(parse(source), target="cuda")
+    return verified, instrument(verified, checked=checked, hoist=hoist)
+
+
+def front_end(source: str, name: str | None, *, checked: bool = True,
+              hoist: bool = True) -> tuple[str, CudaSource]:
+    """The entry point's name and the lowered source, from the record kept under the
+    cache key when a process has built it before (runtime/records.py), else from
+    :func:`translate` (VerifyError for an unsafe source or an unknown name)."""
+    key = content_hash(source, str(name), str(checked), str(hoist),
+                       records.toolchain_version("cuda"))
+    path = nvrtc.cache_dir() / f"_capqr_cu_{key[:20]}.json"
+    rec = records.read(path, key)
+    if rec is not None:
+        try:
+            kernels = {k: records.signature_from_json(v) for k, v in rec["kernels"].items()}
+            return rec["name"], CudaSource(rec["text"], kernels, list(rec["local_arrays"]),
+                                           bool(rec["checked"]))
+        except (KeyError, TypeError, ValueError, AttributeError):  # another shape
+            pass
+    verified, cs = _lowered(source, checked, hoist)
+    name = select_kernel(verified, name)
+    records.write(path, key, {"name": name, "text": cs.text, "checked": cs.checked,
+                              "local_arrays": cs.local_arrays,
+                              "kernels": {k: records.signature_json(v)
+                                          for k, v in cs.kernels.items()}})
+    return name, cs
 
 
 def compile(source: str, name: str | None = None, *, checked: bool = True, hoist: bool = True,
@@ -478,9 +513,7 @@ def compile(source: str, name: str | None = None, *, checked: bool = True, hoist
     ``checked=False`` builds the same source with raw pointers (overhead baseline);
     ``hoist=False`` disables loop versioning.
     """
-    verified = verify(parse(source), target="cuda")
-    name = select_kernel(verified, name)
-    cs = instrument(verified, checked=checked, hoist=hoist)
+    name, cs = front_end(source, name, checked=checked, hoist=hoist)
     dev = drv.device()
     cubin = nvrtc.compile_cubin(cs.text, arch=dev.arch, options=tuple(options) + ("-lineinfo",))
     L, f = drv.lib(), drv.ffi()

@@ -19,6 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..build import cache_dir as build_cache_dir
 from ..errors import CompileError
 
 try:
@@ -104,11 +105,9 @@ def version() -> str:
 
 
 def cache_dir() -> Path:
-    """Directory of cached cubins: ``$CAPQR_CACHE`` (as for CPU modules, default
-    ``~/.cache/capqr``) / cuda."""
-    base = os.environ.get("CAPQR_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "capqr")
-    p = Path(base) / "cuda"
+    """Directory of cached cubins and CUDA front-end records: runtime.build.cache_dir()
+    (``$CAPQR_CACHE``, as for CPU modules) / cuda."""
+    p = build_cache_dir() / "cuda"
     p.mkdir(parents=True, exist_ok=True)
     return p
 

@@ -1,0 +1,65 @@
+"""Front-end records: what parse -> verify -> lower made of a source, kept on disk.
+
+The front end's result (the entry point's name, its signature, the generated
+C or CUDA text) is a pure function of the cache key, which hashes the source,
+the options and every module of the front end and of the lane's lowering
+(:func:`toolchain_version`).  Both lanes keep it next to their compiled
+output, so a process that meets a key built before skips parse, verify and
+lowering (seconds for the QR kernels).  A source that fails to verify never
+gets a record; a damaged record, or one of another key, reads as absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from .build import CAP_INCLUDE, content_hash
+from .verifier import KernelSig
+
+RUNTIME = Path(__file__).resolve().parent
+
+
+@cache
+def toolchain_version(*lane_dirs: str) -> str:
+    """Hash of cap.h, cap_abi.h, capabilities/abi.py, every module of runtime/ (a list of
+    the passes would miss the next one) and of each of ``lane_dirs`` (relative to
+    runtime/), so changing any invalidates what was built with it.  Read once per
+    process and lane: compile() runs on every kernels.qr call."""
+    modules = [p for d in (".", *lane_dirs) for p in sorted((RUNTIME / d).glob("*.py"))]
+    return content_hash((CAP_INCLUDE / "cap.h").read_text(),
+                        (CAP_INCLUDE / "cap_abi.h").read_text(),
+                        (CAP_INCLUDE / "abi.py").read_text(),
+                        *[p.read_text() for p in modules])
+
+
+def signature_json(sig: KernelSig) -> dict[str, Any]:
+    return asdict(sig)
+
+
+def signature_from_json(d: dict[str, Any]) -> KernelSig:
+    return KernelSig(**dict(d, params=[(n, k) for n, k in d["params"]]))
+
+
+def read(path: Path, key: str) -> dict[str, Any] | None:
+    """The record at ``path`` if it is whole and of ``key``, else None."""
+    try:
+        rec = json.loads(path.read_text())
+        return rec if isinstance(rec, dict) and rec.get("key") == key else None
+    except (OSError, ValueError):
+        return None
+
+
+def write(path: Path, key: str, payload: dict[str, Any]) -> None:
+    """Store ``payload`` under ``key`` at ``path``: readers see a whole record or none."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(dict(payload, key=key)))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a read-only cache only costs the next process time
