@@ -478,7 +478,9 @@ def overhead(quick: bool) -> list[dict[str, Any]]:
 
 
 def launch_cost() -> dict[str, Any]:
-    """Microseconds per launch of an empty kernel, grid 1 and grid = workers."""
+    """Microseconds per launch of an empty kernel, grid 1 and grid = workers, back to
+    back and (``idle``) each after 2 ms without launches, when the workers sleep
+    (median of 200; runtime/csrc/launch.c wakes fewer of them for short launches)."""
     import capabilities
     import runtime
 
@@ -496,6 +498,13 @@ def launch_cost() -> dict[str, Any]:
                 runtime.launch(k, [x], args=(1,), grid=g)
             best.append((time.perf_counter() - t0) / 500 * 1e6)
         out[f"grid={g}"] = {"us_min": min(best), "us_median": float(np.median(best))}
+        idle = []
+        for _ in range(200):
+            time.sleep(0.002)
+            t0 = time.perf_counter()
+            runtime.launch(k, [x], args=(1,), grid=g)
+            idle.append((time.perf_counter() - t0) * 1e6)
+        out[f"grid={g} idle"] = {"us_min": min(idle), "us_median": float(np.median(idle))}
     print(f"launch cost (us): {out}", flush=True)
     return out
 

@@ -71,6 +71,7 @@ typedef struct rt_launch rt_launch;
 int rt_core_init(int threads);
 int rt_core_threads(void);
 int64_t rt_core_kernels_running(void);
+int64_t rt_core_wakes_asked(void);
 const void *rt_core_api(void);
 rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid, int64_t group);
 int rt_launch_wait(rt_launch *L, double seconds);

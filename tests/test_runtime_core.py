@@ -378,6 +378,111 @@ def test_idle_workers_stop_spinning():
     assert out["idle_cpu_s"] < 0.1, out
 
 
+WAKE_SRC = """
+KERNEL void spin_blocks(cap_t x, int64_t spin)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < spin; i++)
+        s = s * 0.5 + 1.0;
+    cap_store_f64(x, rt_block_idx(), s);
+}
+
+/* Blocks 0 and 1 each say they started, then watch up to `spin` steps for the
+ * other: x[4 + b] = 1 iff block b saw the other one running. */
+KERNEL void meeting_blocks(cap_t x, cap_t flag, int64_t spin)
+{
+    int64_t b = rt_block_idx();
+    double met = 0.0;
+    cap_store_i32(flag, b, 1);
+    for (int64_t i = 0; i < spin && met == 0.0; i++)
+        if (cap_load_i32(flag, 1 - b) == 1)
+            met = 1.0;
+    cap_store_f64(x, 4 + b, met);
+}
+
+KERNEL void paired_blocks(cap_t x)
+{
+    cap_store_f64(x, rt_block_idx(), 1.0);
+    rt_group_sync();
+    cap_store_f64(x, rt_block_idx() + 2, cap_load_f64(x, 1 - rt_block_idx()));
+}
+"""
+
+WAKE_PROBE = """
+import json, sys, time
+import numpy as np
+import capabilities, runtime
+from runtime.core import lib
+spin = runtime.compile(sys.argv[1], "spin_blocks")
+pair = runtime.compile(sys.argv[1], "paired_blocks")
+meet = runtime.compile(sys.argv[1], "meeting_blocks")
+x = capabilities.alloc(8, np.float64)
+flag = capabilities.alloc(2, np.int32)
+
+def wakes(k, grid, args=(), group=None, caps=None):
+    time.sleep(0.02)   # every worker asleep (an idle one watches for work 0.2 ms)
+    before = lib.rt_core_wakes_asked()
+    runtime.launch(k, caps or [x], args=args, grid=grid, group=group)
+    return lib.rt_core_wakes_asked() - before
+
+out = {"threads": runtime.threads()}
+out["unknown"] = wakes(spin, 2, (0,))
+out["short"] = wakes(spin, 2, (0,))
+out["short_grid3"] = wakes(spin, 3, (0,))
+wakes(spin, 2, (3_000_000,))   # ms blocks, after us ones (meeting_blocks checks that case)
+out["long"] = wakes(spin, 2, (3_000_000,))
+out["long_grid3"] = wakes(spin, 3, (3_000_000,))
+out["sums_ok"] = bool(np.all(x.numpy()[:3] > 1.0))
+# meeting_blocks' first launch has blocks that meet at once: short, so the next
+# launch wakes one worker, whose block then waits ~tens of ms for the other
+x.numpy()[4:6] = 0.0
+flag.numpy()[:] = 0
+out["meet_first"] = wakes(meet, 2, (50_000_000,), caps=[x, flag])
+out["meet_short"] = wakes(meet, 2, (1,), caps=[x, flag])
+x.numpy()[4:6] = 0.0
+flag.numpy()[:] = 0
+out["meet_grown"] = wakes(meet, 2, (50_000_000,), caps=[x, flag])
+out["met"] = x.numpy()[4:6].tolist()
+out["group_unknown"] = wakes(pair, 2, group=2)
+for _ in range(20):   # back to back, the pair meets at once: a block time of microseconds
+    runtime.launch(pair, [x], grid=2, group=2)
+out["group_short"] = wakes(pair, 2, group=2)
+out["group_ok"] = x.numpy()[2:4].tolist() == [1.0, 1.0]
+print(json.dumps(out))
+"""
+
+
+def test_short_launches_wake_fewer_sleeping_workers():
+    """A launch wakes one sleeping worker per 50 us of expected work (its entry
+    point's block time at its last launch; runtime/csrc/launch.c, workers_to_wake),
+    one per block for an entry not seen before, at least its group for a group
+    launch, and every sleeper once blocks are still unclaimed after the
+    launcher's spin (a block time that grew).  Counted by the pool itself
+    (rt_core_wakes_asked) in a pool of 4 whose workers all sleep before each
+    launch."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CAPQR_THREADS="4")
+    p = subprocess.run([sys.executable, "-c", WAKE_PROBE, WAKE_SRC], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["threads"] == 4
+    assert (out["unknown"], out["short"], out["short_grid3"]) == (2, 1, 1), json.dumps(out)
+    assert (out["long"], out["long_grid3"]) == (2, 3), json.dumps(out)
+    # blocks that grew since the estimate: one worker is asked for, and the
+    # launcher wakes the rest (+4) once claims stall, unless the one signal
+    # happened to wake two (a condition variable may); either way both ran at once
+    assert out["meet_grown"] in (1, 1 + 4) and out["met"] == [1.0, 1.0], json.dumps(out)
+    assert (out["group_unknown"], out["group_short"]) == (2, 2), json.dumps(out)
+    assert out["sums_ok"] and out["group_ok"], json.dumps(out)
+
+
 # ---------------------------------------------------------------------------
 # the kernel cache
 

@@ -8,6 +8,7 @@ typedef struct rt_launch rt_launch;
 int rt_core_init(int threads);          /* start the worker pool (idempotent) */
 int rt_core_threads(void);
 int64_t rt_core_kernels_running(void);
+int64_t rt_core_wakes_asked(void);   /* sleeping workers a launch signalled, in all */
 const rt_api *rt_core_api(void);
 
 rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid,

@@ -45,6 +45,11 @@ struct rt_launch {
     int64_t group_live;    /* group blocks that have not returned (under group_lock) */
     int64_t group_arrived; /* arrivals in the open round (under group_lock) */
     int64_t group_round;   /* rounds completed (written under group_lock, read atomically) */
+    int64_t timed;         /* blocks timed for the entry's block-time estimate (pool_mu) */
+    int64_t timed_ns;      /* their run time (under pool_mu) */
+    int64_t start_ns;      /* when it started, and when a block was last claimed (pool_mu): */
+    int64_t claim_ns;      /*   rt_launch_wait wakes every sleeper if claims stall */
+    int32_t woke_all;      /* every sleeper was signalled (under pool_mu) */
 };
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -319,6 +324,54 @@ static void unlink_active(rt_launch *L)
         if (*pp == L) { *pp = L->next_active; return; }
 }
 
+static int64_t now_ns(void);
+
+/* How many sleeping workers a launch is worth waking.  A futex wake-up of an
+ * idle core costs tens of microseconds (2-core VM: a grid-2 launch of empty
+ * blocks after 2 ms of idleness 64-80 us, back to back 28-38 us), so a launch
+ * of a few short blocks is done sooner by fewer workers.  Each entry point
+ * keeps the mean run time of the blocks of its last launch (only blocks
+ * 0 .. RT_TIMED_BLOCKS x workers - 1 are timed: a grid of many tiny blocks
+ * pays no clock reads for the rest), and a launch wakes one sleeper per
+ * RT_WAKE_WORK_NS of estimated work.  An entry point not seen before wakes one
+ * per block as before, a group launch at least its group (its blocks wait for
+ * each other), and rt_launch_wait wakes every sleeper once blocks wait
+ * unclaimed while no block was claimed for RT_WAKE_WORK_NS (the blocks grew
+ * since the estimate) or none at all for RT_WAKE_LOST_NS, so an estimate that
+ * was too low costs about RT_WAKE_WORK_NS. */
+#define RT_WAKE_WORK_NS 50000L
+#define RT_TIMED_BLOCKS 2
+#define RT_WAKE_LOST_NS 1000000L
+#define RT_ENTRY_SLOTS 64
+static struct { rt_entry_fn entry; int64_t block_ns; } entry_cost[RT_ENTRY_SLOTS]; /* pool_mu */
+static int64_t wakes_asked = 0;   /* sleepers signalled, a broadcast counting nworkers (pool_mu) */
+
+static int64_t *entry_block_ns(rt_entry_fn e)
+{
+    size_t h = ((uintptr_t)e >> 4) % RT_ENTRY_SLOTS;
+    for (size_t i = 0; i < RT_ENTRY_SLOTS; i++) {
+        size_t k = (h + i) % RT_ENTRY_SLOTS;
+        if (entry_cost[k].entry == e || entry_cost[k].entry == NULL) {
+            entry_cost[k].entry = e;
+            return &entry_cost[k].block_ns;
+        }
+    }
+    entry_cost[h].entry = e;   /* full: the newest entry takes its home slot */
+    entry_cost[h].block_ns = 0;
+    return &entry_cost[h].block_ns;
+}
+
+static int64_t workers_to_wake(rt_launch *L)
+{
+    int64_t most = L->grid < nworkers ? L->grid : nworkers;
+    int64_t per = *entry_block_ns(L->entry);
+    if (per <= 0) return most;
+    double work = (double)per * (double)L->grid;
+    int64_t want = (int64_t)(work / RT_WAKE_WORK_NS) + 1;
+    if (want < L->group) want = L->group;
+    return want < most ? want : most;
+}
+
 /* A launch is done once no block will start and none is running. */
 static void maybe_finish(rt_launch *L)
 {
@@ -328,6 +381,8 @@ static void maybe_finish(rt_launch *L)
     if (exhausted && L->running == 0 && !L->done) {
         if (__atomic_load_n(&L->poll_raised, __ATOMIC_ACQUIRE))
             __atomic_fetch_sub(&rt_poll_word, RT_POLL_STOP_UNIT, __ATOMIC_SEQ_CST);
+        if (!L->stop && L->timed > 0)
+            *entry_block_ns(L->entry) = L->timed_ns / L->timed + 1;
         /* The last access to L here: a launcher that sees done without the
          * lock (rt_launch_wait's spin) may free it right after. */
         __atomic_store_n(&L->done, 1, __ATOMIC_RELEASE);
@@ -387,9 +442,14 @@ static void *worker_main(void *arg)
         spun = 0;
         int64_t idx = L->next++;
         L->running++;
+        if (!L->woke_all) L->claim_ns = now_ns();
         pthread_mutex_unlock(&pool_mu);
+        int timed = idx < RT_TIMED_BLOCKS * nworkers;
+        int64_t t0 = timed ? now_ns() : 0;
         run_block(self, L, idx);
+        int64_t ran = timed ? now_ns() - t0 : 0;
         pthread_mutex_lock(&pool_mu);
+        if (timed) { L->timed++; L->timed_ns += ran; }
         L->running--;
         maybe_finish(L);
     }
@@ -420,6 +480,13 @@ int rt_core_init(int threads)
 }
 
 int rt_core_threads(void) { return nworkers; }
+int64_t rt_core_wakes_asked(void)
+{
+    pthread_mutex_lock(&pool_mu);
+    int64_t n = wakes_asked;
+    pthread_mutex_unlock(&pool_mu);
+    return n;
+}
 int64_t rt_core_kernels_running(void) { return __atomic_load_n(&kernels_running, __ATOMIC_ACQUIRE); }
 const rt_api *rt_core_api(void) { return &api_table; }
 
@@ -440,13 +507,17 @@ rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid, int64_
         while (*pp) pp = &(*pp)->next_active;
         *pp = L;   /* FIFO: earlier launches get workers first */
         __atomic_store_n(&pool_gen, pool_gen + 1, __ATOMIC_RELEASE);  /* spinning workers */
-        /* Wake only as many workers as there are blocks: waking all of them
-         * for a one-block launch makes the rest contend for pool_mu and
-         * sleep again. */
-        if (grid >= nworkers)
+        /* Wake no more workers than the launch has blocks, and fewer for a
+         * short launch (workers_to_wake): the rest would contend for pool_mu
+         * and sleep again. */
+        int64_t wake = workers_to_wake(L);
+        wakes_asked += wake;
+        L->woke_all = wake >= (grid < nworkers ? grid : nworkers);
+        L->start_ns = now_ns();
+        if (wake >= nworkers)
             pthread_cond_broadcast(&pool_work);
         else
-            for (int64_t i = 0; i < grid; i++) pthread_cond_signal(&pool_work);
+            for (int64_t i = 0; i < wake; i++) pthread_cond_signal(&pool_work);
     }
     pthread_mutex_unlock(&pool_mu);
     return L;
@@ -459,6 +530,24 @@ rt_launch *rt_launch_start(void *entry, const rt_arg *args, int64_t grid, int64_
  * little (measured on 2 cores: grid = cores got faster, not slower). */
 #define RT_WAIT_SPIN_NS 50000L
 
+/* Under pool_mu: whether a launch that woke fewer workers than it has blocks
+ * needs them all after all (workers_to_wake). */
+static int short_of_workers(rt_launch *L)
+{
+    if (L->woke_all || L->stop || L->next >= L->grid) return 0;
+    int64_t quiet = now_ns() - (L->next > 0 ? L->claim_ns : L->start_ns);
+    return quiet > (L->next > 0 ? RT_WAKE_WORK_NS : RT_WAKE_LOST_NS);
+}
+
+static struct timespec realtime_in(int64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ns / 1000000000L) + (ts.tv_nsec + ns % 1000000000L) / 1000000000L;
+    ts.tv_nsec = (ts.tv_nsec + ns % 1000000000L) % 1000000000L;
+    return ts;
+}
+
 int rt_launch_wait(rt_launch *L, double seconds)
 {
     int64_t spin = seconds * 1e9 < RT_WAIT_SPIN_NS ? (int64_t)(seconds * 1e9) : RT_WAIT_SPIN_NS;
@@ -468,14 +557,20 @@ int rt_launch_wait(rt_launch *L, double seconds)
         sched_yield();
     }
     if (__atomic_load_n(&L->done, __ATOMIC_ACQUIRE)) return 1;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long ns = (long)((seconds - (long)seconds) * 1e9);
-    ts.tv_sec += (time_t)seconds + (ts.tv_nsec + ns) / 1000000000L;
-    ts.tv_nsec = (ts.tv_nsec + ns) % 1000000000L;
+    int64_t left = (int64_t)(seconds * 1e9) - spin;
+    int64_t end = now_ns() + (left > 0 ? left : 0);
+    struct timespec until = realtime_in(left > 0 ? left : 0);
     pthread_mutex_lock(&pool_mu);
     while (!__atomic_load_n(&L->done, __ATOMIC_ACQUIRE)) {
-        if (pthread_cond_timedwait(&pool_done, &pool_mu, &ts) == ETIMEDOUT) break;
+        if (short_of_workers(L)) {
+            L->woke_all = 1;
+            wakes_asked += nworkers;
+            pthread_cond_broadcast(&pool_work);
+        }
+        /* while workers may still be wanted, look again every RT_WAKE_WORK_NS */
+        int watch = !L->woke_all && end - now_ns() > RT_WAKE_WORK_NS;
+        struct timespec t = watch ? realtime_in(RT_WAKE_WORK_NS) : until;
+        if (pthread_cond_timedwait(&pool_done, &pool_mu, &t) == ETIMEDOUT && !watch) break;
     }
     int done = __atomic_load_n(&L->done, __ATOMIC_ACQUIRE);
     pthread_mutex_unlock(&pool_mu);
