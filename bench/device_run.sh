@@ -18,10 +18,12 @@ tail -3 "$OUT/gpu-tests.txt"
 timeout "${GPU_BENCH_S:-240}" python3 -m bench.gpu_bench --repeat "${REPEAT:-3}" \
     --repeat-large "${REPEAT:-3}" --out "$OUT/gpu-bench.json" > "$OUT/gpu-bench.txt" 2>&1
 tail -9 "$OUT/gpu-bench.txt"
-# squares vs scipy and scaling at 1, 2 and all workers (the batches, profile, overhead and
-# launch sections are in the full run: python3 -m bench.qr_parallel)
+# the smallest batch and the squares vs scipy, the launch cost (back to back and after
+# idleness: how many sleeping workers a launch wakes) and scaling at 1, 2 and all workers
+# (the other batches, profile and overhead sections are in the full run:
+# python3 -m bench.qr_parallel)
 timeout "${CPU_BENCH_S:-150}" python3 -m bench.qr_parallel --out "$OUT" --skip profile \
-    --skip overhead --skip launch --shapes "${CPU_SHAPES:-n=1024 n=2048 n=4096}" \
+    --skip overhead --shapes "${CPU_SHAPES:-(20,32) n=1024 n=2048 n=4096}" \
     --min-repeats "${REPEAT:-3}" > "$OUT/cpu-parallel.txt" 2>&1
 tail -12 "$OUT/cpu-parallel.txt"
 # the two-panel trailing update (kernels.gpu.TWO_PANEL, off by default until measured):
