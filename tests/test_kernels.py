@@ -118,6 +118,31 @@ def test_large_input_copied_and_checked_on_the_workers(monkeypatch):
     assert H.tobytes() == H1.tobytes() and tau.tobytes() == tau1.tobytes()
 
 
+def test_the_factored_copy_starts_on_a_cache_line(monkeypatch):
+    """kernels.qr factors a copy whose data starts on a 64-byte line, whichever path
+    made it (numpy's copy in every dtype, or the workers' copy): H is that copy, and
+    it holds what the unaligned input gives factored in place by the same kernel."""
+    import importlib
+
+    qr_mod = importlib.import_module("kernels.qr")
+    for variant, dtype in (("parallel", np.float32), ("parallel", np.float64),
+                           ("blocked", np.int32), ("f16", np.float16)):
+        A = (_rand((3, 40, 24), seed=9) * 4).astype(dtype)
+        H, _ = qr(A, variant)
+        assert H.ctypes.data % 64 == 0 and H.flags.c_contiguous, (variant, dtype)
+    A = _rand((2, 64, 64), seed=10)
+    monkeypatch.setattr(qr_mod, "COPY_ON_WORKERS_MIN", 1)  # the workers copy
+    H, tau = qr(A, "parallel")
+    assert H.ctypes.data % 64 == 0
+    raw = np.empty(A.size + 4, np.float32)[1:1 + A.size].reshape(A.shape)  # 4 bytes off a line
+    raw[...] = A
+    t = np.zeros((2, 64), np.float32)
+    from kernels import parallel
+
+    parallel.run(raw, t, "float32", parallel.default_nb(64, 64), parallel.TW_MAX, True, None, None)
+    assert raw.tobytes() == H.tobytes() and t.tobytes() == tau.tobytes()
+
+
 def test_f16_overflow_raises_or_flags():
     A = _rand((16, 16)) * 3e4  # entries fit in half, R's diagonal (~1e5) does not
     with pytest.raises(kernels.HalfOverflowError):
