@@ -215,11 +215,13 @@ import json, sys, time
 import capabilities, numpy as np, runtime
 from bench.qr_parallel import _TILE_KERNEL
 from kernels import sources
-m, reps = int(sys.argv[1]), int(sys.argv[2])
+from kernels.qr import aligned_empty
+m, reps, off = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 k = runtime.compile(sources.source("qrt") + _TILE_KERNEL, "tile_rate")
 w = runtime.threads()
 n = max(m, 64 * w)   # an m x n matrix, a tile per worker: rows as far apart as in QR
-a = capabilities.alloc((m * n,), np.float32)
+buf = aligned_empty((m * n + 16,), np.float32)   # the matrix starts off bytes past a line
+a = capabilities.wrap(buf[off // 4:off // 4 + m * n])
 work = capabilities.alloc((m * 64 + 64 * 64,), np.float32)
 runtime.launch(k, [a, work], args=(m, n, 1), grid=w)
 ts = []
@@ -230,14 +232,17 @@ print(json.dumps({"threads": w, "block_s": min(ts)}))
 """
 
 
-def tile_ceiling(threads: int, quick: bool) -> dict[str, Any]:
+def tile_ceiling(threads: int, quick: bool, offset: int = 0) -> dict[str, Any]:
     """One 64-column tile update of m = SCALING_N rows (_TILE_KERNEL) alone over its
     time with one per worker at once: the scaling ceiling of the trailing update
-    on this machine, clocks and memory together."""
+    on this machine, clocks and memory together.  ``offset``: bytes the matrix
+    starts past a cache line (kernels.qr's copy: 0; numpy's large arrays: often 16;
+    then a tile row of 256 bytes spans five lines, not four)."""
     m = SCALING_N["quick" if quick else "full"]
-    out = _ceiling(_TILE_SCRIPT, threads, m, max(20, 800_000_000 // (4 * m * 64 * 64)))
+    out = _ceiling(_TILE_SCRIPT, threads, m, max(20, 800_000_000 // (4 * m * 64 * 64)), offset)
     if "error" not in out:
         out["rows"] = m
+        out["offset_bytes"] = offset
         out["one_block_gflops"] = 4 * m * 64 * 64 / out["one_block_s"] / 1e9
     return out
 
@@ -280,12 +285,14 @@ def scaling(quick: bool, rounds: int = 3) -> list[dict[str, Any]]:
         out[-1]["clock"] = clock
         print(f"scaling ceiling with {cores} workers: {clock.get('ceiling', float('nan')):.2f} "
               "(a vector FMA loop on registers, one block alone vs one per worker)", flush=True)
-        tile = tile_ceiling(cores, quick)
-        out[-1]["tile"] = tile
-        print(f"scaling ceiling with {cores} workers: {tile.get('ceiling', float('nan')):.2f} "
-              f"(a 64-column tile update of {tile.get('rows')} rows, "
-              f"{tile.get('one_block_gflops', float('nan')):.1f} GF/s alone, one block alone "
-              "vs one per worker)", flush=True)
+        for offset in (0, 16):
+            tile = tile_ceiling(cores, quick, offset)
+            out[-1]["tile" if offset == 0 else f"tile_off{offset}"] = tile
+            print(f"scaling ceiling with {cores} workers: {tile.get('ceiling', float('nan')):.2f} "
+                  f"(a 64-column tile update of {tile.get('rows')} rows, matrix {offset} bytes "
+                  f"past a line, {tile.get('one_block_gflops', float('nan')):.1f} GF/s alone, "
+                  f"{tile.get('all_blocks_s', float('nan')) * 1e3:.3f} ms with one per "
+                  "worker; one block alone vs one per worker)", flush=True)
     return out
 
 

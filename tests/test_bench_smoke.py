@@ -231,6 +231,8 @@ def test_tile_ceiling_measures_a_ratio() -> None:
     (the trailing update's own ceiling), a time ratio and a rate, not an error."""
     from bench.qr_parallel import tile_ceiling
 
-    r = tile_ceiling(2, quick=True)
-    assert "error" not in r, r
-    assert r["rows"] == 384 and r["one_block_gflops"] > 0.1 and 0.2 < r["ceiling"] < 2.0
+    for offset in (0, 16):
+        r = tile_ceiling(2, quick=True, offset=offset)
+        assert "error" not in r, r
+        assert r["rows"] == 384 and r["offset_bytes"] == offset
+        assert r["one_block_gflops"] > 0.1 and 0.2 < r["ceiling"] < 2.0
