@@ -356,12 +356,9 @@ print(json.dumps(dict(threads=runtime.threads(), idle_cpu_s=time.process_time() 
 """
 
 
-def test_idle_workers_stop_spinning():
-    """Between the launches of a sequence idle workers watch for work briefly
-    instead of sleeping (runtime/csrc/launch.c, RT_WORKER_SPIN_NS); once the
-    sequence is over they must go to sleep, not burn the cores: half a second
-    of idleness costs the process almost no CPU time."""
-    import json
+def _probe_with_4_workers(probe: str, *argv: str) -> dict:
+    """Run ``probe`` (Python source printing a JSON line last) in a process with a
+    pool of 4 workers; its JSON."""
     import os
     import subprocess
     import sys
@@ -370,11 +367,20 @@ def test_idle_workers_stop_spinning():
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                CAPQR_THREADS="4")
-    p = subprocess.run([sys.executable, "-c", IDLE_PROBE, FILL_SRC], cwd=root, env=env,
+    p = subprocess.run([sys.executable, "-c", probe, *argv], cwd=root, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["threads"] == 4
+    assert out["threads"] == 4, out
+    return out
+
+
+def test_idle_workers_stop_spinning():
+    """Between the launches of a sequence idle workers watch for work briefly
+    instead of sleeping (runtime/csrc/launch.c, RT_WORKER_SPIN_NS); once the
+    sequence is over they must go to sleep, not burn the cores: half a second
+    of idleness costs the process almost no CPU time."""
+    out = _probe_with_4_workers(IDLE_PROBE, FILL_SRC)
     assert out["idle_cpu_s"] < 0.1, out
 
 
@@ -456,23 +462,11 @@ def test_short_launches_wake_fewer_sleeping_workers():
     """A launch wakes one sleeping worker per 50 us of expected work (its entry
     point's block time at its last launch; runtime/csrc/launch.c, workers_to_wake),
     one per block for an entry not seen before, at least its group for a group
-    launch, and every sleeper once blocks are still unclaimed after the
-    launcher's spin (a block time that grew).  Counted by the pool itself
+    launch, and every sleeper once blocks wait unclaimed while none was claimed
+    for 50 us (a block time that grew).  Counted by the pool itself
     (rt_core_wakes_asked) in a pool of 4 whose workers all sleep before each
     launch."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               CAPQR_THREADS="4")
-    p = subprocess.run([sys.executable, "-c", WAKE_PROBE, WAKE_SRC], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["threads"] == 4
+    out = _probe_with_4_workers(WAKE_PROBE, WAKE_SRC)
     assert (out["unknown"], out["short"], out["short_grid3"]) == (2, 1, 1), json.dumps(out)
     assert (out["long"], out["long_grid3"]) == (2, 3), json.dumps(out)
     # blocks that grew since the estimate: one worker is asked for, and the
