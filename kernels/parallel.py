@@ -150,8 +150,8 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     hc = capabilities.wrap(h, name="qr.a")
     tc = capabilities.wrap(tau, name="qr.tau")
     work = capabilities.alloc((work_elems(batch, m, nb, steps, g),), h.dtype, name="qr.work")
-    sums = capabilities.alloc((group_work_elems(m) if group else 1,), np.float64,
-                              name="qr.sums")
+    sums = (capabilities.alloc((group_work_elems(m),), np.float64, name="qr.sums")
+            if group else None)
     clock = time.perf_counter
     try:
         if not steps:
@@ -162,7 +162,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
                 trace.append((-2, g, clock() - t0))
             return
         deadline = None if timeout is None else time.monotonic() + timeout
-        caps = [hc, tc, work, sums] if group else [hc, tc, work]
+        caps = [hc, tc, work] if sums is None else [hc, tc, work, sums]
         for j in [-1, *range(0, min(m, n), nb)]:
             items = step_items(batch, m, n, nb, j, tw)
             if items == 0:
@@ -190,4 +190,5 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
                 trace.append((j, blocks, clock() - t0))
     finally:
         work.free()
-        sums.free()
+        if sums is not None:
+            sums.free()
