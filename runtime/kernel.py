@@ -128,6 +128,8 @@ def _record_path(key: str) -> Path:
 def _read_record(key: str) -> tuple[str, KernelSig, str] | None:
     """The stored front-end result for ``key`` (runtime/records.py), or None."""
     rec = records.read(_record_path(key), key)
+    if rec is None:
+        return None
     try:
         return rec["name"], records.signature_from_json(rec["signature"]), rec["c_source"]
     except (KeyError, TypeError, ValueError):  # a record of another shape
