@@ -65,7 +65,8 @@ class QrRunner:
             b, self.args = None, (batch, m, n)
         else:
             b = int(nb or variant.params["nb"])
-            self.args = (batch, m, n, b)
+            # qrt_f32 also takes the row length (kernels/src/qrt.c): unpadded here
+            self.args = (batch, m, n, b, *((n,) if variant.family == "qrt" else ()))
         self.work = capabilities.alloc((work_size(self.grid, m, n, b),), np.float32,
                                        name="bench.qr.work")
 

@@ -73,6 +73,22 @@ def default_nb(m: int, n: int) -> int:
     return 64 if min(m, n) > 512 else 32
 
 
+def padded_ld(n: int, itemsize: int) -> int:
+    """Row length to factor n columns in: whole 64-byte lines, so that two blocks
+    updating neighbouring column tiles of one matrix never write the same line
+    (kernels.qr pads its copy to it when a single matrix runs by steps)."""
+    per_line = max(1, 64 // itemsize)
+    return -(-n // per_line) * per_line
+
+
+def working_ld(batch: int, m: int, n: int, nb: int, itemsize: int, threads: int) -> int:
+    """Row length for :func:`run`'s matrices: :func:`padded_ld` when one matrix is
+    spread over the workers by steps (its tiles are then updated side by side), n
+    otherwise."""
+    nb = max(1, min(NB_MAX, nb, m, n))
+    return padded_ld(n, itemsize) if use_steps(batch, m, n, nb, threads) else n
+
+
 def step_items(batch: int, m: int, n: int, nb: int, j: int, tw: int) -> int:
     """Work items of ``qrt_step(j)`` (the same count the kernel derives)."""
     k = min(m, n)
@@ -116,8 +132,12 @@ def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
 
 def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: bool,
         grid: int | None, timeout: float | None, steps: bool | None = None,
-        trace: list[tuple[int, int, float]] | None = None, group: int | None = None) -> None:
-    """Factor ``h`` (batch x m x n, C order, ``dtype``) in place; tau receives the scales.
+        trace: list[tuple[int, int, float]] | None = None, group: int | None = None,
+        n: int | None = None) -> None:
+    """Factor ``h`` (batch x m x ld, C order, ``dtype``) in place; tau receives the scales.
+
+    The matrices are the first ``n`` columns of each row (default: all ``ld``);
+    the kernels never touch the others (:func:`padded_ld`).
 
     ``steps`` forces the launch sequence (True) or one block per matrix
     (False); None decides by batch size and worker count.  ``timeout`` covers
@@ -132,7 +152,10 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     import capabilities
     import runtime
 
-    batch, m, n = h.shape
+    batch, m, ld = h.shape
+    n = ld if n is None else int(n)
+    if not 1 <= n <= ld:
+        raise ValueError(f"n={n} columns do not fit rows of {ld}")
     # A panel never needs to be wider than the matrix: smaller workspace, same result.
     nb = max(1, min(NB_MAX, nb, min(m, n)))
     tw = max(1, min(TW_MAX, tw))
@@ -156,7 +179,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     try:
         if not steps:
             t0 = clock()
-            runtime.launch(kmat, [hc, tc, work], args=(batch, m, n, nb), grid=g,
+            runtime.launch(kmat, [hc, tc, work], args=(batch, m, n, nb, ld), grid=g,
                            timeout=timeout)
             if trace is not None:
                 trace.append((-2, g, clock() - t0))
@@ -179,10 +202,10 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
             t0 = clock()
             try:
                 if group:
-                    runtime.launch(kgroup, caps, args=(m, n, nb, j, tw, group), grid=blocks,
-                                   timeout=left, group=group)
+                    runtime.launch(kgroup, caps, args=(m, n, nb, j, tw, group, ld),
+                                   grid=blocks, timeout=left, group=group)
                 else:
-                    runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw), grid=blocks,
+                    runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw, ld), grid=blocks,
                                    timeout=left)
             except runtime.KernelTimeout as e:
                 raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None

@@ -111,6 +111,27 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return buf[off:off + nbytes].view(dt).reshape(shape)
 
 
+#: kernels.qr pads the rows of a single matrix factored by steps to whole cache
+#: lines (kernels.parallel.padded_ld): with rows of n % 16 != 0 floats, blocks
+#: updating neighbouring tiles wrote lines they share, and an odd n left most
+#: rows' vector loads off their natural alignment.  2-core VM, one float32
+#: matrix, kernels.qr interleaved with and without (median of 9, two runs):
+#: n=2001 0.77-0.81x the time, n=1001 0.81-0.95x, n=1000 and 1016 0.89-1.02x
+#: (bench/results/cpu-alignment-2026-12-05-vm.txt).
+PAD_ROWS = True
+
+
+def _unpadded(h: np.ndarray, n: int) -> np.ndarray:
+    """The first n columns of every row of h (batch, m, ld), moved to the front of
+    its buffer: a C-contiguous (batch, m, n) view, still on a line."""
+    batch, m, ld = h.shape
+    if ld == n:
+        return h
+    out = h.reshape(-1)[:batch * m * n].reshape(batch, m, n)
+    out[...] = h[:, :, :n]   # overlapping: numpy copies through a buffer
+    return out
+
+
 def _copy_on_workers(a3: np.ndarray, dt: str, allow_nonfinite: bool = False
                      ) -> np.ndarray | None:
     """A copy of ``a3`` made by kernels/src/copy.c on all workers, or None where
@@ -192,7 +213,14 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
         raise ValueError(f"empty matrix of shape {a.shape}")
     dt = _compute_dtype(v, a3.dtype)
     k = min(m, n)
-    h = _copy_on_workers(a3, dt, allow_nonfinite)
+    ld = n
+    if v.family == "qrt":
+        b = parallel.default_nb(m, n) if nb is None else int(nb)
+        if not 1 <= b <= parallel.NB_MAX:
+            raise ValueError(f"panel width nb={b} outside 1..{parallel.NB_MAX}")
+        if PAD_ROWS:
+            ld = parallel.working_ld(batch, m, n, b, np.dtype(dt).itemsize, runtime.threads())
+    h = _copy_on_workers(a3, dt, allow_nonfinite) if ld == n else None
     if h is None and not allow_nonfinite and not np.isfinite(a3).all():
         raise ValueError(NONFINITE)
     if h is not None:
@@ -205,16 +233,14 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
             raise HalfOverflowError("input exceeds the float16 range (max 65504)")
         tdt = np.float32
     else:
-        h = aligned_empty(a3.shape, dt)
-        np.copyto(h, a3, casting="unsafe")
+        h = aligned_empty((batch, m, ld), dt)
+        np.copyto(h[:, :, :n], a3, casting="unsafe")
+        h[:, :, n:] = 0   # never read; zero so that nothing depends on old memory
         tdt = np.dtype(dt)
     tau = np.zeros((batch, k), dtype=tdt)
     if v.family == "qrt":
-        b = parallel.default_nb(m, n) if nb is None else int(nb)
-        if not 1 <= b <= parallel.NB_MAX:
-            raise ValueError(f"panel width nb={b} outside 1..{parallel.NB_MAX}")
-        parallel.run(h, tau, dt, b, v.params["tw"], checked, grid, timeout)
-        return _result(h, tau, batched, is_torch)
+        parallel.run(h, tau, dt, b, v.params["tw"], checked, grid, timeout, n=n)
+        return _result(_unpadded(h, n), tau, batched, is_torch)
     g = batch if grid is None else max(1, min(int(grid), batch))
     kern = _kernel(v.family, dt, checked)
     hc = capabilities.wrap(h, name="qr.a")

@@ -101,6 +101,50 @@ print(hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest())
 """
 
 
+@pytest.mark.parametrize("steps,group,dtype", [(True, None, np.float32), (True, 2, np.float32),
+                                               (False, None, np.float32),
+                                               (True, None, np.float64)])
+def test_rows_longer_than_the_matrix(steps, group, dtype):
+    """parallel.run on rows of ld > n elements (kernels.qr pads to whole cache lines):
+    the first n columns get bitwise what the unpadded run gives, and the padding is
+    never touched (a sentinel stays)."""
+    batch, m, n = (1 if group else 2), 150, 137
+    a3 = _rand((batch, m, n), dtype, seed=15)
+    dt = "float64" if dtype == np.float64 else "float32"
+    want, wtau = np.array(a3), np.zeros((batch, n), dtype)
+    parallel.run(want, wtau, dt, 32, 48, True, None, None, steps=steps, group=group)
+    ld = parallel.padded_ld(n, np.dtype(dtype).itemsize)
+    assert ld > n and ld * np.dtype(dtype).itemsize % 64 == 0
+    h = np.full((batch, m, ld), 7.0, dtype)
+    h[:, :, :n] = a3
+    tau = np.zeros((batch, n), dtype)
+    parallel.run(h, tau, dt, 32, 48, True, None, None, steps=steps, group=group, n=n)
+    assert h[:, :, :n].tobytes() == want.tobytes() and tau.tobytes() == wtau.tobytes()
+    assert (h[:, :, n:] == 7.0).all()
+    with pytest.raises(ValueError, match="do not fit"):
+        parallel.run(h, tau, dt, 32, 48, True, None, None, n=ld + 1)
+
+
+def test_kernels_qr_pads_rows_only_for_steps(monkeypatch):
+    """kernels.qr factors a single matrix spread over the workers in rows padded to
+    whole lines and returns it compacted (C-contiguous, aligned): bitwise what it
+    returns unpadded."""
+    import importlib
+
+    qr_mod = importlib.import_module("kernels.qr")
+    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 304   # steps
+    assert parallel.working_ld(1, 300, 300, 32, 4, 1) == 300   # one worker
+    assert parallel.working_ld(4, 300, 300, 32, 4, 2) == 300   # a block per matrix
+    for n in (129, 200):
+        a = _rand((n, n), seed=n)
+        H, tau = qr(a)
+        assert H.flags.c_contiguous and H.ctypes.data % 64 == 0 and H.shape == (n, n)
+        monkeypatch.setattr(qr_mod, "PAD_ROWS", False)
+        H0, tau0 = qr(a)
+        monkeypatch.setattr(qr_mod, "PAD_ROWS", True)
+        assert H.tobytes() == H0.tobytes() and tau.tobytes() == tau0.tobytes()
+
+
 def test_same_result_for_any_worker_count():
     a = np.random.default_rng(5).standard_normal((1, 200, 200)).astype(np.float32)
     t = np.zeros((1, 200), np.float32)
@@ -211,7 +255,7 @@ def test_panel_tiny_and_zero_columns():
 # in-bounds bug is); the last panel's last row writes one element past the
 # buffer.  That panel is factored late in the step sequence.
 _COPY_BACK = ("                    for (int64_t p = 0; p < jbn; p++)\n"
-              "                        cap_store_f32(A, (j + t) * n + jn + p,")
+              "                        cap_store_f32(A, (j + t) * ld + jn + p,")
 _COPY_BACK_PLANTED = _COPY_BACK.replace("p < jbn", "p <= jbn")
 
 
@@ -368,5 +412,5 @@ def test_group_step_kernel_with_fewer_tile_blocks():
             capabilities.alloc((parallel.work_elems(1, m, nb, True, 1),), np.float32),
             capabilities.alloc((parallel.group_work_elems(m),), np.float64)]
     for j in [-1, *range(0, n, nb)]:
-        runtime.launch(k, caps, args=(m, n, nb, j, tw, G), grid=G + 1, group=G)
+        runtime.launch(k, caps, args=(m, n, nb, j, tw, G, n), grid=G + 1, group=G)
     assert h.tobytes() == want.tobytes() and tau.tobytes() == wtau.tobytes()

@@ -201,21 +201,21 @@ static void panel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, ca
         larft_from_gram(T, ldt, TAU, jb);
 }
 
-/* Factor A[j:m, j:j+jb] (leading dimension n): copy it to P (leading
- * dimension nb; contiguous rows stream through cache), factor it there
+/* Factor A[j:m, j:j+jb] (n columns, leading dimension ld): copy it to P
+ * (leading dimension nb; contiguous rows stream through cache), factor it there
  * (panel_qr), copy it back, tau into TAU[j:j+jb], and (when columns follow)
  * T of the block reflector into T (leading dimension nb). */
-static void factor_panel(cap_t A, int64_t m, int64_t n, int64_t j, int64_t jb,
+static void factor_panel(cap_t A, int64_t m, int64_t n, int64_t ld, int64_t j, int64_t jb,
                          cap_t P, int64_t nb, cap_t T, cap_t TAU, cap_t X)
 {
     int64_t mr = m - j;
     for (int64_t t = 0; t < mr; t++)
         for (int64_t p = 0; p < jb; p++)
-            cap_store_f32(P, t * nb + p, cap_load_f32(A, (j + t) * n + j + p));
+            cap_store_f32(P, t * nb + p, cap_load_f32(A, (j + t) * ld + j + p));
     panel_qr(P, nb, mr, jb, cap_offset_f32(TAU, j), T, nb, j + jb < n ? 1 : 0, X);
     for (int64_t t = 0; t < mr; t++)
         for (int64_t p = 0; p < jb; p++)
-            cap_store_f32(A, (j + t) * n + j + p, cap_load_f32(P, t * nb + p));
+            cap_store_f32(A, (j + t) * ld + j + p, cap_load_f32(P, t * nb + p));
 }
 
 static int64_t clamp_i64(int64_t x, int64_t lo, int64_t hi)
@@ -257,25 +257,29 @@ static cap_t slot_v(cap_t slot, int64_t nb, int64_t j)
     return cap_offset_f32(slot, j > 0 ? nb * nb : 0);
 }
 
-/* work: grid * (m*nb + nb*nb + m) elements (P, T and a column X per block). */
+/* The matrices of a: batch x m rows of ld >= n elements (rows padded to whole
+ * cache lines keep tiles of neighbouring blocks off each other's lines),
+ * matrix b at b * m * ld; an ld below n is taken as n.
+ * work: grid * (m*nb + nb*nb + m) elements (P, T and a column X per block). */
 KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
-                    int64_t nb)
+                    int64_t nb, int64_t ld)
 {
     int64_t k = m < n ? m : n;
     nb = clamp_i64(nb, 1, 64);
+    ld = ld < n ? n : ld;
     int64_t wsz = m * nb + nb * nb + m;
     cap_t P = cap_offset_f32(work, rt_block_idx() * wsz);
     cap_t T = cap_offset_f32(P, m * nb);
     cap_t X = cap_offset_f32(T, nb * nb);
     for (int64_t b = rt_block_idx(); b < batch; b += rt_grid_dim()) {
-        cap_t A = cap_offset_f32(a, b * m * n);
+        cap_t A = cap_offset_f32(a, b * m * ld);
         cap_t TAU = cap_offset_f32(tau, b * k);
         for (int64_t j = 0; j < k; j += nb) {
             int64_t jb = k - j < nb ? k - j : nb;
-            factor_panel(A, m, n, j, jb, P, nb, T, TAU, X);
+            factor_panel(A, m, n, ld, j, jb, P, nb, T, TAU, X);
             for (int64_t c0 = j + jb; c0 < n; c0 += 64) {
                 int64_t cw = n - c0 < 64 ? n - c0 : 64;
-                larfb_tile(P, nb, jb, T, nb, A, n, j, c0, cw, m - j);
+                larfb_tile(P, nb, jb, T, nb, A, ld, j, c0, cw, m - j);
             }
         }
     }
@@ -287,14 +291,16 @@ KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, in
  * items are, per matrix, the next panel (update + factor into the other
  * slot) if there is one, then the remaining columns in tiles of tw (1..64).
  * work: batch * 2 * (m*nb + nb*nb + m) elements, one region per matrix
- * (items of a matrix run on different blocks and share its slots).
+ * (items of a matrix run on different blocks and share its slots).  Rows of
+ * ld elements, as for qrt_f32.
  */
 KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
-                         int64_t nb, int64_t j, int64_t tw)
+                         int64_t nb, int64_t j, int64_t tw, int64_t ld)
 {
     int64_t k = m < n ? m : n;
     nb = clamp_i64(nb, 1, 64);
     tw = clamp_i64(tw, 1, 64);
+    ld = ld < n ? n : ld;
     int64_t wsz = 2 * slot_elems(m, nb);
     /* panel j (none for j < 0), the next panel jn and their widths */
     int64_t jb = panel_width(k, j, nb);
@@ -313,7 +319,7 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
             b = (it - batch * npan) / ntiles;
             tile = (it - batch * npan) % ntiles;
         }
-        cap_t A = cap_offset_f32(a, b * m * n);
+        cap_t A = cap_offset_f32(a, b * m * ld);
         cap_t base = cap_offset_f32(work, b * wsz);
         cap_t Pc = panel_slot(base, m, nb, j);
         cap_t Tc = slot_t(Pc, m, nb);
@@ -323,7 +329,7 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
             cap_t Tn = slot_t(Pn, m, nb);
             cap_t X = cap_offset_f32(Tn, nb * nb);
             if (j < 0) {
-                factor_panel(A, m, n, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k), X);
+                factor_panel(A, m, n, ld, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k), X);
             } else {
                 /* Copy the next panel's columns from row j down into the slot
                  * once, apply panel j to them there and factor rows jn.. of
@@ -332,18 +338,18 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
                 int64_t mr = m - j;
                 for (int64_t t = 0; t < mr; t++)
                     for (int64_t p = 0; p < jbn; p++)
-                        cap_store_f32(Pn, t * nb + p, cap_load_f32(A, (j + t) * n + jn + p));
+                        cap_store_f32(Pn, t * nb + p, cap_load_f32(A, (j + t) * ld + jn + p));
                 larfb_tile(Vc, nb, jb, Tc, nb, Pn, nb, 0, 0, jbn, mr);
                 panel_qr(cap_offset_f32(Pn, nb * nb), nb, mr - nb, jbn,
                          cap_offset_f32(tau, b * k + jn), Tn, nb, jn + jbn < n ? 1 : 0, X);
                 for (int64_t t = 0; t < mr; t++)
                     for (int64_t p = 0; p < jbn; p++)
-                        cap_store_f32(A, (j + t) * n + jn + p, cap_load_f32(Pn, t * nb + p));
+                        cap_store_f32(A, (j + t) * ld + jn + p, cap_load_f32(Pn, t * nb + p));
             }
         } else {
             int64_t c0 = cs + tile * tw;
             int64_t cw = n - c0 < tw ? n - c0 : tw;
-            larfb_tile(Vc, nb, jb, Tc, nb, A, n, j, c0, cw, m - j);
+            larfb_tile(Vc, nb, jb, Tc, nb, A, ld, j, c0, cw, m - j);
         }
     }
 }

@@ -117,14 +117,15 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
  * group factors them (gpanel_qr) and copies them back; every other block
  * updates one column tile by panel j, as in qrt_step.  j < 0: the group
  * factors panel 0 alone.  work as for qrt_step with batch 1; S: 2 * (64 *
- * ceil(m / 64) + 64) doubles.
+ * ceil(m / 64) + 64) doubles.  Rows of ld elements, as for qrt_f32.
  */
 KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, int64_t n,
-                          int64_t nb, int64_t j, int64_t tw, int64_t G)
+                          int64_t nb, int64_t j, int64_t tw, int64_t G, int64_t ld)
 {
     int64_t k = m < n ? m : n;
     nb = clamp_i64(nb, 1, 64);
     tw = clamp_i64(tw, 1, 64);
+    ld = ld < n ? n : ld;
     G = G < 1 ? 1 : G;
     /* panel j (none for j < 0), the next panel jn and their widths */
     int64_t jb = panel_width(k, j, nb);
@@ -139,7 +140,7 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
         /* the tiles, one per block when the grid is G + tiles (any grid > G works) */
         for (int64_t c0 = cs + (blk - G) * tw; j >= 0 && c0 < n; c0 += (rt_grid_dim() - G) * tw) {
             int64_t cw = n - c0 < tw ? n - c0 : tw;
-            larfb_tile(Vc, nb, jb, Tc, nb, a, n, j, c0, cw, m - j);
+            larfb_tile(Vc, nb, jb, Tc, nb, a, ld, j, c0, cw, m - j);
         }
         return;
     }
@@ -156,7 +157,7 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
     int64_t hi = (blk + 1) * mr / G;
     for (int64_t t = lo; t < hi; t++)
         for (int64_t p = 0; p < jbn; p++)
-            cap_store_f32(Pn, t * nb + p, cap_load_f32(a, (r0 + t) * n + jn + p));
+            cap_store_f32(Pn, t * nb + p, cap_load_f32(a, (r0 + t) * ld + jn + p));
     rt_group_sync();
     if (j >= 0) {
         if (blk == 0)
@@ -168,5 +169,5 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
     rt_group_sync();
     for (int64_t t = lo; t < hi; t++)
         for (int64_t p = 0; p < jbn; p++)
-            cap_store_f32(a, (r0 + t) * n + jn + p, cap_load_f32(Pn, t * nb + p));
+            cap_store_f32(a, (r0 + t) * ld + jn + p, cap_load_f32(Pn, t * nb + p));
 }
