@@ -83,6 +83,11 @@ OBJ_FLAGS: tuple[tuple[str, int], ...] = (("FREED", 1), ("EXTERNAL", 2), ("PAYLO
                                           ("DEVICE", 8))
 OBJ_FLAG: dict[str, int] = dict(OBJ_FLAGS)
 
+#: Every collector-owned payload starts on a multiple of PAYLOAD_ALIGN bytes (a cache
+#: line; gc/blocks.c), and kernels.qr gives its working copy and its padded rows the
+#: same alignment, so neighbouring tiles of different workers share no line.
+PAYLOAD_ALIGN = 64
+
 #: |index| must stay below 2**IDX_LIMIT_LOG2 so that index * elsize cannot wrap.
 IDX_LIMIT_LOG2 = 58
 
@@ -349,7 +354,9 @@ struct rt_obj;
 {dts}enum {{ RT_PERM_R = {PERM_R}, RT_PERM_W = {PERM_W} }};
 {faults}enum {{ RT_OK = 0 }};
 {acc}/* rt_obj.flags (meanings: capabilities/abi.py OBJ_FLAGS) */
-{objf}
+{objf}/* Collector payloads start on a multiple of this many bytes (a cache line). */
+#define RT_PAYLOAD_ALIGN {PAYLOAD_ALIGN}
+
 /* A capability as a kernel holds it: {CAP_BYTES} bytes, by value.  p is the current
  * origin (what cap_to_int returns), lo the object start, rlen/wlen the
  * readable/writable bytes from lo (a snapshot). */

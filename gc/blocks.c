@@ -97,15 +97,13 @@ static void poison_release(void *p, uint64_t nbytes)
  * checked/raw ratio 0.69-1.36 over four runs of one tree.  Inline blocks are
  * allocated aligned (the header is a whole number of lines, GC_HDR_BYTES);
  * a payload of its own is over-allocated by a line, and the byte before it
- * says how far it was moved. */
-#define GC_PAYLOAD_ALIGN 64u
-
+ * says how far it was moved.  RT_PAYLOAD_ALIGN: capabilities/abi.py. */
 static void *payload_alloc(uint64_t nbytes)
 {
-    if (nbytes > SIZE_MAX - GC_PAYLOAD_ALIGN) return NULL;
-    char *raw = calloc(1, (size_t)nbytes + GC_PAYLOAD_ALIGN); /* zeroed, lazily for big ones */
+    if (nbytes > SIZE_MAX - RT_PAYLOAD_ALIGN) return NULL;
+    char *raw = calloc(1, (size_t)nbytes + RT_PAYLOAD_ALIGN); /* zeroed, lazily for big ones */
     if (!raw) return NULL;
-    char *p = (char *)(((uintptr_t)raw + GC_PAYLOAD_ALIGN) & ~(uintptr_t)(GC_PAYLOAD_ALIGN - 1));
+    char *p = (char *)(((uintptr_t)raw + RT_PAYLOAD_ALIGN) & ~(uintptr_t)(RT_PAYLOAD_ALIGN - 1));
     ((unsigned char *)p)[-1] = (unsigned char)(p - raw);   /* 1 .. 64 */
     return p;
 }
@@ -118,7 +116,7 @@ static void payload_free(void *p)
 static void *block_alloc(int cls)
 {
     void *p = NULL;
-    return posix_memalign(&p, GC_PAYLOAD_ALIGN, block_bytes(cls)) == 0 ? p : NULL;
+    return posix_memalign(&p, RT_PAYLOAD_ALIGN, block_bytes(cls)) == 0 ? p : NULL;
 }
 
 /* ---- objects ------------------------------------------------------------------ */

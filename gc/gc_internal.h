@@ -86,7 +86,8 @@ void gc_rootset_each(void (*fn)(rt_obj *, void *), void *arg);
 void gc_request_auto(void);        /* fugc.c: wake the collector */
 
 /* ---- blocks (blocks.c) -------------------------------------------------- */
-#define GC_HDR_BYTES ((uint64_t)((sizeof(rt_obj) + 63) & ~(size_t)63)) /* header's share */
+#define GC_HDR_BYTES ((uint64_t)((sizeof(rt_obj) + RT_PAYLOAD_ALIGN - 1) & \
+                              ~(size_t)(RT_PAYLOAD_ALIGN - 1))) /* whole lines */
 #define GC_INLINE_MAX 16384u       /* larger payloads get a block of their own */
 #define GC_NCLASS_MAX 32
 rt_obj *gc_obj_alloc(uint64_t nbytes, int internal_payload, uint64_t *charged);

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from capabilities import abi
+
 from . import sources
 
 #: Largest panel width and column tile (qrt.c's local tiles are 64 x 64).
@@ -74,10 +76,10 @@ def default_nb(m: int, n: int) -> int:
 
 
 def padded_ld(n: int, itemsize: int) -> int:
-    """Row length to factor n columns in: whole 64-byte lines, so that two blocks
-    updating neighbouring column tiles of one matrix never write the same line
-    (kernels.qr pads its copy to it when a single matrix runs by steps)."""
-    per_line = max(1, 64 // itemsize)
+    """Row length to factor n columns in: whole lines (abi.PAYLOAD_ALIGN bytes), so
+    that two blocks updating neighbouring column tiles of one matrix never write the
+    same line (kernels.qr pads its copy to it when a single matrix runs by steps)."""
+    per_line = max(1, abi.PAYLOAD_ALIGN // itemsize)
     return -(-n // per_line) * per_line
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from capabilities import abi
+
 from . import parallel, sources
 
 #: Largest panel width the blocked kernels accept (their local tiles are 128 rows).
@@ -94,8 +96,9 @@ NONFINITE = "input contains NaN or Inf (pass allow_nonfinite=True to factor anyw
 COPY_ON_WORKERS_MIN = 1 << 22
 
 
-#: Alignment of the working copy the kernels factor in place (bytes).
-ALIGN = 64
+#: Alignment of the working copy the kernels factor in place (bytes): a collector
+#: payload's (capabilities/abi.py).
+ALIGN = abi.PAYLOAD_ALIGN
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
