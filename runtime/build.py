@@ -66,6 +66,19 @@ def content_hash(*parts: str | bytes) -> str:
     return h.hexdigest()
 
 
+def publish(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary beside it and a rename, so a
+    concurrent reader (another test worker or process) sees the whole file or none;
+    OSError (after removing the temporary) if it cannot be written."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _suffix() -> str:
     return importlib.machinery.EXTENSION_SUFFIXES[0]
 

@@ -12,14 +12,12 @@ gets a record; a damaged record, or one of another key, reads as absent.
 from __future__ import annotations
 
 import json
-import os
-import threading
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .build import CAP_INCLUDE, content_hash
+from .build import CAP_INCLUDE, content_hash, publish
 from .verifier import KernelSig
 
 RUNTIME = Path(__file__).resolve().parent
@@ -57,9 +55,7 @@ def read(path: Path, key: str) -> dict[str, Any] | None:
 
 def write(path: Path, key: str, payload: dict[str, Any]) -> None:
     """Store ``payload`` under ``key`` at ``path``: readers see a whole record or none."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(json.dumps(dict(payload, key=key)))
-        os.replace(tmp, path)
+        publish(path, json.dumps(dict(payload, key=key)).encode())
     except OSError:
-        tmp.unlink(missing_ok=True)  # a read-only cache only costs the next process time
+        pass  # a read-only cache only costs the next process time

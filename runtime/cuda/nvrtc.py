@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from ..build import cache_dir as build_cache_dir
+from ..build import publish
 from ..errors import CompileError
 
 try:
@@ -131,10 +132,7 @@ def compile_cubin(source: str, *, arch: str = "sm_90", options: tuple[str, ...] 
         cubin = _nvrtc(f, L, source, opts, name)
     else:
         cubin = _nvcc(source, arch, options)
-    # Write-then-rename so concurrent compilers never see a torn file.
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(cubin)
-    os.replace(tmp, path)
+    publish(path, cubin)   # concurrent compilers never see a torn file
     return cubin
 
 
