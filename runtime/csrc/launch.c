@@ -442,10 +442,10 @@ static void *worker_main(void *arg)
         spun = 0;
         int64_t idx = L->next++;
         L->running++;
-        if (!L->woke_all) L->claim_ns = now_ns();
-        pthread_mutex_unlock(&pool_mu);
         int timed = idx < RT_TIMED_BLOCKS * nworkers;
-        int64_t t0 = timed ? now_ns() : 0;
+        int64_t t0 = timed || !L->woke_all ? now_ns() : 0;   /* one clock read for both */
+        if (!L->woke_all) L->claim_ns = t0;
+        pthread_mutex_unlock(&pool_mu);
         run_block(self, L, idx);
         int64_t ran = timed ? now_ns() - t0 : 0;
         pthread_mutex_lock(&pool_mu);
