@@ -8,7 +8,7 @@ throughput).
 Each measurement runs in a fresh process (the worker count, CAPQR_THREADS,
 is fixed at import).  ``python -m bench.gc_bench [--quick]`` prints JSON;
 ``python -m bench.gc_bench --churn`` runs only the churn scenario and writes
-bench/results/gc-churn-<date>.json (machine, load, commit).
+gc-churn-<date>.json (machine, load, commit) into --out.
 """
 
 from __future__ import annotations
@@ -265,8 +265,9 @@ def run(quick: bool = False) -> dict:
     return out
 
 
-def churn_report(quick: bool = False) -> Path:
-    """Run the churn scenario and write its JSON (with machine, load, commit)."""
+def churn_report(quick: bool = False, out_dir: Path | None = None) -> Path:
+    """Run the churn scenario and write its JSON (with machine, load, commit) into
+    ``out_dir`` (default: bench.outdir.default_out())."""
     import datetime
     import platform
 
@@ -283,13 +284,34 @@ def churn_report(quick: bool = False) -> Path:
            "gc_ratio": float(os.environ.get("CAPQR_GC_RATIO", "1.25")),
            "runs": runs,
            "bound_peak_over_live_le_3": all(r["peak_over_live_rss"] <= 3.0 for r in runs)}
-    out = ROOT / "bench" / "results" / f"gc-churn-{now.date().isoformat()}.json"
+    from bench.outdir import default_out
+
+    out_dir = out_dir or default_out()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"gc-churn-{now.date().isoformat()}.json"
     out.write_text(json.dumps(res, indent=2) + "\n")
     return out
 
 
-if __name__ == "__main__":
-    if "--churn" in sys.argv:
-        print(churn_report(quick="--quick" in sys.argv))
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.gc_bench``: the collector benchmark as JSON on stdout, or the churn
+    scenario into a file."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.gc_bench",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    ap.add_argument("--churn", action="store_true",
+                    help="run only the churn scenario and write gc-churn-<date>.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="directory for --churn's JSON (default $CAPQR_BENCH_OUT, else "
+                         "./bench-results)")
+    ns = ap.parse_args(argv)
+    if ns.churn:
+        print(churn_report(quick=ns.quick, out_dir=ns.out))
     else:
-        print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
+        print(json.dumps(run(quick=ns.quick), indent=2))
+
+
+if __name__ == "__main__":
+    main()

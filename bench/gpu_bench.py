@@ -1,11 +1,12 @@
 """GPU lane benchmark: checked vs raw batched QR, and vs torch.geqrf, on the contest shapes.
 
-``python -m bench.gpu_bench`` writes ``bench/results/gpu-<date>.json``.  Each
+``python -m bench.gpu_bench`` writes ``gpu-<date>.json`` and ``.txt`` into --out.  Each
 time is the median of >= 7 runs timed with CUDA events around the whole
 launch sequence of the blocked QR (kernels/gpu, host gaps between launches
 included; the input is restored by a device-to-device copy before every run,
-outside the timed region).  torch.geqrf is timed the same way with
-torch.cuda.Event around the call (its clone of the input is outside).
+outside the timed region).  The peers, torch.geqrf and cublasSgeqrfBatched
+(bench/gpu_peers.py), are timed with torch.cuda.Event around the call (the copy of
+the input outside), within a per-shape budget.  Without a GPU it says why and exits 0.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import gpu_peers
+from .outdir import default_out
 from .peers import BATCHED
 from .timing import geomean
 
@@ -30,9 +33,11 @@ CEILINGS_TFLOPS = {"fp32_simt": 50, "fp16_tensor": 790,
 CONTEST_SHAPES: tuple[tuple[int, int], ...] = BATCHED["full"]
 
 
-def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "auto"
-                ) -> dict:
-    """Time checked, raw and torch.geqrf for one (batch, n)."""
+def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "auto",
+                peers: tuple[str, ...] = ("torch.geqrf",),
+                peer_budget_s: float = gpu_peers.PEER_BUDGET_S,
+                cublas: gpu_peers.Cublas | None = None) -> dict:
+    """Time checked and raw capqr and the ``peers`` for one (batch, n)."""
     import kernels.gpu as g
     from runtime import cuda
     from runtime.cuda import driver as drv
@@ -84,29 +89,10 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     rep = kernels.check(a, outs["checked"][0], outs["checked"][1])
     row["check_ok"] = bool(rep.ok)
     row["check_worst"] = {k: float(v) for k, v in rep.worst().items()}
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            x0 = torch.from_numpy(a).cuda()
-            ts = []
-            for it in range(repeat + 1):
-                x = x0.clone()
-                torch.cuda.synchronize()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                torch.geqrf(x)
-                e.record()
-                e.synchronize()
-                if it:
-                    ts.append(s.elapsed_time(e))
-            row["torch_geqrf_ms"] = statistics.median(ts)
-            row["torch_geqrf_samples_ms"] = ts
-            row["speedup_vs_torch"] = row["torch_geqrf_ms"] / row["checked_ms"]
-            del x0, x
-            torch.cuda.empty_cache()
-    except ImportError:
-        row["torch_geqrf_ms"] = None
+    if peers:
+        row["peers"] = gpu_peers.measure_peers(a, peers, repeat, peer_budget_s, cublas)
+        row["torch_geqrf_ms"] = row["peers"].get("torch.geqrf", {}).get("ms")
+        row.update(gpu_peers.speedups(row))
     return row
 
 
@@ -143,66 +129,105 @@ def _profile(g, A, tau, ws, plan: list) -> dict:
             "host_us_per_launch": enqueue / len(plan) * 1e3}
 
 
-def main(argv: list[str] | None = None) -> Path:
-    """Run the benchmark and write the JSON; returns its path."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeat", type=int, default=7)
+def gpu_missing() -> str | None:
+    """Why this host cannot run the GPU bench, or None."""
+    try:
+        from runtime import cuda
+
+        ok, why = cuda.available()
+    except Exception as e:  # noqa: BLE001 - no cffi/libcuda: a reason, not a crash
+        return f"runtime.cuda unusable ({type(e).__name__}: {e})"
+    return None if ok else f"no usable GPU ({why})"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line options."""
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_bench",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=7, help="timed runs per shape (median)")
     ap.add_argument("--repeat-large", type=int, default=7,
                     help="repeats for n >= 4096 (each launch takes seconds there)")
     ap.add_argument("--shapes", default="", help="e.g. 20x32,40x176 (default: contest shapes)")
-    ap.add_argument("--out", default="")
+    ap.add_argument("--out", default="",
+                    help="JSON path (default gpu-<date>.json in $CAPQR_BENCH_OUT or "
+                         "./bench-results); the table goes beside it as .txt")
     ap.add_argument("--tall-rows", default="auto",
                     help="factor panels of more rows by column steps: a number, 'none' "
                          "or 'auto' (kernels.gpu.default_tall_rows)")
     ap.add_argument("--two-panel", choices=("default", "on", "off"), default="default",
                     help="one trailing update per pair of panels (kernels.gpu.TWO_PANEL)")
-    ns = ap.parse_args(argv)
+    ap.add_argument("--peers", default=",".join(gpu_peers.PEERS),
+                    help="comma-separated peers to time beside capqr, from "
+                         f"{','.join(gpu_peers.PEERS)}; empty for none")
+    ap.add_argument("--peer-budget-s", type=float, default=gpu_peers.PEER_BUDGET_S,
+                    help="seconds each peer may take per shape: one run only when a run "
+                         "exceeds it, and shapes where an earlier run exceeded it are skipped")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Path | None:
+    """Run the benchmark and write the JSON and the table; returns the JSON path, or None
+    (after saying why) where there is no usable GPU."""
+    ns = parse_args(argv)
+    why = gpu_missing()
+    if why:
+        print(f"gpu_bench: skipped: {why}")
+        return None
     if ns.two_panel != "default":
         import kernels.gpu as g
 
         g.TWO_PANEL = ns.two_panel == "on"
     tall = ns.tall_rows if ns.tall_rows == "auto" else (
         None if ns.tall_rows == "none" else int(ns.tall_rows))
+    peers = tuple(p for p in ns.peers.split(",") if p)
+    bad = [p for p in peers if p not in gpu_peers.PEERS]
+    if bad:
+        raise SystemExit(f"unknown peer(s) {bad}; have {gpu_peers.PEERS}")
+    cublas = None
+    if "cublasSgeqrfBatched" in peers:
+        try:
+            cublas = gpu_peers.Cublas()
+            print(f"cublasSgeqrfBatched from {cublas.path}", flush=True)
+        except (RuntimeError, ImportError) as e:
+            print(f"cublasSgeqrfBatched: skipped: {e}", flush=True)
     from runtime.cuda import driver as drv
 
     shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
               if ns.shapes else CONTEST_SHAPES)
     dev = drv.device()
     rows: list[dict] = []
-    out = Path(ns.out) if ns.out else (Path(__file__).parent / "results" /
-                                       f"gpu-{_dt.date.today().isoformat()}.json")
+    out = Path(ns.out) if ns.out else default_out() / f"gpu-{_dt.date.today().isoformat()}.json"
     for b, n in shapes:
         rep = ns.repeat_large if n >= 4096 else ns.repeat
-        r = bench_shape(b, n, rep, tall)
+        r = bench_shape(b, n, rep, tall, peers, ns.peer_budget_s, cublas)
         r["repeat"] = rep
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive
-        tt = r.get("torch_geqrf_ms") or float("nan")
         pr = r["profile_checked"]
         print(f"    profile: panel {pr['panel_gpu_ms']:.3f} ms, "
               f"update {pr['update_gpu_ms']:.3f} ms, "
               f"{pr['launches']} launches, enqueue {pr['host_us_per_launch']:.1f} us/launch, "
               f"{r['checked_tflops']:.2f} TFLOP/s", flush=True)
+        pm = "  ".join(f"{p} {v['ms']:.3f} ms" if "ms" in v else f"{p} {next(iter(v))}"
+                       for p, v in r.get("peers", {}).items())
         print(f"({b:4d},{n:5d}) checked {r['checked_ms']:10.3f} ms  raw {r['raw_ms']:10.3f} ms  "
-              f"overhead {r['overhead']:.3f}x  torch {tt:10.3f}"
-              f" ms  speedup {r.get('speedup_vs_torch', float('nan')):.2f}x", flush=True)
+              f"overhead {r['overhead']:.3f}x  {pm}", flush=True)
     res = _write(out, dev, rows, ns.repeat)
-    print(f"geomean overhead {res['geomean_overhead']:.3f}x"
-          + (f", geomean speedup vs torch.geqrf {res['geomean_speedup_vs_torch']:.2f}x"
-             if "geomean_speedup_vs_torch" in res else ""))
-    print(f"wrote {out}")
+    text = gpu_peers.table(rows) + f"geomean checked/raw {res['geomean_overhead']:.3f}x\n"
+    out.with_suffix(".txt").write_text(text)
+    print(text + f"wrote {out} and {out.with_suffix('.txt')}")
     return out
 
 
 def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
-    from bench.machine import git_commit, source_digest
+    from bench.machine import git_commit, host, source_digest
     from runtime.cuda import nvrtc
 
     res = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": dev.name, "compute_capability": list(dev.cc), "sm_count": dev.sm_count,
         "driver_version": dev.driver_version, "compiler": nvrtc.version(),
-        "python": platform.python_version(), "repeat": repeat,
+        "python": platform.python_version(), "repeat": repeat, "machine": host(),
         "git": git_commit(), "source_digest": source_digest(),
         "method": "median of CUDA-event times around the whole launch sequence (host gaps "
                   "between launches included); input restored by a device-to-device copy "
@@ -213,9 +238,8 @@ def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
         "ceilings_tflops": CEILINGS_TFLOPS,
         "geomean_overhead": geomean([r["overhead"] for r in rows]),
     }
-    sp = [r["speedup_vs_torch"] for r in rows if r.get("speedup_vs_torch")]
-    if sp:
-        res["geomean_speedup_vs_torch"] = geomean(sp)
+    res.update(gpu_peers.geomeans(rows))
+    if res.get("geomean_speedup_vs_torch"):
         try:
             import torch
 

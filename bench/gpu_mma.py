@@ -77,9 +77,9 @@ def run(blocks: int, iters: int, repeat: int = 5) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--blocks", type=int, default=528)
-    ap.add_argument("--iters", type=int, default=256)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--blocks", type=int, default=528, help="thread blocks per launch")
+    ap.add_argument("--iters", type=int, default=256, help="mma loop iterations per warp")
+    ap.add_argument("--out", default=None, help="write the results to this JSON file")
     ns = ap.parse_args(argv)
     res = run(ns.blocks, ns.iters)
     if ns.out:

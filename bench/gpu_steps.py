@@ -59,11 +59,12 @@ def profile(batch: int, n: int, tall_rows: int | None | str, checked: bool = Tru
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--shapes", default="2x4096,8x2048,60x1024")
+    ap.add_argument("--shapes", default="2x4096,8x2048,60x1024",
+                    help="comma-separated BATCHxN shapes (default %(default)s)")
     ap.add_argument("--tall-rows", default="none,256",
                     help="comma list of numbers, 'none' (one block per matrix for every "
                          "panel) or 'auto'")
-    ap.add_argument("--out", default="")
+    ap.add_argument("--out", default="", help="write the results to this JSON file")
     ns = ap.parse_args(argv)
     rows = []
     for s in ns.shapes.split(","):

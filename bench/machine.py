@@ -25,6 +25,48 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def gpu_name() -> str | None:
+    """Name of the first NVIDIA GPU (nvidia-smi, else torch.cuda), None where there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(0))
+    except ImportError:
+        pass
+    return None
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def label(cpus: int, model: str, gpu: str | None) -> str:
+    """Short file-name label of a host: GPU model (if any) and CPU count, e.g. "h100-16cpu",
+    "epyc-2cpu" (the first model word with a digit, else the first after the vendor)."""
+    def short(name: str, skip: tuple[str, ...]) -> str:
+        words = [w for w in _slug(name).split("-") if w and w not in skip]
+        return next((w for w in words if any(c.isdigit() for c in w)), words[0] if words else "")
+
+    cpu = short(model, ("intel", "r", "tm", "amd", "cpu", "processor", "core"))
+    head = short(gpu, ("nvidia", "tesla")) if gpu else cpu
+    return f"{head}-{cpus}cpu" if head else f"{cpus}cpu"
+
+
+def host() -> dict[str, Any]:
+    """What the host is: CPU count and model, GPU name (None without one), a file-name label."""
+    cpus, model, gpu = os.cpu_count() or 1, cpu_model(), gpu_name()
+    return {"cpu_count": cpus, "cpu_model": model, "gpu": gpu, "label": label(cpus, model, gpu),
+            "hostname": socket.gethostname()}
+
+
 def git_commit() -> dict[str, Any]:
     """HEAD commit and whether the working tree had uncommitted changes."""
     def git(*args: str) -> str:
@@ -157,6 +199,7 @@ def describe() -> dict[str, Any]:
     now = _dt.datetime.now(_dt.timezone.utc)
     return {
         "host": socket.gethostname(),
+        "machine": host(),
         "date": now.date().isoformat(),
         "datetime_utc": now.isoformat(timespec="seconds"),
         "cpu_model": cpu_model(),
@@ -176,12 +219,24 @@ def describe() -> dict[str, Any]:
     }
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.machine``: the host, or a source digest."""
+    import argparse
+    import json
 
-    if len(sys.argv) == 3 and sys.argv[1] == "digest":
-        print(source_digest_at(sys.argv[2]))
-    elif len(sys.argv) == 1:
-        print(source_digest())
+    ap = argparse.ArgumentParser(prog="python -m bench.machine",
+                                 description="Print what this host is, or a source digest.")
+    ap.add_argument("what", nargs="?", choices=("host", "digest"), default="host",
+                    help="host: CPU count and model, GPU, label (default); digest: the "
+                         "source digest of the working tree, or of REV")
+    ap.add_argument("rev", nargs="?", default=None,
+                    help="with digest: a commit whose tracked sources to hash")
+    ns = ap.parse_args(argv)
+    if ns.what == "digest":
+        print(source_digest_at(ns.rev) if ns.rev else source_digest())
     else:
-        raise SystemExit("usage: python -m bench.machine [digest REV]")
+        print(json.dumps(host(), indent=1))
+
+
+if __name__ == "__main__":
+    main()

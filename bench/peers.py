@@ -204,3 +204,39 @@ def run(quick: bool, impls: dict[str, Impl], sizes: list[int] | None = None,
             "max_flops": max_flops or {},
             "repeats_range": [MIN_REPEATS, MAX_REPEATS], "rows": rows,
             "vs_scipy": compare(rows)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.peers``: the QR peers section of ``python -m bench`` alone."""
+    import argparse
+    import json
+
+    from . import qr
+
+    ap = argparse.ArgumentParser(prog="python -m bench.peers",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (smoke)")
+    ap.add_argument("--sizes", default="",
+                    help="comma-separated square sizes, e.g. 256,1024 (default: "
+                         f"{','.join(map(str, SQUARE['full']))})")
+    ap.add_argument("--out", default="", help="write the results to this JSON file")
+    ns = ap.parse_args(argv)
+    sizes = [int(s) for s in ns.sizes.split(",") if s.strip()] or None
+
+    def validate(name: str, a: np.ndarray, runner: Runner) -> dict[str, Any] | None:
+        return qr.check(a, runner) if name.startswith("capqr:") else None
+
+    res = run(ns.quick, {**qr.peer_impls(), **PEERS}, sizes, None, validate, qr.peer_limits())
+    for r in res["rows"]:
+        gf = r.get("gflops")
+        print(f"{r['shape']:>10} {r['impl']:>20} "
+              + (f"{gf:8.1f} GF/s" if gf else r.get("skipped") or r.get("error", "")))
+    for v in res["vs_scipy"]:
+        print(f"{v['shape']:>10} best capqr {v['best']} {v['speedup']:.2f}x scipy")
+    if ns.out:
+        with open(ns.out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

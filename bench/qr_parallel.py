@@ -4,7 +4,7 @@ of the parallel kernels, launch cost.
 
 One command for any host (a few minutes on 2 cores, about 3 on 16):
 
-    python -m bench.qr_parallel [--quick] [--out bench/results]
+    python -m bench.qr_parallel [--quick] [--out DIR]
 
 writes ``cpu-parallel-<date>-<host>.json`` and prints the tables.  capqr and
 scipy run interleaved in this process (same load for both); each row has the
@@ -25,7 +25,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import machine
+from .outdir import default_out
 from .peers import qr_flops, scipy_impl
 from .timing import SETTLE_S, interleaved, pick_repeats, time_once
 
@@ -44,7 +44,6 @@ BATCHED = {"full": ((20, 32), (40, 176), (40, 352), (640, 512), (60, 1024), (8, 
            "quick": ((20, 32), (3, 200))}
 SHAPE_BUDGET_S, MIN_REPEATS, MAX_REPEATS = 12.0, 3, 9
 SCALING_N = {"full": 4096, "quick": 384}
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
 class _Capqr:
@@ -517,12 +516,15 @@ def launch_cost() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> Path:
+    """Run the selected sections; writes the JSON and returns its path."""
     ap = argparse.ArgumentParser(prog="python -m bench.qr_parallel",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, one repeat (smoke)")
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="output directory")
+    ap.add_argument("--out", default="",
+                    help="output directory (default $CAPQR_BENCH_OUT, else ./bench-results)")
     ap.add_argument("--skip", action="append", default=[],
-                    choices=("peers", "scaling", "profile", "overhead", "launch"))
+                    choices=("peers", "scaling", "profile", "overhead", "launch"),
+                    help="leave out a section (repeatable)")
     ap.add_argument("--shapes", default="",
                     help='comma-free list of shape labels, e.g. "n=1024 (8,2048)" (default: all)')
     ap.add_argument("--min-repeats", type=int, default=MIN_REPEATS,
@@ -550,10 +552,10 @@ def main(argv: list[str] | None = None) -> Path:
         res["profile"] = profile(ns.quick)
     res["meta"]["loadavg_end"] = machine.loadavg()
     res["elapsed_s"] = time.perf_counter() - t0
-    out = Path(ns.out)
+    out = Path(ns.out) if ns.out else default_out()
     out.mkdir(parents=True, exist_ok=True)
     tag = "-quick" if ns.quick else ("-part" if ns.shapes or ns.skip else "")
-    path = out / f"cpu-parallel-{res['date']}-{socket.gethostname()}{tag}.json"
+    path = out / f"cpu-parallel-{res['date']}-{res['meta']['machine']['label']}{tag}.json"
     path.write_text(json.dumps(res, indent=1))
     print(f"wrote {path} in {res['elapsed_s']:.0f} s")
     return path

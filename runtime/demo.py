@@ -30,10 +30,10 @@ KERNEL void scale_rows(cap_t src, cap_t dst, int64_t m, int64_t n, float s)
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns a process exit code (0: everything behaved)."""
     ap = argparse.ArgumentParser(prog="python -m runtime.demo", description=__doc__)
-    ap.add_argument("--m", type=int, default=512)
-    ap.add_argument("--n", type=int, default=384)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--m", type=int, default=512, help="rows of each matrix (default 512)")
+    ap.add_argument("--n", type=int, default=384, help="columns of each matrix (default 384)")
+    ap.add_argument("--batch", type=int, default=4, help="matrices in the batch (default 4)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     opts = ap.parse_args(argv)
 
     import kernels

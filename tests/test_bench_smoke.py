@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,16 +25,28 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("bench")
+    """``python -m bench --quick`` with no --out, from a scratch directory: its results go
+    to ./bench-results there, and the checkout's tracked files stay as they were."""
+    cwd = tmp_path_factory.mktemp("bench")
+    env = {k: v for k, v in os.environ.items() if k != "CAPQR_BENCH_OUT"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    before = _git_status()
     # ~20 s with the kernel cache warm; ~110 s on 2 cores when every kernel of every
     # mode compiles first (an empty $CAPQR_CACHE, as on a fresh machine)
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert _git_status() == before
+    out = cwd / "bench-results"
     files = list(out.glob("*-quick.json"))
-    assert len(files) == 1, list(out.iterdir())
+    assert len(files) == 1, list(cwd.rglob("*"))
     return json.loads(files[0].read_text()), out
 
 
@@ -236,3 +250,229 @@ def test_tile_ceiling_measures_a_ratio() -> None:
         assert "error" not in r, r
         assert r["rows"] == 384 and r["offset_bytes"] == offset
         assert r["one_block_gflops"] > 0.1 and 0.2 < r["ceiling"] < 2.0
+
+
+#: Every command line of the benchmarks and tools: ``python -m <module> [subcommand] --help``.
+HELP_COMMANDS = [
+    ["bench"], ["bench.report"], ["bench.gc_bench"], ["bench.peers"], ["bench.gpu_bench"],
+    ["bench.qr_parallel"], ["bench.overhead"], ["bench.gpu_mma"], ["bench.gpu_steps"],
+    ["bench.cpu_peers"], ["bench.machine"], ["runtime.demo"], ["kernels.search"],
+    ["kernels.search", "report"], ["kernels.search", "submit"],
+]
+_SECTIONS = ("options:", "optional arguments:", "positional arguments:")
+
+
+def undocumented(help_text: str) -> list[str]:
+    """The arguments an argparse ``--help`` text lists without a help string."""
+    lines = help_text.splitlines()
+    bad, section = [], ""
+    for i, line in enumerate(lines):
+        if line and not line[0].isspace():
+            section = line.strip()
+            continue
+        if section not in _SECTIONS or not re.match(r"^  \S", line):
+            continue
+        if re.match(r"^  \S.*?\s{2,}\S", line):
+            continue  # help text on the same line
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if re.match(r"^ {4,}\S", nxt) and not re.match(r"^  \S", nxt):
+            continue  # help text on the next line (a long option spelling)
+        bad.append(line.split()[0].rstrip(","))
+    return bad
+
+
+def test_undocumented_finds_options_without_help() -> None:
+    text = ("usage: x [-h] [--a A] [--bee-long-name BEE]\n\noptions:\n"
+            "  -h, --help            show this help message and exit\n"
+            "  --a A\n"
+            "  --bee-long-name BEE_LONG_NAME\n"
+            "                        documented on the next line\n"
+            "  --c                   documented\n")
+    assert undocumented(text) == ["--a"]
+
+
+@pytest.mark.parametrize("cmd", HELP_COMMANDS, ids=" ".join)
+def test_help_documents_every_option(cmd: list[str]) -> None:
+    """``--help`` exits 0 at once (nothing runs) and every option has a help text."""
+    proc = subprocess.run([sys.executable, "-m", *cmd, "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage:"), proc.stdout[:500]
+    assert undocumented(proc.stdout) == [], proc.stdout
+
+
+def test_quick_run_changes_no_tracked_file(quick_run: tuple[dict, Path]) -> None:
+    """The fixture compared ``git status --porcelain`` before and after the run; the
+    results are where the default says."""
+    res, out = quick_run
+    assert out.name == "bench-results" and (out / "latest.md").exists()
+    assert res["meta"]["machine"]["cpu_count"] == os.cpu_count()
+
+
+def test_update_docs_writes_only_between_markers(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import report
+
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    page.write_text(f"# B\n\nprose\n{report.BEGIN}\nold table\n{report.END}\ntail\n")
+    monkeypatch.setattr(report, "DOCS_PAGE", page)
+    monkeypatch.setattr(report, "DOCS_PLOTS", tmp_path / "plots")
+    (tmp_path / "plots").mkdir()
+    res = {"quick": False, "meta": {"host": "h", "date": "d"}, "elapsed_s": 1.0}
+    paths = report.write(res, tmp_path / "out", update_docs=True)
+    text = page.read_text()
+    assert paths["docs"] == page and "old table" not in text
+    assert text.startswith("# B\n\nprose\n") and text.endswith(f"{report.END}\ntail\n")
+    assert "### Targets" in text
+    report.write(res, tmp_path / "out2")
+    assert page.read_text() == text  # without update_docs the page is left alone
+
+
+def test_docs_page_has_the_markers() -> None:
+    from bench import report
+
+    text = report.DOCS_PAGE.read_text()
+    assert text.count(report.BEGIN) == 1 and text.count(report.END) == 1
+    assert report.BEGIN not in (REPO / "README.md").read_text()
+
+
+def test_progress_bar_shows_no_time_estimate() -> None:
+    from bench.__main__ import BAR_FORMAT
+
+    assert "remaining" not in BAR_FORMAT and "rate" not in BAR_FORMAT
+
+
+def test_machine_label() -> None:
+    from bench.machine import host, label
+
+    assert label(16, "Intel(R) Xeon(R) Platinum 8480+", "NVIDIA H100 80GB HBM3") == "h100-16cpu"
+    assert label(2, "AMD EPYC", None) == "epyc-2cpu"
+    assert label(64, "AMD EPYC 9654 96-Core Processor", None) == "9654-64cpu"
+    h = host()
+    assert h["cpu_count"] == os.cpu_count() and h["label"].endswith(f"-{os.cpu_count()}cpu")
+
+
+# -- GPU peers: the pure parts (the measurements need a GPU) --------------------------------
+
+def _gpu_row(batch: int, n: int, checked: float, **peers: float | str) -> dict:
+    ps = {k.replace("_", "."): ({"ms": v} if isinstance(v, float) else {"skipped": v})
+          for k, v in peers.items()}
+    ps = {("cublasSgeqrfBatched" if k.startswith("cublas") else k): v for k, v in ps.items()}
+    row = {"batch": batch, "n": n, "checked_ms": checked, "peers": ps}
+    from bench.gpu_peers import speedups
+
+    row.update(speedups(row))
+    return row
+
+
+def test_gpu_speedups_and_geomeans() -> None:
+    from bench.gpu_peers import geomeans, table
+
+    rows = [_gpu_row(20, 32, 0.1, torch_geqrf=1.0, cublas=0.2),
+            _gpu_row(640, 512, 10.0, torch_geqrf=1000.0, cublas=500.0),
+            _gpu_row(8, 2048, 20.0, torch_geqrf=80.0, cublas="skipped: too slow")]
+    assert rows[0]["best_peer"] == "cublasSgeqrfBatched"
+    assert rows[0]["speedup_vs_best_peer"] == pytest.approx(2.0)
+    assert rows[0]["speedup_vs_torch"] == pytest.approx(10.0)
+    assert rows[2]["best_peer"] == "torch.geqrf" and rows[2]["speedup_vs_best_peer"] == 4.0
+    g = geomeans(rows)
+    assert g["geomean_speedup_vs_torch"] == pytest.approx((10 * 100 * 4) ** (1 / 3))
+    assert g["geomean_speedup_vs_best_peer"] == pytest.approx((2 * 50 * 4) ** (1 / 3))
+    assert g["shapes_speedup_vs_best_peer"] == 3
+    text = table(rows)
+    assert "(8,2048) cublasSgeqrfBatched: skipped: too slow" in text
+    assert "vs the best peer 7.37x over 3 shapes" in text
+
+
+def test_gpu_speedups_without_peers() -> None:
+    from bench.gpu_peers import geomeans, speedups
+
+    row = {"batch": 2, "n": 4096, "checked_ms": 5.0, "peers": {"torch.geqrf": {"error": "x"}}}
+    assert speedups(row) == {}
+    assert geomeans([row])["geomean_speedup_vs_torch"] is None
+
+
+def test_gpu_slow_peer_budget() -> None:
+    from bench.gpu_peers import known_too_slow, timed_runs
+
+    assert known_too_slow("cublasSgeqrfBatched", 8, 2048, 5.0).startswith("skipped:")
+    assert "did not finish" in known_too_slow("cublasSgeqrfBatched", 2, 4096, 5.0)
+    assert known_too_slow("cublasSgeqrfBatched", 20, 32, 5.0) is None
+    assert known_too_slow("torch.geqrf", 8, 2048, 5.0) is None
+    calls = iter([9000.0, 1.0])
+    r = timed_runs(lambda: next(calls), repeat=5, budget_s=5.0)  # first run over budget
+    assert r == {"ms": 9000.0, "samples_ms": [9000.0], "single_run": True}
+    times = iter([2000.0, 3.0, 1.0, 2.0])  # 2 s warm-up: one more run fits 5 s
+    r = timed_runs(lambda: next(times), repeat=5, budget_s=5.0)
+    assert r["samples_ms"] == [3.0] and not r["single_run"]
+    r = timed_runs(lambda: 1.0, repeat=5, budget_s=5.0)
+    assert len(r["samples_ms"]) == 5
+
+
+def test_gpu_bench_skips_without_gpu(monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture) -> None:
+    from bench import gpu_bench
+    from runtime import cuda
+
+    monkeypatch.setattr(cuda, "available", lambda: (False, "no device in this test"))
+    assert gpu_bench.main(["--shapes", "20x32"]) is None
+    assert "skipped: no usable GPU (no device in this test)" in capsys.readouterr().out
+
+
+# -- CPU peers --------------------------------------------------------------------------------
+
+def test_cpu_peers_speedups_and_table() -> None:
+    from bench import cpu_peers
+
+    def row(label: str, c: float, s: float | None, t: float) -> dict:
+        r = {"shape": label, "loadavg_start": [1.0], "loadavg_end": [1.5],
+             "capqr": {"median_s": c, "gflops": 1.0, "repeats": 3, "check": {"passed": True}},
+             "scipy": {"median_s": s} if s else {"unsupported": "ValueError: no"},
+             "torch": {"median_s": t}}
+        r.update(cpu_peers.speedups(r))
+        return r
+
+    rows = [row("n=256", 1.0, 2.0, 4.0), row("65536x64", 2.0, None, 1.0)]
+    assert rows[0]["best_peer"] == "scipy" and rows[0]["speedup_vs_best_peer"] == 2.0
+    assert rows[1]["best_peer"] == "torch" and rows[1]["speedup_vs_best_peer"] == 0.5
+    s = cpu_peers.summary(rows)
+    assert s["geomean_vs_scipy"] == 2.0 and s["geomean_vs_torch"] == pytest.approx(2 ** 0.5)
+    assert s["geomean_vs_best_peer"] == 1.0
+    res = {"rows": rows + [{"shape": "(2,4096)", "skipped": "time budget"}], "summary": s,
+           "threads": 2, "elapsed_s": 3.0, "budget_s": 50.0,
+           "meta": {"machine": {"label": "x-2cpu"}, "cpu_model": "X", "loadavg_start": [1],
+                    "loadavg_end": [2], "threads": {"cpu_count": 2, "capqr_workers": 2,
+                                                    "torch": 2}}}
+    text = cpu_peers.table(res)
+    assert "(2,4096)  skipped: time budget" in text
+    assert "scipy at 65536x64: unsupported" in text and "vs best peer 1.00x" in text
+
+
+def test_cpu_peers_budget_and_shapes() -> None:
+    from bench import cpu_peers
+
+    assert [s[0] for s in cpu_peers.select(None, True)] == [
+        s[0] for s in cpu_peers.ALL_SHAPES if s[0] in cpu_peers.QUICK_LABELS]
+    assert len(cpu_peers.select(None, False)) == 14
+    with pytest.raises(SystemExit):
+        cpu_peers.select(["n=3"], False)
+    b = cpu_peers.Budget(100.0, quick=False)
+    b.learn({"flops": 1e9, "capqr": {"median_s": 0.1}, "scipy": {"median_s": 0.2},
+             "torch": {"skipped": "x"}})
+    assert b.s_per_flop == pytest.approx(0.3e-9)
+    assert b.fits(1e11) and not b.fits(1e12)  # 2 rounds of 30 s fit, of 300 s do not
+    assert b.repeats(1.0, 10) == cpu_peers.MAX_REPEATS and b.repeats(60.0, 1) == 1
+
+
+def test_cpu_peers_measures_all_three() -> None:
+    """One small shape through the real implementations, the tall one included."""
+    from bench import cpu_peers
+
+    row = cpu_peers.measure(("8192x256", 1, 1024, 64), lambda _: 1, 0.0)
+    for k in cpu_peers.IMPLS:
+        if k == "torch" and importlib.util.find_spec("torch") is None:
+            continue
+        assert row[k]["median_s"] > 0, row
+    assert row["capqr"]["check"]["passed"]
+    assert row["best_peer"] in ("scipy", "torch") and row["speedup_vs_best_peer"] > 0

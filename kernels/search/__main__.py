@@ -58,16 +58,16 @@ def _search_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=3, help="timed launches per candidate (min)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="per-launch deadline (s) until the seed's time is known")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
 
 def _report_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kernels.search report",
                                 description="Print the leaderboard of a run; write the plot.")
-    p.add_argument("--db", default="search.db")
+    p.add_argument("--db", default="search.db", help="sqlite results file (default search.db)")
     p.add_argument("--run", type=int, default=None, help="run id (default: the newest)")
-    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--top", type=int, default=15, help="leaderboard rows (default 15)")
     p.add_argument("--plot", default=None, help="PNG path (default: <db stem>_progress.png)")
     return p
 
@@ -80,8 +80,8 @@ def _submit_parser() -> argparse.ArgumentParser:
         epilog=CONTRACT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="kernel source in the capqr dialect")
     p.add_argument("--name", default=None, help="KERNEL to use (default: the only one)")
-    p.add_argument("--shape", type=_shape, default=(640, 512))
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--shape", type=_shape, default=(640, 512), help="MxN (default 640x512)")
+    p.add_argument("--batch", type=int, default=8, help="matrices per launch (default 8)")
     p.add_argument("--nb", type=int, default=32, help="value passed as nb (if taken)")
     p.add_argument("--storage", choices=("f32", "f16"), default=None,
                    help="dtype of a (default: detected from the source)")
