@@ -1,40 +1,60 @@
 #!/usr/bin/env bash
-# One session on a GPU machine: the GPU tests, the GPU bench and the many-core CPU bench,
-# each under its own time limit, logs and JSON to $OUT (default bench/results/device).
-# Usage: OUT=/some/dir bash bench/device_run.sh  (TWO_PANEL_S=300: also the two-panel update)
-# The fake-driver tests (tests/test_launch_sequence.py, tests/test_gc_device.py) are not
-# run here: they swap the driver module under a process that holds real device buffers.
+# One session on a GPU machine (H100, 16 cores), under 9 minutes in all, each part under its
+# own `timeout`, logs and JSON flat in $OUT (8 files):
+#   machine.txt                 nvidia-smi, nproc, uptime, python and torch versions
+#   gpu-tests.txt               pytest -m gpu on the GPU test files            (TESTS_S, 120 s)
+#   gpu-bench.{json,txt,log}    bench.gpu_bench, peers torch.geqrf and
+#                               cublasSgeqrfBatched                        (GPU_BENCH_S, 180 s)
+#   cpu-parallel-*.{json,txt},  bench.cpu_peers on all cores: capqr vs scipy sgeqrf and
+#   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 210 s)
+# Usage: OUT=/some/dir bash bench/device_run.sh, with PYTHONPATH naming the installed wheels
+# and the repository root.  The fake-driver tests (tests/test_launch_sequence.py,
+# tests/test_gc_device.py) are not run here: they swap the driver module under a process
+# that holds real device buffers.
+#
+# The device has python3.12 with torch (CUDA) and numpy only.  The wheels, downloaded on a
+# machine with network access into the ignored folder .whl/ (carried to the device):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl \
+#     cffi==1.17.1 pycparser==2.22 pytest==8.3.4 pluggy==1.5.0 iniconfig==2.0.0 \
+#     pytest-timeout==2.3.1 hypothesis==6.122.3 sortedcontainers==2.4.0 attrs==24.3.0 \
+#     threadpoolctl==3.5.0 scipy==1.18.1
+# and on the device, before this script:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#     --target /tmp/site .whl/*.whl
+#   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 set -u
-OUT=${OUT:-bench/results/device}
+OUT=${OUT:-bench-results/device}
 mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nproc; uptime; } \
-    > "$OUT/machine.txt" 2>&1
+missing=$(python3 - <<'EOF'
+import importlib.util
+mods = ("numpy", "torch", "cffi", "pycparser", "pytest", "pytest_timeout", "hypothesis",
+        "scipy", "threadpoolctl")
+print(" ".join(m for m in mods if importlib.util.find_spec(m) is None))
+EOF
+)
+if [ -n "$missing" ]; then
+    echo "device_run.sh: missing Python modules: $missing" >&2
+    echo "install the carried wheels and set PYTHONPATH (see the top of this script)" >&2
+    exit 2
+fi
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nproc; uptime
+  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
+} > "$OUT/machine.txt" 2>&1
 timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_gpu_async.py tests/test_gpu_qr.py tests/test_gpu_builtins.py tests/test_gpu.py \
-    tests/test_gpu_group.py \
-    tests/test_conformance.py > "$OUT/gpu-tests.txt" 2>&1
+    tests/test_gpu_group.py tests/test_conformance.py > "$OUT/gpu-tests.txt" 2>&1
 echo "rc=$?" >> "$OUT/gpu-tests.txt"
 tail -3 "$OUT/gpu-tests.txt"
-timeout "${GPU_BENCH_S:-240}" python3 -m bench.gpu_bench --repeat "${REPEAT:-3}" \
-    --repeat-large "${REPEAT:-3}" --out "$OUT/gpu-bench.json" > "$OUT/gpu-bench.txt" 2>&1
-tail -9 "$OUT/gpu-bench.txt"
-# the smallest batch and the squares vs scipy, the launch cost (back to back and after
-# idleness: how many sleeping workers a launch wakes) and scaling at 1, 2 and all workers
-# (the other batches, profile and overhead sections are in the full run:
-# python3 -m bench.qr_parallel)
-timeout "${CPU_BENCH_S:-150}" python3 -m bench.qr_parallel --out "$OUT" --skip profile \
-    --skip overhead --shapes "${CPU_SHAPES:-(20,32) n=1024 n=2048 n=4096}" \
-    --min-repeats "${REPEAT:-3}" > "$OUT/cpu-parallel.txt" 2>&1
-tail -12 "$OUT/cpu-parallel.txt"
-# the two-panel trailing update (kernels.gpu.TWO_PANEL, off by default until measured):
-# its GPU tests, then the bench with it on, next to the default run above
-if [ "${TWO_PANEL_S:-0}" != 0 ]; then
-    timeout "$TWO_PANEL_S" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_qr.py \
-        -k two_panel > "$OUT/gpu-tests-two-panel.txt" 2>&1
-    echo "rc=$?" >> "$OUT/gpu-tests-two-panel.txt"
-    tail -3 "$OUT/gpu-tests-two-panel.txt"
-    timeout "$TWO_PANEL_S" python3 -m bench.gpu_bench --two-panel on --repeat "${REPEAT:-3}" \
-        --repeat-large "${REPEAT:-3}" --out "$OUT/gpu-bench-two-panel.json" \
-        > "$OUT/gpu-bench-two-panel.txt" 2>&1
-    tail -9 "$OUT/gpu-bench-two-panel.txt"
-fi
+# cublasSgeqrfBatched: one run where a run exceeds PEER_BUDGET_S; (8,2048) and (2,4096)
+# are skipped (19.6 s and unfinished on the 2026-12-06 H100 run, bench/gpu_peers.py)
+timeout "${GPU_BENCH_S:-180}" python3 -m bench.gpu_bench --repeat "${REPEAT:-5}" \
+    --repeat-large "${REPEAT_LARGE:-3}" --peer-budget-s "${PEER_BUDGET_S:-5}" \
+    --out "$OUT/gpu-bench.json" > "$OUT/gpu-bench.log" 2>&1
+echo "rc=$?" >> "$OUT/gpu-bench.log"
+tail -14 "$OUT/gpu-bench.log"
+timeout "${CPU_BENCH_S:-210}" python3 -m bench.cpu_peers --threads "$(nproc)" \
+    --max-seconds "${CPU_BUDGET_S:-180}" --out "$OUT" > "$OUT/cpu-peers.log" 2>&1
+echo "rc=$?" >> "$OUT/cpu-peers.log"
+tail -20 "$OUT/cpu-peers.log"

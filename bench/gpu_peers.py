@@ -163,7 +163,10 @@ class Cublas:
 def measure_peers(a: Any, peers: tuple[str, ...], repeat: int, budget_s: float,
                   cublas: Cublas | None) -> dict[str, Any]:
     """Every peer on the (batch, n, n) numpy array ``a``: {peer: result or {"skipped": why}}."""
-    import torch
+    try:
+        import torch
+    except ImportError:
+        return {p: {"skipped": "skipped: torch is not installed"} for p in peers}
 
     batch, _, n = a.shape
     x0 = torch.from_numpy(a).cuda()
