@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import capabilities
+import kernels
 import runtime
 from runtime import CapabilityFault
 
@@ -78,3 +79,66 @@ def test_cap_offset_by_whole_slots_stays_a_table() -> None:
     t = capabilities.alloc(4, "cap", name="table")
     runtime.launch(k, [t, out])
     assert out.numpy()[0] == 5.0
+
+
+# -- kernels.qr -------------------------------------------------------------------
+
+A64 = np.random.default_rng(0).standard_normal((6, 4))
+
+
+@pytest.mark.parametrize("a", [np.arange(24).reshape(6, 4), A64 > 0,
+                               A64.astype(np.complex128), A64.astype(np.int8)],
+                         ids=["int64", "bool", "complex", "int8"])
+def test_qr_refuses_non_float_input_listing_the_dtypes(a: np.ndarray) -> None:
+    with pytest.raises(TypeError, match="float16, float32, float64"):
+        kernels.qr(a)
+
+
+def test_qr_f16_refuses_to_round_float64_to_half() -> None:
+    with pytest.raises(TypeError, match="float16"):
+        kernels.qr(A64, "f16")
+
+
+@pytest.mark.parametrize("grid,exc", [(0, ValueError), (-1, ValueError), (True, TypeError),
+                                      (2.5, TypeError), ("2", TypeError)])
+@pytest.mark.parametrize("variant", ["parallel", "blocked"])
+def test_qr_refuses_a_bad_grid(variant: str, grid: object, exc: type) -> None:
+    with pytest.raises(exc, match="grid"):
+        kernels.qr(A64, variant, grid=grid)
+
+
+def test_qr_of_a_huge_matrix_names_the_size_before_reading_it() -> None:
+    big = np.broadcast_to(np.float32(1), (1 << 24, 1 << 24))  # a view: no memory behind it
+    with pytest.raises(ValueError, match=r"needs \d+ bytes"):
+        kernels.qr(big)
+
+
+@pytest.mark.parametrize("cut", [slice(0, 2), slice(None)], ids=["short", "long"])
+def test_householder_product_checks_tau_length(cut: slice) -> None:
+    H, tau = kernels.qr(A64)
+    bad = tau[cut] if cut != slice(None) else np.r_[tau, 1.0]
+    with pytest.raises(ValueError, match=f"length {len(bad)}.*expected 4"):
+        kernels.householder_product(H, bad)
+    with pytest.raises(ValueError, match="tau"):
+        kernels.householder_product(H[None], tau)  # batched H, unbatched tau
+
+
+torch = pytest.importorskip("torch")
+
+
+def test_qr_of_a_tensor_requiring_grad_says_to_detach() -> None:
+    t = torch.tensor(A64, requires_grad=True)
+    with pytest.raises(TypeError, match=r"detach\(\)"):
+        kernels.qr(t)
+    H, tau = kernels.qr(t.detach())
+    assert isinstance(H, torch.Tensor) and H.dtype == torch.float64
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "complex64", "int8", "bool", "int64"])
+def test_unsupported_torch_dtypes_get_capqr_type_errors(dtype: str) -> None:
+    t = torch.zeros(6, 4).to(getattr(torch, dtype))
+    with pytest.raises(TypeError, match="float16, float32, float64"):
+        kernels.qr(t)
+    if dtype != "int64":  # capabilities hold int64 buffers
+        with pytest.raises(TypeError, match="capqr buffers hold float16, float32, float64"):
+            capabilities.wrap(t)
