@@ -404,6 +404,11 @@ extern "C" void *capqr_storage_pin(void *impl_)
 }
 
 extern "C" void capqr_storage_unpin(void *h) { drop(h); }
+
+extern "C" void capqr_storage_freeze(void *impl_)
+{
+    static_cast<c10::StorageImpl *>(impl_)->set_resizable(false);
+}
 """
 
 _torch_pin_lib: Any = None
@@ -449,6 +454,8 @@ def _load_torch_pin() -> Any:
             lib_.capqr_storage_pin.argtypes = [ctypes.c_void_p]
             lib_.capqr_storage_unpin.restype = None
             lib_.capqr_storage_unpin.argtypes = [ctypes.c_void_p]
+            lib_.capqr_storage_freeze.restype = None
+            lib_.capqr_storage_freeze.argtypes = [ctypes.c_void_p]
             _torch_pin_lib = lib_
         except (OSError, subprocess.SubprocessError) as e:
             _torch_pin_error = str(e)
@@ -480,6 +487,13 @@ def _pin_torch(t: Any) -> tuple[list[Any], Any]:
     """
     storage = t.untyped_storage()
     lib_ = _load_torch_pin()
+    if lib_ is not None and storage.is_shared():
+        # Already in shared memory: share_memory_ leaves it alone, and swapping
+        # its DataPtr would hide the mapping from torch.multiprocessing (which
+        # would then copy it into a new segment, unsharing the tensor).  Kept
+        # referenced and non-resizable, nothing in torch frees its block.
+        lib_.capqr_storage_freeze(storage._cdata)
+        return [storage], None
     if lib_ is not None:
         return [_TorchPin(lib_, storage)], None
     ptr, nbytes = storage.data_ptr(), storage.nbytes()

@@ -166,6 +166,28 @@ print(json.dumps({"moved": u.data_ptr() != old,
     assert not r["reused"] and r["victims_intact"], r
 
 
+def test_torch_shared_memory_tensor_stays_shared_and_pinned() -> None:
+    r = _run(r"""
+import torch
+n = 1 << 12
+t = torch.zeros(n).share_memory_()
+ptr = t.data_ptr()
+cap = capabilities.wrap(t, name="t")
+out = {"shared": t.is_shared()}
+t.share_memory_()                         # a no-op for a shared tensor
+out["same_block"] = t.data_ptr() == ptr
+try:
+    t.untyped_storage().resize_(0)
+    out["resize"] = "allowed"
+except RuntimeError:
+    out["resize"] = "refused"
+runtime.launch(FILL, [cap], args=(n, 4.0))
+out["data"] = bool((t == 4).all())
+print(json.dumps(out))
+""")
+    assert r == {"shared": True, "same_block": True, "resize": "refused", "data": True}
+
+
 def test_torch_without_a_cxx_compiler_checks_the_storage_at_each_use() -> None:
     # no pin can be built: a launch on a tensor whose storage swapped its block
     # faults "freed" instead of writing into the released one
