@@ -14,10 +14,28 @@ The array stays referenced (``_EXTERNAL``) until the collector's sweep finds
 the object unreachable from every handle, table and running kernel and queues
 its release; ``drain_releases()`` (called on every alloc/wrap and after
 ``runtime.gc_collect()``) then drops the reference.
+
+Keeping the array object alive is not enough: its data can be freed under it.
+For the same lifetime a wrap therefore also pins the data (see ``_host_pins``):
+a numpy owner gets a weak reference, which makes ``ndarray.resize`` refuse even
+with ``refcheck=False``; a CPU torch tensor's storage gets the memory block
+itself held (``_TORCH_PIN_SRC``), so ``resize_``, ``set_``,
+``untyped_storage().resize_()`` or ``share_memory_()`` can move the tensor but
+never free the block a capability points into.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
+import operator
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,18 +95,46 @@ def _dtype_code(dtype: Any) -> tuple[Any, int, int]:
         return CAP_DTYPE, CAP_CODE, CAP_SLOT_BYTES
     dt = np.dtype(dtype)
     if dt not in DTYPE_CODES:
-        allowed = ", ".join(sorted(str(d) for d in DTYPE_CODES)) + ", 'cap'"
-        raise TypeError(f"unsupported dtype {dt}; capqr buffers hold {allowed}")
+        raise TypeError(f"unsupported dtype {dt}; capqr buffers hold {supported_dtypes()}")
     return dt, DTYPE_CODES[dt], dt.itemsize
+
+
+#: Largest buffer ``alloc`` tries (bytes): 2^47 is all of an x86-64 or arm64
+#: process's user address space, so a larger request can never succeed.
+MAX_ALLOC_BYTES = 1 << 47
 
 
 def _shape_tuple(shape: Any) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    shape = tuple(int(s) for s in shape)
+        shape = (shape,)
+    try:
+        # operator.index: a float (2.5) or a bool is a mistake, never truncated
+        shape = tuple(operator.index(s) if not isinstance(s, bool) else None for s in shape)
+    except TypeError:
+        shape = None
+    if shape is None or None in shape:
+        raise TypeError("shape must be an int or a sequence of ints")
     if any(s < 0 for s in shape):
         raise ValueError(f"negative dimension in shape {shape}")
     return shape
+
+
+def _check_nbytes(shape: tuple[int, ...], dtype: Any, itemsize: int) -> int:
+    """The byte size of a (shape, dtype) buffer, or ValueError naming it when no
+    allocation could hold it (Python ints: numpy's int64 product would wrap)."""
+    nbytes = math.prod(shape) * itemsize
+    if nbytes > MAX_ALLOC_BYTES:
+        raise ValueError(f"a buffer of shape {shape} and dtype {dtype} needs {nbytes} bytes "
+                         f"({_human(nbytes)}), more than any process can address "
+                         f"({_human(MAX_ALLOC_BYTES)})")
+    return nbytes
+
+
+def _human(nbytes: int) -> str:
+    for unit, shift in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.3g} {unit}"
+    return f"{nbytes} B"
 
 
 class Capability(RecordedAttributes):
@@ -99,7 +145,7 @@ class Capability(RecordedAttributes):
     """
 
     __slots__ = ("_obj", "_pin", "_shape", "_dtype", "_code", "_itemsize", "_name", "_perms",
-                 "_freed", "_id", "_nbytes", "__weakref__")
+                 "_freed", "_id", "_nbytes", "_guard", "__weakref__")
 
     def __init__(self, obj: Any, shape: tuple[int, ...], dtype: Any, perms: str, name: str):
         """Take over one pin of ``obj`` (already pinned by the allocator)."""
@@ -111,6 +157,7 @@ class Capability(RecordedAttributes):
         self._perms = perms
         self._name = name
         self._freed = False
+        self._guard: Any = None  # wrap: a check that the wrapped memory is still there
         self._id = int(obj.id)
         self._nbytes = int(obj.nbytes)
         # obj arrives pinned (gc_alloc_pinned/gc_wrap_pinned): no window in
@@ -133,6 +180,8 @@ class Capability(RecordedAttributes):
         if self._freed or (int(self._obj.flags) & RT_OBJ_FREED):
             raise CapabilityFault("freed", buffer=self._name, access=access,
                                   detail="capability used after free()")
+        if self._guard is not None:
+            self._guard(self._name, access)
 
     # -- host access -------------------------------------------------------
     def numpy(self) -> np.ndarray:
@@ -211,19 +260,50 @@ def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | No
 
         return cuda.alloc_device(shape, dtype, perms=perms, name=name)
     shape = _shape_tuple(shape)
-    _, code, itemsize = _dtype_code(dtype)
+    dt, code, itemsize = _dtype_code(dtype)
+    nbytes = _check_nbytes(shape, dt, itemsize)
     bits = _perm_bits(perms)
-    n = int(np.prod(shape, dtype=np.int64))
     name = name or _auto_name("buf")
-    obj = lib.gc_alloc_pinned(n * itemsize, code, bits, name.encode()[:47])
+    obj = lib.gc_alloc_pinned(nbytes, code, bits, name.encode()[:47])
+    if obj == ffi.NULL:
+        raise MemoryError(f"capqr: cannot allocate buffer {name!r}: shape {shape} of {dt} "
+                          f"needs {nbytes} bytes ({_human(nbytes)})")
     return Capability(obj, shape, dtype, perms, name)
+
+
+#: torch dtype name -> numpy dtype, for the dtypes capqr buffers hold
+_TORCH_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64,
+                 "int32": np.int32, "int64": np.int64, "uint8": np.uint8}
+
+
+def supported_dtypes() -> str:
+    """The element types a capqr buffer holds, as an error message lists them."""
+    return ", ".join(sorted(str(d) for d in DTYPE_CODES)) + ", 'cap'"
+
+
+def _torch_numpy(t: Any) -> np.ndarray:
+    """A zero-copy numpy view of a CPU tensor, or TypeError/ValueError saying why not."""
+    dname = str(t.dtype).removeprefix("torch.")
+    if dname not in _TORCH_DTYPES:
+        raise TypeError(f"unsupported dtype {t.dtype}; capqr buffers hold {supported_dtypes()}"
+                        f" (convert first, e.g. t.to(torch.float32))")
+    if t.device.type != "cpu":
+        raise ValueError(f"capabilities.wrap takes CPU or CUDA tensors, not {t.device.type}")
+    if not t.is_contiguous():
+        raise ValueError("capabilities.wrap needs a contiguous tensor (call .contiguous())")
+    return t.detach().numpy()
 
 
 def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     """Zero-copy capability over a C-contiguous numpy array or CPU torch tensor.
 
     The array stays alive while any handle, cap table or running kernel can
-    reach the object; the collector's sweep releases it after that.
+    reach the object; the collector's sweep releases it after that.  For as
+    long, its memory cannot be freed: a numpy array that owns it refuses
+    ``resize`` (even with ``refcheck=False``); a torch tensor's storage refuses
+    to grow (``resize_``) and its block stays allocated through ``set_`` or
+    ``share_memory_`` (which move the tensor, not the capability: writes
+    through the capability then no longer show in the tensor).
     """
     drain_releases()
     keep: Any = array
@@ -232,9 +312,7 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
             from runtime import cuda
 
             return cuda.wrap_device(array, perms=perms, name=name)
-        if not array.is_contiguous():
-            raise ValueError("capabilities.wrap needs a contiguous tensor (call .contiguous())")
-        np_arr = array.detach().numpy()
+        np_arr = _torch_numpy(array)
         keep = (array, np_arr)
         array = np_arr
     if not isinstance(array, np.ndarray):
@@ -248,11 +326,185 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
         raise ValueError("array is read-only; wrap it with perms='r'")
     _, code, _ = _dtype_code(array.dtype)
     name = name or _auto_name("arr")
+    pins, guard = _host_pins(array)
     ptr = ffi.cast("void *", array.ctypes.data)
     obj = lib.gc_wrap_pinned(ptr, array.nbytes, code, bits, name.encode()[:47])
     cap = Capability(obj, array.shape, array.dtype, perms, name)
-    keep_external(cap.id, keep)
+    cap._guard = guard
+    # the pins live exactly as long as the array reference: until the collector
+    # releases the object, after every handle, table and running kernel
+    keep_external(cap.id, (keep, pins))
     return cap
+
+
+def _host_pins(array: np.ndarray) -> tuple[list[Any], Any]:
+    """What keeps ``array``'s data allocated while it is wrapped, and a launch-time
+    check where nothing can (None when the pins suffice).
+
+    numpy frees an array's data in ``resize`` (and ``__setstate__``) of the array
+    that owns it; ``resize`` refuses, even with ``refcheck=False``, while the
+    owner has a weak reference (numpy/_core/src/multiarray/shape.c: PyArray_Resize
+    checks ``weakreflist``), so each wrap holds one on the owner, found through
+    ``.base`` (a view's owner is the array to pin).  A torch tensor at the end of
+    the chain (``t.numpy()``) gets its storage pinned (:func:`_pin_torch`).
+    """
+    obj: Any = array
+    while isinstance(obj, np.ndarray):
+        if obj.flags.owndata:
+            return [weakref.ref(obj)], None
+        obj = obj.base
+    if obj is not None and type(obj).__module__.startswith("torch"):
+        return _pin_torch(obj)
+    # a buffer exporter (bytes, bytearray, mmap, ...): numpy holds its buffer
+    return [], None
+
+
+#: Pins a CPU tensor's memory block (compiled against the installed torch's
+#: headers, c10/core/StorageImpl.h).  A StorageImpl owns its block through a
+#: DataPtr and frees it when the storage grows (resize_), is resized
+#: (untyped_storage().resize_), moves to shared memory (share_memory_, whatever
+#: ``resizable`` says) or dies.  The pin swaps in a DataPtr to the same memory
+#: whose deleter only drops a reference; the original DataPtr (and so the
+#: block) goes when both torch and every capqr pin have let go.  It also marks
+#: the storage non-resizable, as torch's own Tensor.numpy() does, so that
+#: growing the tensor raises instead of moving it away from the capability.
+_TORCH_PIN_SRC = r"""
+#include <c10/core/StorageImpl.h>
+#include <atomic>
+
+namespace {
+struct Hold {
+    c10::DataPtr orig;
+    std::atomic<long> refs;
+};
+void drop(void *ctx)
+{
+    Hold *h = static_cast<Hold *>(ctx);
+    if (h->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete h;
+}
+}  // namespace
+
+extern "C" void *capqr_storage_pin(void *impl_)
+{
+    auto *impl = static_cast<c10::StorageImpl *>(impl_);
+    /* mutable_data_ptr() materialises a copy-on-write storage first */
+    c10::DataPtr &cur = const_cast<c10::DataPtr &>(impl->mutable_data_ptr());
+    Hold *h;
+    if (cur.get_deleter() == &drop) {           /* pinned already: one more reference */
+        h = static_cast<Hold *>(cur.get_context());
+        h->refs.fetch_add(1, std::memory_order_relaxed);
+    } else {
+        void *data = cur.get();
+        c10::Device dev = cur.device();
+        h = new Hold{c10::DataPtr(), {2}};      /* the storage's reference and ours */
+        h->orig = impl->set_data_ptr(c10::DataPtr(data, h, &drop, dev));
+    }
+    impl->set_resizable(false);
+    return h;
+}
+
+extern "C" void capqr_storage_unpin(void *h) { drop(h); }
+
+extern "C" void capqr_storage_freeze(void *impl_)
+{
+    static_cast<c10::StorageImpl *>(impl_)->set_resizable(false);
+}
+"""
+
+_torch_pin_lib: Any = None
+_torch_pin_error: str | None = None
+_torch_pin_lock = threading.Lock()
+
+
+def _load_torch_pin() -> Any:
+    """The compiled pin (cached like the kernels, by a hash of its inputs), or None
+    with ``_torch_pin_error`` saying why (no C++ compiler, no torch headers)."""
+    global _torch_pin_lib, _torch_pin_error
+    if _torch_pin_lib is not None or _torch_pin_error is not None:
+        return _torch_pin_lib
+    with _torch_pin_lock:
+        if _torch_pin_lib is not None or _torch_pin_error is not None:
+            return _torch_pin_lib
+        import torch
+
+        from runtime import build
+
+        tdir = Path(torch.__file__).resolve().parent
+        cxx = os.environ.get("CXX", "g++")
+        abi_flag = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"
+        key = build.content_hash(_TORCH_PIN_SRC, torch.__version__, str(tdir), cxx, abi_flag,
+                                 sys.platform)
+        target = build.cache_dir() / f"capqr_torchpin_{key[:20]}.so"
+        try:
+            if not target.exists():
+                with tempfile.TemporaryDirectory(dir=build.cache_dir()) as tmp:
+                    src = Path(tmp) / "pin.cpp"
+                    src.write_text(_TORCH_PIN_SRC)
+                    out = Path(tmp) / "pin.so"
+                    r = subprocess.run(
+                        [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", abi_flag,
+                         f"-I{tdir / 'include'}", str(src), f"-L{tdir / 'lib'}", "-lc10",
+                         f"-Wl,-rpath,{tdir / 'lib'}", "-o", str(out)],
+                        capture_output=True, text=True, timeout=300)
+                    if r.returncode != 0:
+                        raise OSError(r.stderr.strip()[-500:] or f"{cxx} failed")
+                    os.replace(out, target)
+            lib_ = ctypes.CDLL(str(target))
+            lib_.capqr_storage_pin.restype = ctypes.c_void_p
+            lib_.capqr_storage_pin.argtypes = [ctypes.c_void_p]
+            lib_.capqr_storage_unpin.restype = None
+            lib_.capqr_storage_unpin.argtypes = [ctypes.c_void_p]
+            lib_.capqr_storage_freeze.restype = None
+            lib_.capqr_storage_freeze.argtypes = [ctypes.c_void_p]
+            _torch_pin_lib = lib_
+        except (OSError, subprocess.SubprocessError) as e:
+            _torch_pin_error = str(e)
+        return _torch_pin_lib
+
+
+class _TorchPin:
+    """One reference on a pinned torch memory block; dropping it unpins."""
+
+    __slots__ = ("_lib", "_h")
+
+    def __init__(self, lib_: Any, storage: Any):
+        self._lib = lib_
+        self._h = lib_.capqr_storage_pin(storage._cdata)
+
+    def __del__(self) -> None:
+        h, self._h = self._h, None
+        if h:
+            self._lib.capqr_storage_unpin(h)
+
+
+def _pin_torch(t: Any) -> tuple[list[Any], Any]:
+    """Pin the block of CPU tensor ``t``'s storage (see ``_TORCH_PIN_SRC``).
+
+    Without a C++ compiler the pin cannot be built: then the storage is kept
+    referenced (``set_`` cannot free it; ``Tensor.numpy()`` already made it
+    non-resizable) and every use of the capability checks that the storage
+    still has its block (``share_memory_`` swaps it), faulting "freed" if not.
+    """
+    storage = t.untyped_storage()
+    lib_ = _load_torch_pin()
+    if lib_ is not None and storage.is_shared():
+        # Already in shared memory: share_memory_ leaves it alone, and swapping
+        # its DataPtr would hide the mapping from torch.multiprocessing (which
+        # would then copy it into a new segment, unsharing the tensor).  Kept
+        # referenced and non-resizable, nothing in torch frees its block.
+        lib_.capqr_storage_freeze(storage._cdata)
+        return [storage], None
+    if lib_ is not None:
+        return [_TorchPin(lib_, storage)], None
+    ptr, nbytes = storage.data_ptr(), storage.nbytes()
+
+    def guard(name: str, access: str) -> None:
+        if storage.data_ptr() != ptr or storage.nbytes() < nbytes:
+            raise CapabilityFault("freed", buffer=name, access=access,
+                                  detail="the wrapped tensor's storage released its memory "
+                                         f"(share_memory_ or resize_); {_torch_pin_error}")
+
+    return [storage], guard
 
 
 def from_int(address: int) -> NoBoundsCap:

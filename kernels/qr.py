@@ -147,7 +147,7 @@ def _copy_on_workers(a3: np.ndarray, dt: str, allow_nonfinite: bool = False
     if (a3.size < COPY_ON_WORKERS_MIN or workers < 2 or a3.dtype != np.dtype(dt)
             or dt not in ("float32", "float64") or not a3.flags.c_contiguous):
         return None
-    h = aligned_empty(a3.shape, a3.dtype)
+    h = _alloc_working(a3.shape, a3.dtype, "working copy")
     bad = np.zeros(workers, np.int64)
     runtime.launch(_kernel("copy", dt, True), [capabilities.wrap(a3, "r", "qr.input"),
                    capabilities.wrap(h, name="qr.a"), capabilities.wrap(bad, name="qr.bad")],
@@ -163,16 +163,86 @@ def _as_numpy(A: Any) -> tuple[np.ndarray, bool]:
     return np.asarray(A), False
 
 
+#: The element types ``qr`` and ``householder_product`` take.  Integers and
+#: bools are refused rather than cast: a cast to float is the caller's choice
+#: of precision, and an int matrix is more often a mistake than a request.
+INPUT_DTYPES = ("float16", "float32", "float64")
+
+
+def _input(A: Any, what: str) -> tuple[np.ndarray, bool]:
+    """``A`` as numpy (zero-copy where it can be) and whether it was a torch tensor,
+    or TypeError naming the supported dtypes (``what``: the argument, for messages)."""
+    is_torch = type(A).__module__.startswith("torch")
+    if is_torch:
+        if getattr(A, "requires_grad", False):
+            # capqr runs kernels on raw memory: nothing records a graph, so a
+            # result would silently have no grad_fn
+            raise TypeError(f"{what} requires grad, and capqr does not track gradients; "
+                            f"pass {what}.detach() (the result then has no grad_fn)")
+        dname = str(A.dtype).removeprefix("torch.")
+        if dname not in INPUT_DTYPES:
+            raise TypeError(f"{what} has dtype {A.dtype}; kernels.qr takes "
+                            f"{', '.join(INPUT_DTYPES)} (convert first, e.g. "
+                            f"{what}.to(torch.float32))")
+        a = A.detach().cpu().numpy()
+    else:
+        a = np.asarray(A)
+        if a.dtype.name not in INPUT_DTYPES:
+            raise TypeError(f"{what} has dtype {a.dtype}; kernels.qr takes "
+                            f"{', '.join(INPUT_DTYPES)} (convert first, e.g. "
+                            f"{what}.astype(np.float64))")
+    return a, is_torch
+
+
 def _compute_dtype(variant: Variant, dt: np.dtype) -> str:
     if variant.family == "geqrf_f16":
+        if dt == np.float64:
+            # half storage keeps ~3 decimal digits: rounding float64 input to
+            # it is a decision the caller has to make visibly
+            raise TypeError("variant 'f16' stores the matrix in float16 and would round "
+                            "float64 input to it; pass A.astype(np.float16) (or float32) "
+                            "to accept that, or use a float64 variant")
         return "float16"
     if dt == np.float64:
         return "float64"
-    if dt in (np.float32, np.float16):
-        return "float32"
-    if np.issubdtype(dt, np.integer) or np.issubdtype(dt, np.bool_):
-        return "float64"
-    raise TypeError(f"unsupported input dtype {dt} (real floating or integer matrices only)")
+    return "float32"   # float32 and float16 (_input admits nothing else)
+
+
+def _check_grid(grid: Any) -> None:
+    """``grid`` of kernels.qr: None or a positive int (a bool or 2.5 is a mistake)."""
+    if grid is None:
+        return
+    if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)):
+        raise TypeError(f"kernels.qr: grid must be a positive int or None, got {grid!r}")
+    if grid < 1:
+        raise ValueError(f"kernels.qr: grid must be a positive int or None (blocks per "
+                         f"launch), got {grid}")
+
+
+def _check_working_size(shape: tuple[int, ...], dtype: Any,
+                        what: str = "working copy") -> int:
+    """The bytes of a working array, or ValueError naming them when no process could
+    hold it (capabilities.handle.MAX_ALLOC_BYTES)."""
+    from capabilities.handle import MAX_ALLOC_BYTES, _human
+
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes > MAX_ALLOC_BYTES:
+        raise ValueError(f"kernels.qr: the {what} of shape {shape} ({np.dtype(dtype)}) needs "
+                         f"{nbytes} bytes ({_human(nbytes)}), more than any process can "
+                         f"address ({_human(MAX_ALLOC_BYTES)})")
+    return nbytes
+
+
+def _alloc_working(shape: tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
+    """aligned_empty, or ValueError/MemoryError naming the bytes the factorisation needs."""
+    from capabilities.handle import _human
+
+    nbytes = _check_working_size(shape, dtype, what)
+    try:
+        return aligned_empty(shape, dtype)
+    except MemoryError:
+        raise MemoryError(f"kernels.qr: cannot allocate the {what} of shape {shape} "
+                          f"({np.dtype(dtype)}): {nbytes} bytes ({_human(nbytes)})") from None
 
 
 def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = None,
@@ -188,7 +258,11 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
     defaults to the batch size (one block per matrix); for ``parallel`` it
     caps the blocks of each launch (default: one per work item).
     float64 input is factored in float64, float32/float16 in float32 (the
-    ``f16`` variant stores in half: H is float16, tau float32).
+    ``f16`` variant stores in half: H is float16, tau float32; it refuses
+    float64 input rather than round it to half).  Other dtypes (integers,
+    bools, complex, bfloat16) raise TypeError: cast first.  A torch tensor
+    that requires grad raises TypeError (capqr does not track gradients:
+    pass ``A.detach()``).  ``grid`` must be None or a positive int.
 
     Raises ValueError for NaN/Inf input unless ``allow_nonfinite`` (then NaNs
     propagate and :func:`kernels.check` flags them), ``HalfOverflowError``
@@ -196,6 +270,7 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
     and the runtime's CapabilityFault/KernelTimeout if the kernel misbehaves.
     """
     from . import gpu
+    _check_grid(grid)
     if gpu.on_device(A):  # a DeviceCapability or CUDA tensor: the blocked GPU QR (kernels/gpu)
         return gpu.qr_device(A, checked=checked, timeout=timeout)
     import capabilities
@@ -206,7 +281,7 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
     if variant not in _VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; have {sorted(_VARIANTS)} or 'auto'")
     v = _VARIANTS[variant]
-    a, is_torch = _as_numpy(A)
+    a, is_torch = _input(A, "A")
     if a.ndim not in (2, 3):
         raise ValueError(f"expected a (m, n) or (batch, m, n) matrix, got shape {a.shape}")
     batched = a.ndim == 3
@@ -223,20 +298,23 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
             raise ValueError(f"panel width nb={b} outside 1..{parallel.NB_MAX}")
         if PAD_ROWS:
             ld = parallel.working_ld(batch, m, n, b, np.dtype(dt).itemsize, runtime.threads())
+    # before anything reads the input (the NaN scan alone would take hours on a
+    # broadcast (2^20, 2^20) matrix): can the working copy exist at all?
+    _check_working_size((batch, m, ld), dt)
     h = _copy_on_workers(a3, dt, allow_nonfinite) if ld == n else None
     if h is None and not allow_nonfinite and not np.isfinite(a3).all():
         raise ValueError(NONFINITE)
     if h is not None:
         tdt = np.dtype(dt)
     elif dt == "float16":
-        h = aligned_empty(a3.shape, np.float16)
+        h = _alloc_working(a3.shape, np.float16, "working copy")
         with np.errstate(over="ignore"):
             np.copyto(h, a3, casting="unsafe")
         if not allow_nonfinite and not np.isfinite(h).all():
             raise HalfOverflowError("input exceeds the float16 range (max 65504)")
         tdt = np.float32
     else:
-        h = aligned_empty((batch, m, ld), dt)
+        h = _alloc_working((batch, m, ld), dt, "working copy")
         np.copyto(h[:, :, :n], a3, casting="unsafe")
         h[:, :, n:] = 0   # never read; zero so that nothing depends on old memory
         tdt = np.dtype(dt)
@@ -280,13 +358,26 @@ def _result(h: np.ndarray, tau: np.ndarray, batched: bool, is_torch: bool) -> tu
 def householder_product(H: Any, tau: Any) -> Any:
     """Form the m x min(m,n) Q of a compact-form QR (float64, reference code).
 
-    Accepts (m, n) or (batch, m, n) with tau (k,) or (batch, k); returns the
-    same container type (numpy or torch) as H, always float64.
+    Accepts (m, n) or (batch, m, n) with tau (k,) or (batch, k), k = min(m, n)
+    (ValueError naming both shapes otherwise); returns the same container type
+    (numpy or torch) as H, always float64.  dtypes and torch tensors as for
+    :func:`qr`.
     """
-    h, is_torch = _as_numpy(H)
-    t, _ = _as_numpy(tau)
+    h, is_torch = _input(H, "H")
+    t, _ = _input(tau, "tau")
     h = np.asarray(h, dtype=np.float64)
     t = np.asarray(t, dtype=np.float64)
+    if h.ndim not in (2, 3):
+        raise ValueError(f"expected H of shape (m, n) or (batch, m, n), got {h.shape}")
+    # tau holds one scale per reflector: min(m, n) of them per matrix.  A
+    # shorter one would make LAPACK read past it, a longer one is some other
+    # matrix's
+    k = min(h.shape[-2:])
+    want = h.shape[:-2] + (k,)
+    if t.shape != want:
+        given = t.shape[-1] if t.ndim else "a scalar"
+        raise ValueError(f"tau has length {given} (shape {t.shape}), expected {k} (shape "
+                         f"{want}): min(m, n) scales per matrix for H of shape {h.shape}")
     if h.ndim == 2:
         q = _orgqr(h, t)
     else:

@@ -126,7 +126,7 @@ def test_the_factored_copy_starts_on_a_cache_line(monkeypatch):
 
     qr_mod = importlib.import_module("kernels.qr")
     for variant, dtype in (("parallel", np.float32), ("parallel", np.float64),
-                           ("blocked", np.int32), ("f16", np.float16)):
+                           ("blocked", np.float64), ("f16", np.float16)):
         A = (_rand((3, 40, 24), seed=9) * 4).astype(dtype)
         H, _ = qr(A, variant)
         assert H.ctypes.data % 64 == 0 and H.flags.c_contiguous, (variant, dtype)

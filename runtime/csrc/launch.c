@@ -141,6 +141,9 @@ __attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t c, int64_t i
             r.kind = RT_FAULT_FREED;
         else if ((o->dtype == RT_DT_CAP) != (elsize == 16))
             r.kind = RT_FAULT_TYPE;   /* numbers from a cap table, or slots of a number buffer */
+        else if (elsize == 16 && (((uint64_t)(c.p - c.lo)) & 15) != 0)
+            r.kind = RT_FAULT_TYPE;   /* a slot access at an origin cap_offset moved off a slot
+                                         (docs/dialect.md): no index makes it a slot */
         else if (access == RT_ACC_STORE && in_object && !(o->perms & RT_PERM_W))
             r.kind = RT_FAULT_READONLY;
         else
