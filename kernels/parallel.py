@@ -164,7 +164,9 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     if steps is None:
         steps = use_steps(batch, m, n, nb, runtime.threads())
     if group is None:
-        group = default_group(batch, m, dtype, runtime.threads()) if grid is None else 0
+        # Only the steps of a single matrix have a look-ahead panel to give a group.
+        group = (default_group(batch, m, dtype, runtime.threads())
+                 if grid is None and steps and batch == 1 else 0)
     if group and (not steps or batch != 1):
         raise ValueError("the group look-ahead panel is for the steps of a single matrix")
     if group and grid is not None:

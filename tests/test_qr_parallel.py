@@ -430,3 +430,24 @@ def test_group_step_kernel_with_fewer_tile_blocks():
     for j in [-1, *range(0, n, nb)]:
         runtime.launch(k, caps, args=(m, n, nb, j, tw, G, n), grid=G + 1, group=G)
     assert h.tobytes() == want.tobytes() and tau.tobytes() == wtau.tobytes()
+
+
+_TALL_SCRIPT = """
+import numpy as np
+import kernels
+a = np.random.default_rng(3).standard_normal((2048, 64)).astype(np.float32)
+h, tau = kernels.qr(a)
+rep = kernels.check(a, h, tau)
+print(rep.ok)
+"""
+
+
+def test_tall_single_matrix_on_a_large_pool():
+    """A single tall float32 matrix too narrow for the steps (two panels or fewer) on a
+    pool large enough for the group panel factors as one block: the automatic group
+    choice follows the steps decision (it picked the group panel and refused it)."""
+    env = dict(os.environ, CAPQR_THREADS="8", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", _TALL_SCRIPT], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True"
