@@ -342,9 +342,28 @@ def _per_block_shared(text: str) -> str:
     return "\n".join(out)
 
 
-def host_cpp(cuda_text: str) -> str:
+_DYNAMIC = re.compile(r"^(\s*)extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];$")
+
+
+def _per_block_dynamic(text: str, nbytes: int) -> str:
+    """A kernel's dynamic shared buffer (its smem_ arrays past CUDA's 48 KB static
+    limit, runtime/cuda/instrument_cuda.py dynamic_shared) as ``nbytes`` bytes per
+    block, the size the GPU lane passes at launch; the arrays point into it as there."""
+    out = []
+    for line in text.splitlines():
+        m = _DYNAMIC.match(line)
+        if m:
+            ind, align, name = m.groups()
+            line = f"{ind}__shared__ __align__({align}) unsigned char {name}[{max(1, nbytes)}];"
+        out.append(line)
+    return "\n".join(out)
+
+
+def host_cpp(cuda_text: str, dynamic_bytes: int = 0) -> str:
     """The C++ g++ compiles for a CUDA translation: the device header, then the
-    translation with PTX exit made a C++ one and __shared__ arrays per block."""
+    translation with PTX exit made a C++ one and __shared__ arrays per block (a
+    dynamic buffer: ``dynamic_bytes``, the largest its kernels launch with)."""
+    cuda_text = _per_block_dynamic(cuda_text, dynamic_bytes)
     return (DEVICE + _per_block_shared(cuda_text.replace(_EXIT, "rt_emu_exit()"))
             + f"\nstatic_assert(sizeof(cap_t) == {abi.CAP_BYTES}, "
             "\"caps are passed as abi.CAP_WORDS\");\n")
@@ -358,7 +377,7 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
     from runtime.cuda import translate
 
     cs = translate(source, checked=checked)
-    text = host_cpp(cs.text)
+    text = host_cpp(cs.text, max(cs.dynamic_smem.values(), default=0))
     text += "".join(_launcher(k, sig.params, checked, sig.group_sync)
                     for k, sig in cs.kernels.items())
     key = hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -60,7 +60,7 @@ def _qr(emulated: dict, a: np.ndarray, two_panel: bool,
     A = a.copy()
     tau = np.zeros((batch, n), np.float32)
     ws = g.Workspace.alloc(batch, n, alloc=lambda size, dtype, name: np.zeros(size, dtype))
-    for step in g.launch_plan(batch, n, tall_rows, two_panel=two_panel):
+    for step in g.launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=False):
         caps = ws.caps(step, A, tau)
         fault = emulated[step.kernel].launch(caps + list(step.args), step.grid, step.block)
         assert fault is None, (step, fault)
@@ -126,7 +126,7 @@ def test_emulated_column_steps_pass_the_checker(emulated, two_panel: bool) -> No
 
     a = np.random.default_rng(5).standard_normal((2, 100, 100)).astype(np.float32)
     H, tau = _qr(emulated, a, two_panel, tall_rows=64)
-    assert any(s.kernel == "steps" for s in g.launch_plan(2, 100, 64))
+    assert any(s.kernel == "steps" for s in g.launch_plan(2, 100, 64, whole=False))
     rep = kernels.check(a, H, tau)
     assert rep.ok, str(rep)
     Hm, taum = model_qr(a, 64, two_panel)
@@ -381,3 +381,122 @@ def test_emulated_mma_f32_faults(mma_kernels, args, reason, buffer, index) -> No
     assert _mma_fault_fields(mma_kernels, "mma32", fault) == (reason, buffer, index,
                                                               MMA_F32_LINE)
     assert np.array_equal(got, c)
+
+
+# ---------------------------------------------------------------------------
+# gpu_qr_whole: one launch per problem, the whole matrix in shared memory
+@pytest.fixture(scope="module")
+def whole_kernels(tmp_path_factory) -> dict:
+    """(capacity, checked) -> the emulated gpu_qr_whole of that class, built on first use."""
+    from emulate_cuda import build
+
+    d = tmp_path_factory.mktemp("emu_whole")
+
+    class Built(dict):
+        def __missing__(self, key: tuple[int, bool]) -> object:
+            cap, checked = key
+            src = g.gen_whole.source(cap, dict(g.gen_whole.CLASSES)[cap])
+            k = self[key] = build(src, checked=checked, workdir=d)["gpu_qr_whole"]
+            return k
+
+    return Built()
+
+
+def _whole(whole_kernels: dict, a: np.ndarray, checked: bool = True
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """kernels.gpu's one-launch plan for ``a``, run on the emulated lane."""
+    batch, n, _ = a.shape
+    (step,) = g.launch_plan(batch, n)
+    assert step.kernel == f"whole{g.whole_class(n)[0]}" and step.grid == batch
+    A, tau = a.copy(), np.zeros((batch, n), np.float32)
+    fault = whole_kernels[int(step.kernel[5:]), checked].launch([A, tau, *step.args],
+                                                                step.grid, step.block)
+    assert fault is None, fault
+    return A, tau
+
+
+@pytest.mark.parametrize("batch,n", [(3, 1), (2, 2), (2, 31), (3, 32), (2, 33), (1, 176)])
+def test_emulated_whole_qr_passes_the_checker(whole_kernels, batch: int, n: int) -> None:
+    """One launch, one block per matrix (176: 226 KB of shared memory, past CUDA's 48 KB
+    static limit, so the arrays live in the dynamic buffer): kernels.check passes and
+    the result is LAPACK's compact form, as the blocked plan's."""
+    a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
+    H, tau = _whole(whole_kernels, a)
+    rep = kernels.check(a, H, tau)
+    assert rep.ok, str(rep)
+    for b in range(batch):
+        h_ref, tau_ref = np.linalg.qr(a[b].astype(np.float64), mode="raw")  # h is H^T
+        np.testing.assert_allclose(H[b], h_ref.T, atol=2e-4 * max(1, n // 32), rtol=2e-3)
+        np.testing.assert_allclose(tau[b], tau_ref, atol=2e-5 * max(1, n // 32), rtol=1e-4)
+
+
+def test_emulated_whole_stress_inputs(whole_kernels) -> None:
+    """tests/test_gpu_qr.py's stress inputs (graded, near rank deficient, zero and
+    duplicate columns, a zero matrix, huge, tiny), 40 x 40."""
+    from test_gpu_qr import STRESS, _stress
+
+    rng = np.random.default_rng(12)
+    a = np.stack([_stress(kind, 40, rng) for kind in STRESS])
+    H, tau = _whole(whole_kernels, a)
+    for b, kind in enumerate(STRESS):
+        rep = kernels.check(a[b:b + 1], H[b:b + 1], tau[b:b + 1])
+        assert rep.ok, (kind, str(rep))
+
+
+@pytest.mark.parametrize("batch,n", [(2, 33), (1, 130)])  # 130: the dynamic buffer
+def test_emulated_whole_checked_equals_raw(whole_kernels, batch: int, n: int) -> None:
+    a = np.random.default_rng(4).standard_normal((batch, n, n)).astype(np.float32)
+    H, tau = _whole(whole_kernels, a)
+    Hr, taur = _whole(whole_kernels, a, checked=False)
+    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
+    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
+
+
+def test_emulated_whole_wrong_n_faults(whole_kernels) -> None:
+    """A launch told n larger than the buffers faults on A (the tile load, before any
+    store); an n past the class's capacity faults on its shared matrix, smem_a."""
+    a = np.random.default_rng(6).standard_normal((1, 32, 32)).astype(np.float32)
+    k = whole_kernels[64, True]
+    A, tau = a.copy(), np.zeros((1, 32), np.float32)
+    err = k.capability_fault(k.launch([A, tau, 40, 1], 1, 256))
+    assert (err.reason, err.buffer, err.access) == ("out-of-bounds", "A", "load")
+    assert np.array_equal(A, a)  # a refused tile copies nothing
+    k32 = whole_kernels[32, True]
+    big = np.zeros((1, 33, 33), np.float32)
+    err = k32.capability_fault(k32.launch([big, np.zeros(33, np.float32), 33, 1], 1, 256))
+    assert (err.reason, err.buffer) == ("local-array", "smem_a")
+
+
+def test_dynamic_shared_memory_lowering() -> None:
+    """Shared arrays past 48 KB become offsets into the launch's dynamic buffer (the
+    lane passes CudaSource.dynamic_smem bytes); smaller sets stay static; a kernel with
+    a dynamic buffer cannot be called as a helper (its arrays and the caller's would
+    share the buffer's start)."""
+    from runtime.cuda import translate
+    from runtime.errors import VerifyError
+
+    gw = g.gen_whole
+    for cap, threads in gw.CLASSES:
+        cs = translate(gw.source(cap, threads))
+        dyn = gw.shared_bytes(cap, threads) > 48 * 1024 - 256
+        assert cs.dynamic_smem == ({"gpu_qr_whole": gw.shared_bytes(cap, threads)} if dyn
+                                   else {})
+        assert ("__rt_dsmem" in cs.text) == dyn
+    src = """
+KERNEL void big(cap_t x)
+{
+    float smem_a[100][129];
+    smem_a[rt_thread_idx()][1] = 1.0f;
+    rt_sync_threads();
+    cap_store_f32(x, 0, smem_a[0][1]);
+}
+KERNEL void caller(cap_t x)
+{
+    big(x);
+}
+"""
+    with pytest.raises(VerifyError, match="dynamic shared memory"):
+        translate(src)
+    cs = translate(src.split("KERNEL void caller")[0])
+    assert cs.dynamic_smem == {"big": 100 * 129 * 4}
+    assert "float (*smem_a)[129] = (float (*)[129]) (__rt_dsmem + 0);" in cs.text

@@ -15,6 +15,8 @@ out-of-bounds panel launch that faults with the launch's kernel name.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -163,7 +165,8 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None,
     H = a.astype(np.float32).copy()
     tau = np.zeros((batch, n), np.float32)
     T = np.zeros((2, batch, 32, 32), np.float32)  # work, work2
-    for step in g.launch_plan(batch, n, tall_rows=tall_rows, two_panel=two_panel):
+    for step in g.launch_plan(batch, n, tall_rows=tall_rows, two_panel=two_panel,
+                              whole=False):
         for b in range(batch):
             if step.kernel in ("panel", "panel_small"):  # panel_small: same arithmetic, in smem
                 T[step.slot, b] = model_panel(H[b], tau[b], *step.args)
@@ -182,7 +185,7 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None,
 @pytest.mark.parametrize("two_panel", [False, True])
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100), (1, 161)])
 def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool) -> None:
-    plan = g.launch_plan(batch, n, tall_rows=None, two_panel=two_panel)
+    plan = g.launch_plan(batch, n, tall_rows=None, two_panel=two_panel, whole=False)
     panels = [s for s in plan if s.kernel.startswith("panel") or s.kernel == "steps"]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))
@@ -216,7 +219,7 @@ def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool) -> No
 def test_plan_column_steps(batch: int, n: int) -> None:
     """Panels taller than tall_rows: one cooperative launch over row blocks (the grid is
     its group), where the grid fits in max_group; one block per matrix otherwise."""
-    plan = g.launch_plan(batch, n, tall_rows=64)
+    plan = g.launch_plan(batch, n, tall_rows=64, whole=False)
     steps = [s for s in plan if s.kernel == "steps"]
     assert steps and all(s.args[1] < n - 64 for s in steps)
     for s in steps:
@@ -231,7 +234,7 @@ def test_plan_column_steps(batch: int, n: int) -> None:
     need = max(2 * s.args[3] * 32 + 2 * s.args[3] * s.args[4] * 32 for s in steps)
     assert g.steps_size(batch, n) >= need
     # a grid that does not fit at once falls back to one block per matrix
-    small = g.launch_plan(batch, n, tall_rows=64, max_group=batch * 2)
+    small = g.launch_plan(batch, n, tall_rows=64, max_group=batch * 2, whole=False)
     for s in small:
         rows = n - s.args[1]
         if s.kernel.startswith("panel") or s.kernel == "steps":
@@ -277,7 +280,9 @@ def test_model_matches_lapack_compact_form() -> None:
                                       ("gpu_qr_update_z", g.UPDATE_SOURCE),
                                       ("gpu_qr_update_apply", g.UPDATE_SOURCE),
                                       ("gpu_qr_update2_z", g.UPDATE_SOURCE),
-                                      ("gpu_qr_update2_apply", g.UPDATE_SOURCE)])
+                                      ("gpu_qr_update2_apply", g.UPDATE_SOURCE)]
+                         + [("gpu_qr_whole", g._kernel_spec(f"whole{cap}")[0])
+                            for cap, _ in g.gen_whole.CLASSES])
 def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
     from runtime.cuda import translate
 
@@ -292,6 +297,36 @@ def test_update_source_is_generated() -> None:
     from kernels.gpu import gen_update
 
     assert gen_update.source() == g.UPDATE_SOURCE, "run python -m kernels.gpu.gen_update"
+
+
+def test_plan_one_launch_where_the_matrix_fits(monkeypatch) -> None:
+    """n x n matrices that fit one block's shared memory (n <= 232 on H100/H200) take one
+    launch of gpu_qr_whole, one block per matrix, of the smallest class that holds them;
+    whole=False, WHOLE off or a device with less shared memory: the blocked plan."""
+    for n in (1, 2, 31, 32, 33, 64, 65, 176, 232):
+        (step,) = g.launch_plan(7, n)
+        cap, threads = g.whole_class(n)
+        assert (step.kernel, step.grid, step.block, step.args) == (f"whole{cap}", 7, threads,
+                                                                   (n, 7))
+        assert cap == min(c for c, _ in g.gen_whole.CLASSES if c >= n)
+        assert g._kernel_spec(step.kernel)[1] == "gpu_qr_whole"
+        assert not g.needs_workspace(7, n)
+    for kw in ({"whole": False}, {"smem": 100 * 1024}):
+        assert len(g.launch_plan(7, 176, **kw)) > 1 and g.needs_workspace(7, 176, **kw)
+    assert g.launch_plan(7, 100, smem=100 * 1024)[0].kernel == "whole128"
+    assert len(g.launch_plan(7, 233)) > 1
+    monkeypatch.setattr(g, "WHOLE", False)
+    assert g.launch_plan(7, 32)[0].kernel == "panel_small"
+    gw = g.gen_whole
+    assert gw.shared_bytes(*gw.CLASSES[-1]) + 256 <= g.WHOLE_SMEM  # 227 KB on H100/H200
+    for cap, threads in gw.CLASSES:
+        assert gw.row_stride(cap) % 2 == 1 and threads % 32 == 0
+        assert f"rt_require_block_dim({threads});" in gw.source(cap, threads)
+
+
+def test_whole_source_is_generated() -> None:
+    assert g.gen_whole.source(*g.gen_whole.CLASSES[-1]) == (
+        Path(g.__file__).with_name("whole.c").read_text()), "run python -m kernels.gpu.gen_whole"
 
 
 def test_on_device_routes_only_device_inputs() -> None:
@@ -334,9 +369,9 @@ STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "z
 
 
 def _check_both(a: np.ndarray, tall_rows: int | None = None,
-                two_panel: bool | None = None) -> None:
-    H, tau = g.qr(a, checked=True, tall_rows=tall_rows, two_panel=two_panel)
-    Hr, taur = g.qr(a, checked=False, tall_rows=tall_rows, two_panel=two_panel)
+                two_panel: bool | None = None, whole: bool | None = None) -> None:
+    H, tau = g.qr(a, checked=True, tall_rows=tall_rows, two_panel=two_panel, whole=whole)
+    Hr, taur = g.qr(a, checked=False, tall_rows=tall_rows, two_panel=two_panel, whole=whole)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
     assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
     rep = kernels.check(a, H, tau)
@@ -359,7 +394,7 @@ def test_contest_shape(batch: int, n: int) -> None:
 @pytest.mark.parametrize("batch,n", [(2, 300), (1, 1024), (3, 65), (2, 130)])
 def test_column_steps_path(batch: int, n: int) -> None:
     _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32),
-                tall_rows=1 if n < 200 else 256)
+                tall_rows=1 if n < 200 else 256, whole=False)
 
 
 @gpu
@@ -368,22 +403,26 @@ def test_column_steps_path(batch: int, n: int) -> None:
                                   "tiny"])
 def test_column_steps_stress(kind: str) -> None:
     rng = np.random.default_rng(8)
-    _check_both(np.stack([_stress(kind, 200, rng) for _ in range(2)]), tall_rows=64)
+    _check_both(np.stack([_stress(kind, 200, rng) for _ in range(2)]), tall_rows=64,
+                whole=False)
 
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("whole", [None, False])
 @pytest.mark.parametrize("n", [1, 5, 33, 100, 161, 300])
-def test_odd_sizes(n: int) -> None:
-    _check_both(np.random.default_rng(n).standard_normal((3, n, n)).astype(np.float32))
+def test_odd_sizes(n: int, whole: bool | None) -> None:
+    _check_both(np.random.default_rng(n).standard_normal((3, n, n)).astype(np.float32),
+                whole=whole)
 
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("whole", [None, False])
 @pytest.mark.parametrize("kind", STRESS)
-def test_stress(kind: str) -> None:
+def test_stress(kind: str, whole: bool | None) -> None:
     rng = np.random.default_rng(7)
-    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(4)]))
+    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(4)]), whole=whole)
 
 
 @gpu
@@ -395,7 +434,7 @@ def test_two_panel_updates(batch: int, n: int, tall_rows) -> None:
     """Pairs of panels with one trailing update (gpu_qr_update2_*), through every panel
     kind, odd widths (161: a last pair of 32 + 1 columns) and row blocks."""
     a = np.random.default_rng(n + batch).standard_normal((batch, n, n)).astype(np.float32)
-    _check_both(a, tall_rows=tall_rows, two_panel=True)
+    _check_both(a, tall_rows=tall_rows, two_panel=True, whole=False)
 
 
 @gpu
@@ -403,7 +442,8 @@ def test_two_panel_updates(batch: int, n: int, tall_rows) -> None:
 @pytest.mark.parametrize("kind", ["graded_rows", "near_rank_deficient", "zero_column", "huge"])
 def test_two_panel_stress(kind: str) -> None:
     rng = np.random.default_rng(9)
-    _check_both(np.stack([_stress(kind, 200, rng) for _ in range(2)]), two_panel=True)
+    _check_both(np.stack([_stress(kind, 200, rng) for _ in range(2)]), two_panel=True,
+                whole=False)
 
 
 @gpu
@@ -474,3 +514,59 @@ def test_kernels_compile_on_first_use(monkeypatch) -> None:
     assert ("gpu_qr_panel", False, g.PANEL_OPTIONS) in built
     assert ks["update2_z"] == "gpu_qr_update2_z" and len(built) == 5
     assert ks["update2_z"] == "gpu_qr_update2_z" and len(built) == 5  # cached
+
+
+#: gpu_qr_whole's shapes: every class (32, 64, 128, 232 rows), its edges, the contest's two.
+WHOLE_SHAPES = [(3, 1), (2, 2), (2, 31), (20, 32), (2, 33), (3, 100), (2, 128), (2, 129),
+                (40, 176), (2, 232)]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("batch,n", WHOLE_SHAPES)
+def test_whole_path(batch: int, n: int) -> None:
+    """One launch per problem: the checker passes, checked equals raw bit for bit, and the
+    result is the blocked plan's compact form up to rounding."""
+    assert g.launch_plan(batch, n, smem=g.device_smem())[0].kernel.startswith("whole")
+    a = np.random.default_rng(n + 1).standard_normal((batch, n, n)).astype(np.float32)
+    _check_both(a, whole=True)
+    H, tau = g.qr(a, whole=True)
+    Hb, taub = g.qr(a, whole=False)
+    scale = max(1, n // 32)
+    np.testing.assert_allclose(H, Hb, atol=2e-4 * scale, rtol=2e-3)
+    np.testing.assert_allclose(tau, taub, atol=2e-5 * scale, rtol=1e-4)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("kind", STRESS)
+def test_whole_stress(kind: str) -> None:
+    rng = np.random.default_rng(13)
+    _check_both(np.stack([_stress(kind, 200, rng) for _ in range(2)]), whole=True)
+
+
+@gpu
+@needs_gpu
+def test_whole_launch_past_the_matrix_faults() -> None:
+    """gpu_qr_whole told n larger than the buffers faults on A; an n past its class's
+    capacity faults on the shared matrix; a dynamic buffer past the device's opt-in limit
+    is refused before anything runs."""
+    from runtime.cuda import lane
+    from runtime.errors import CapabilityFault
+
+    a = np.random.default_rng(2).standard_normal((1, 33, 33)).astype(np.float32)
+    A = cuda.to_device(a, name="A")
+    tau = cuda.alloc_device(33, np.float32, name="tau")
+    ks = g.blocked_kernels(True)
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(ks["whole64"], [A, tau], args=(40, 1), grid=1, block=256)
+    assert (ei.value.kernel, ei.value.buffer, ei.value.reason) == (
+        "gpu_qr_whole", "A", "out-of-bounds")
+    with pytest.raises(CapabilityFault) as ei:
+        cuda.launch(ks["whole32"], [A, tau], args=(33, 1), grid=1, block=256)
+    assert (ei.value.buffer, ei.value.reason) == ("smem_a", "local-array")
+    np.testing.assert_array_equal(A.numpy(), a)  # refused tile loads: nothing stored
+    k = ks["whole232"]
+    assert k.dynamic_smem == g.gen_whole.shared_bytes(232, 1024)
+    with pytest.raises(ValueError, match="allows at most"):
+        lane.opt_in_dynamic_smem(k.name, k.function, 1 << 20, lane.drv.device())

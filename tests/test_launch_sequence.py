@@ -216,8 +216,10 @@ class FakeDevice:
         self.calls: dict[str, int] = {}
         self.stuck = True
         self.dev = SimpleNamespace(max_threads=1024, side_stream="side", arch="sm_90",
-                                   seq_record=0, sm_count=4, attribute=lambda attr: 1)
+                                   seq_record=0, sm_count=4, attribute=lambda attr: 1,
+                                   max_smem_optin=232448)
         self.per_sm = 2  # blocks of any kernel resident per SM (cuOccupancy...)
+        self.shared: list[int] = []  # each launch's dynamic shared memory (bytes)
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -292,6 +294,7 @@ class FakeDevice:
                 for i, kind in enumerate(kinds) if kind == "cap"]
         self.queue.append(SimpleNamespace(fn=fn, record=hidden[0], index=hidden[1], caps=caps,
                                           grid=gx, started=False))
+        self.shared.append(shared)
         return 0
 
     def cuLaunchCooperativeKernel(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int,
@@ -384,7 +387,8 @@ def _fake_kernel(fake: FakeDevice, src: str, name: str, behaviour: Any = None,
     fn = f"{name}@{len(fake.params)}"  # one function handle per "module"
     fake.params[fn] = [kind for _, kind in cs.kernels[name].params]
     fake.behaviour[fn] = behaviour
-    return lane.CudaKernel(name, src, checked, cs, cs.kernels[name], None, fn, 0)
+    return lane.CudaKernel(name, src, checked, cs, cs.kernels[name], None, fn, 0,
+                           dynamic_smem=cs.dynamic_smem.get(name, 0))
 
 
 def _oob(slot: int, index: int, line: int, block: int = 0, thread: int = 0,
@@ -670,35 +674,46 @@ def test_fake_group_arguments_are_refused_before_anything_runs(fake: FakeDevice)
 _translate_once = functools.cache(lane.translate)
 
 
-@pytest.mark.parametrize("batch,n,tall_rows,two_panel", [
-    (3, 161, None, False), (3, 161, None, True), (1, 300, 64, True), (1, 96, "auto", False)])
+@pytest.mark.parametrize("batch,n,tall_rows,two_panel,whole", [
+    (3, 161, None, False, False), (3, 161, None, True, False), (1, 300, 64, True, None),
+    (1, 96, "auto", False, False), (2, 40, "auto", False, None), (1, 176, None, False, None)])
 def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monkeypatch,
                                                            batch: int, n: int, tall_rows,
-                                                           two_panel: bool) -> None:
+                                                           two_panel: bool, whole) -> None:
     """kernels.gpu.qr_launch on the fake device, with the real kernel sources: every
     launch of the plan (one or two panels per update, column steps where the grid
-    fits) passes the lane's argument, block-size and group checks against its
+    fits, or the one launch of gpu_qr_whole, with its dynamic shared memory past
+    48 KB) passes the lane's argument, block-size and group checks against its
     kernel's signature, runs, and the sequence syncs once."""
     import kernels.gpu as g
 
     monkeypatch.setattr(lane, "translate", _translate_once)  # the sources are the same
+    wholes = [f"whole{cap}" for cap, _ in g.gen_whole.CLASSES]
     ks = {kind: _fake_kernel(fake, src, name) for kind, (src, name, _) in
-          ((k, g._kernel_spec(k)) for k in ("panel", "panel_small", "steps", "update_z",
-                                            "update_apply", "update2_z", "update2_apply"))}
+          ((k, g._kernel_spec(k)) for k in ["panel", "panel_small", "steps", "update_z",
+                                            "update_apply", "update2_z", "update2_apply"]
+           + (wholes if whole is None else []))}
     monkeypatch.setattr(g, "blocked_kernels", lambda checked=True: ks)
     A = lane.alloc_device((batch, n, n), np.float32, name="A")
     tau = lane.alloc_device((batch, n), np.float32, name="tau")
-    ws = g.Workspace.alloc(batch, n)
+    ws = g.Workspace.alloc(batch, n) if g.needs_workspace(batch, n, whole) else None
     try:
-        g.qr_launch(A, tau, ws, n, tall_rows=tall_rows, two_panel=two_panel)
+        g.qr_launch(A, tau, ws, n, tall_rows=tall_rows, two_panel=two_panel, whole=whole)
         plan = g.launch_plan(batch, n, tall_rows, ks["steps"].max_group(g.STEP_BLOCK),
-                             two_panel)
+                             two_panel, whole)
         assert [f.split("@")[0] for f, _ in fake.ran] == [
             g._kernel_spec(s.kernel)[1] for s in plan]
         kinds = {s.kernel for s in plan}
-        assert ("update2_z" in kinds) == two_panel and ("steps" in kinds) == (n == 300)
+        if whole is None and n <= 232:  # one launch, one block per matrix
+            assert [(s.kernel, s.grid, s.args) for s in plan] == [
+                (f"whole{g.whole_class(n)[0]}", batch, (n, batch))]
+            assert fake.shared == [ks[plan[0].kernel].dynamic_smem]
+            assert (fake.shared[0] > 48 * 1024) == (n > 128) and ws is None
+        else:
+            assert ("update2_z" in kinds) == two_panel and ("steps" in kinds) == (n == 300)
         assert fake.calls["synchronize"] == 1
     finally:
-        ws.free()
+        if ws is not None:
+            ws.free()
         A.free()
         tau.free()

@@ -16,6 +16,11 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
    the trailing columns; the row blocks are cut so that the grid has at least
    ``TARGET_BLOCKS`` blocks where the matrix allows.
 
+A batch of matrices that fit one block's shared memory (n <= 232 on H100/H200)
+takes one launch instead: ``gpu_qr_whole`` (kernels/gpu/gen_whole.py, one source
+per size class) loads each matrix once, factors it there and stores it once
+(``whole``, default WHOLE; False forces the blocked plan, for comparison).
+
 With ``two_panel`` (default TWO_PANEL) the columns go in pairs of panels:
 panel 1 (its T in the ``work`` buffer), the one-panel update of panel 2's
 columns only, panel 2 (its T in ``work2``), then ``gpu_qr_update2_z`` and
@@ -39,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from . import gen_whole
 
 _HERE = Path(__file__).parent
 PANEL_SOURCE = (_HERE / "panel.c").read_text()
@@ -85,11 +92,30 @@ PANEL_OPTIONS = ("--maxrregcount=64",)
 STEPS_OPTIONS = ("--maxrregcount=96",)
 
 
+#: One launch per problem (gpu_qr_whole) where the matrix fits one block's shared
+#: memory; False: the blocked plan for every shape (launch_plan's ``whole``).
+WHOLE = True
+#: Shared memory a block may opt into, assumed by launch_plan when not told (H100 and
+#: H200: 227 KB); qr_launch passes the device's own limit.
+WHOLE_SMEM = 232448
+
+
+def whole_class(n: int, smem: int | None = None) -> tuple[int, int] | None:
+    """(capacity, threads) of the smallest gpu_qr_whole class that holds an n x n
+    matrix within ``smem`` bytes of shared memory (None: WHOLE_SMEM); None if none."""
+    limit = WHOLE_SMEM if smem is None else smem
+    for cap, threads in gen_whole.CLASSES:
+        # the prelude's own __shared__ variables take a few more bytes
+        if n <= cap and gen_whole.shared_bytes(cap, threads) + 256 <= limit:
+            return cap, threads
+    return None
+
+
 @dataclass(frozen=True)
 class Launch:
     """One step of the launch sequence: kernel name, grid, block and scalar args."""
 
-    kernel: str  # "panel", "panel_small", "steps", "update_z", "update_apply", "update2_*"
+    kernel: str  # "panel", "panel_small", "steps", "update_*", "update2_*", "whole<cap>"
     grid: int
     block: int
     args: tuple[int, ...]
@@ -118,9 +144,13 @@ STEPS_MAX_GROUP = 264
 
 
 def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
-                max_group: int = STEPS_MAX_GROUP, two_panel: bool | None = None
-                ) -> list[Launch]:
+                max_group: int = STEPS_MAX_GROUP, two_panel: bool | None = None,
+                whole: bool | None = None, smem: int | None = None) -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
+
+    ``whole`` (None: WHOLE): one launch of gpu_qr_whole, one block per matrix, where
+    :func:`whole_class` finds a class for n within ``smem`` bytes of shared memory
+    per block; else (or with whole False) the blocked plan:
 
     Panels of more than ``tall_rows`` rows are factored over row blocks of
     STEP_ROWS rows (kernels/gpu/panel_steps.c) by one cooperative launch of
@@ -135,6 +165,9 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         tall_rows = default_tall_rows(batch)
     if two_panel is None:
         two_panel = TWO_PANEL
+    cls = whole_class(n, smem) if (WHOLE if whole is None else whole) else None
+    if cls is not None:
+        return [Launch(f"whole{cls[0]}", batch, cls[1], (n, batch))]
     plan: list[Launch] = []
 
     def panel(k0: int, nb: int, slot: int) -> None:
@@ -182,6 +215,11 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
 
 def _kernel_spec(kind: str) -> tuple[str, str, tuple[str, ...]]:
     """(source, kernel name, NVRTC options) of one launch kind, read when compiled."""
+    if kind.startswith("whole"):
+        threads = dict(gen_whole.CLASSES)[int(kind[5:])]
+        # a block of 1024 threads runs only if each takes at most 64 registers
+        return (gen_whole.source(int(kind[5:]), threads), "gpu_qr_whole",
+                (f"--maxrregcount={min(255, 65536 // threads)}",))
     return {"panel": (PANEL_SOURCE, "gpu_qr_panel", PANEL_OPTIONS),
             "panel_small": (PANEL_SMALL_SOURCE, "gpu_qr_panel_small", ()),
             "steps": (PANEL_STEPS_SOURCE, "gpu_qr_steps", STEPS_OPTIONS),
@@ -224,7 +262,8 @@ def _updates(batch: int, n: int) -> tuple[Launch, ...]:
     """The update launches of both plans (one and two panels per update), so one
     workspace serves either; their sizes do not depend on tall_rows.  Built once per
     shape: scratch_size and gram_size both read them."""
-    return tuple(s for two in (False, True) for s in launch_plan(batch, n, None, two_panel=two)
+    return tuple(s for two in (False, True)
+                 for s in launch_plan(batch, n, None, two_panel=two, whole=False)
                  if s.kernel.endswith("_z"))
 
 
@@ -289,6 +328,8 @@ class Workspace:
 
     def caps(self, step: Launch, A: Any, tau: Any) -> list[Any]:
         """The capability arguments of one launch of the plan."""
+        if step.kernel.startswith("whole"):
+            return [A, tau]
         w = (self.work, self.work2)[step.slot]
         z, v = self.scratch, self.vt
         return {"panel": [A, tau, w], "panel_small": [A, tau, w],
@@ -302,12 +343,26 @@ class Workspace:
             c.free()
 
 
-def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
+def device_smem() -> int:
+    """Shared memory one block of the current device may opt into (bytes)."""
+    from runtime.cuda import lane
+
+    return int(lane.drv.device().max_smem_optin)
+
+
+def needs_workspace(batch: int, n: int, whole: bool | None = None,
+                    smem: int | None = None) -> bool:
+    """Whether the plan of this shape uses the workspace (not a single whole launch)."""
+    return not launch_plan(batch, n, None, whole=whole, smem=smem)[0].kernel.startswith("whole")
+
+
+def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool = True,
               timeout: float | None = None, tall_rows: int | None | str = "auto",
-              two_panel: bool | None = None) -> None:
+              two_panel: bool | None = None, whole: bool | None = None) -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
-    ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc`.
+    ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc` (None
+    where :func:`needs_workspace` says the plan has no use for it).
     One launch sequence, synced at the end (``timeout``: for the whole sequence;
     a sequence the caller left pending is synced with it).
     """
@@ -315,16 +370,23 @@ def qr_launch(A: Any, tau: Any, ws: Workspace, n: int, *, checked: bool = True,
 
     batch = A.nbytes // (4 * n * n)
     ks = blocked_kernels(checked)
+    smem = device_smem()
+    plan = launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=whole, smem=smem)
+    if not plan[0].kernel.startswith("whole"):  # the steps kernel only when it may run
+        plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK), two_panel,
+                           whole, smem)
+    if ws is None and not plan[0].kernel.startswith("whole"):
+        raise ValueError(f"the plan of ({batch}, {n}) needs a Workspace")
+    caps = ws.caps if ws is not None else (lambda step, A, tau: [A, tau])
     # one batch: the host enqueues (2,4096)'s 4222 launches faster than one call each
-    plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK), two_panel)
-    cuda.launch_many([(ks[step.kernel], ws.caps(step, A, tau), step.args, step.grid, step.block,
+    cuda.launch_many([(ks[step.kernel], caps(step, A, tau), step.args, step.grid, step.block,
                        step.group) for step in plan])
     cuda.sync(timeout)
 
 
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
-       tall_rows: int | None | str = "auto", two_panel: bool | None = None
-       ) -> tuple[np.ndarray, np.ndarray]:
+       tall_rows: int | None | str = "auto", two_panel: bool | None = None,
+       whole: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
@@ -336,13 +398,15 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
     batch, n, _ = a.shape
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
-    ws = Workspace.alloc(batch, n, prefix="")
+    ws = (Workspace.alloc(batch, n, prefix="")
+          if needs_workspace(batch, n, whole, device_smem()) else None)
     try:
         qr_launch(A, tau, ws, n, checked=checked, timeout=timeout, tall_rows=tall_rows,
-                  two_panel=two_panel)
+                  two_panel=two_panel, whole=whole)
         return A.numpy(), tau.numpy()
     finally:
-        ws.free()
+        if ws is not None:
+            ws.free()
         A.free()
         tau.free()
 
@@ -388,11 +452,12 @@ def qr_device(A: Any, *, checked: bool = True, timeout: float | None = None) -> 
 
         drv.check(drv.lib().cuMemcpyDtoD_v2(H.ptr, A.ptr, A.nbytes), "cuMemcpyDtoD")
         T = cuda.alloc_device(shape[:-1], np.float32, name="qr.tau")
-    ws = Workspace.alloc(batch, n)
+    ws = Workspace.alloc(batch, n) if needs_workspace(batch, n, None, device_smem()) else None
     try:
         qr_launch(H, T, ws, n, checked=checked, timeout=timeout)
     finally:
-        ws.free()
+        if ws is not None:
+            ws.free()
     if is_torch:
         H.free()
         T.free()

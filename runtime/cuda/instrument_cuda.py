@@ -729,6 +729,8 @@ class CudaSource:
     kernels: dict[str, KernelSig]
     local_arrays: list[str] = field(default_factory=list)  # fault slot -(id+1) -> name
     checked: bool = True
+    #: kernel -> bytes of dynamic shared memory its launches need (see dynamic_shared)
+    dynamic_smem: dict[str, int] = field(default_factory=dict)
 
 
 #: Hidden trailing parameters of every checked kernel: the sequence record and
@@ -788,6 +790,97 @@ def _call(name: str, args: list[c_ast.Node], coord) -> c_ast.FuncCall:
 
 def _int(v: int) -> c_ast.Constant:
     return c_ast.Constant("int", str(v))
+
+
+#: CUDA's limit on a kernel's static ``__shared__`` data.  A kernel whose smem_ arrays
+#: need more (with PRELUDE_SMEM for the prelude's own __shared__ variables) gets them as
+#: offsets into one dynamic buffer, which the lane sizes at launch (opt-in, up to the
+#: device's MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 227 KB on H100/H200).
+STATIC_SMEM_LIMIT = 48 * 1024
+PRELUDE_SMEM = 256
+DSMEM = "__rt_dsmem"  #: the dynamic buffer's name in the generated CUDA
+
+
+def _elem_bytes(decl: c_ast.Decl) -> int:
+    """Bytes of one element of a local array (the dialect's numeric types)."""
+    t = decl.type
+    while not isinstance(t, c_ast.TypeDecl):
+        t = t.type
+    names = getattr(t.type, "names", [])
+    wide = {"double", "long", "int64_t", "uint64_t"}
+    return 8 if any(n in wide for n in names) else 4
+
+
+def _smem_decls(body: c_ast.Node, dims: dict[str, list[int]]) -> list[c_ast.Decl]:
+    """The declarations of the smem_ arrays under ``body``, in source order."""
+    out: list[c_ast.Decl] = []
+
+    def walk(n: c_ast.Node) -> None:
+        if isinstance(n, c_ast.Decl) and n.name in dims and n.name.startswith("smem_"):
+            out.append(n)
+        for _, c in n.children():
+            walk(c)
+
+    walk(body)
+    return out
+
+
+def dynamic_shared(fn: c_ast.FuncDef, dims: dict[str, list[int]]) -> int:
+    """Bytes of dynamic shared memory ``fn`` (a kernel, its smem_ declarations already
+    marked ``__shared__``) needs: 0 when its smem_ arrays fit CUDA's static limit, else
+    each declaration becomes a pointer of the array's row type into one extern buffer,
+    at a fixed offset (its own alignment), so ``smem_a[i][j]`` reads the same element
+    and every subscript keeps its check against the declared sizes (``dims``)."""
+    decls = _smem_decls(fn.body, dims)
+    sizes = []
+    for d in decls:
+        count = 1
+        for k in dims[d.name]:
+            count *= k
+        sizes.append(count * _elem_bytes(d))
+    if sum(sizes) + PRELUDE_SMEM <= STATIC_SMEM_LIMIT:
+        return 0
+    off = 0
+    for d, nbytes in zip(decls, sizes, strict=True):
+        align = max([int(s[10:-1]) for s in d.storage if s.startswith("__align__(")] or [16])
+        off = -(-off // align) * align
+        d.storage = [s for s in d.storage if s != "__shared__" and not s.startswith("__align__")]
+        d.type = c_ast.PtrDecl([], d.type.type)  # float a[R][C] -> float (*a)[C]
+        cast_type = copy.deepcopy(d.type)
+        t = cast_type
+        while not isinstance(t, c_ast.TypeDecl):
+            t = t.type
+        t.declname = None
+        d.init = c_ast.Cast(c_ast.Typename(None, [], None, cast_type),
+                            c_ast.BinaryOp("+", c_ast.ID(DSMEM), _int(off)))
+        off += nbytes
+    # 128-byte aligned (as the driver places it): every offset above keeps its alignment
+    buf = c_ast.Decl(DSMEM, [], [], ["extern", "__shared__", "__align__(128)"], [],
+                     c_ast.ArrayDecl(c_ast.TypeDecl(DSMEM, [], None,
+                                                    c_ast.IdentifierType(["unsigned", "char"])),
+                                     None, []), None, None)
+    fn.body.block_items = [buf] + list(fn.body.block_items or [])
+    return off
+
+
+def refuse_dynamic_calls(ast: c_ast.Node, dynamic: dict[str, int]) -> None:
+    """VerifyError for a call of a kernel that uses dynamic shared memory: the caller's
+    and the callee's arrays would both start at the same buffer's offset 0."""
+    from ..errors import VerifyError
+
+    names = {k for k, v in dynamic.items() if v}
+
+    class V(c_ast.NodeVisitor):
+        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
+            if isinstance(n.name, c_ast.ID) and n.name.name in names:
+                raise VerifyError(
+                    n.coord.line if n.coord else None, f"call of kernel {n.name.name!r}",
+                    f"its shared arrays exceed {STATIC_SMEM_LIMIT} bytes and live in the "
+                    "launch's dynamic shared memory, which a caller's arrays would alias")
+            self.generic_visit(n)
+
+    if names:
+        V().visit(ast)
 
 
 class _Rewriter:
@@ -929,6 +1022,7 @@ class _Instrumenter:
         self.waits = waiting_helpers(self.ast, GPU_BARRIERS)
         self.arrays: list[str] = []
         self.gen = Generator()
+        self.dynamic: dict[str, int] = {}
 
     def array_id(self, name: str) -> int:
         self.arrays.append(name)
@@ -965,6 +1059,8 @@ class _Instrumenter:
                            warp_vote=GPU_WARP_VOTE)
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
+        if name in self.kernel_names:
+            self.dynamic[name] = dynamic_shared(fn, arrays)
         _map_types(fn)
         body = self.gen.visit(fn.body)
         if rw.has_loop:
@@ -1009,7 +1105,9 @@ class _Instrumenter:
                 parts.append(f"static __device__ __forceinline__ {self.gen.visit(ext)};\n")
             else:
                 raise AssertionError("the verifier admits only functions at file scope")
-        return CudaSource("\n".join(parts), kernels, self.arrays, self.checked)
+        refuse_dynamic_calls(self.verified.parsed.ast, self.dynamic)
+        return CudaSource("\n".join(parts), kernels, self.arrays, self.checked,
+                          {k: v for k, v in self.dynamic.items() if v})
 
 
 def instrument(verified: VerifiedSource, *, checked: bool = True,

@@ -410,6 +410,7 @@ class CudaKernel:
     cubin_bytes: int
     param_block: Any = field(default=None, repr=False, compare=False)  # see _ParamBlock
     resident: dict = field(default_factory=dict, repr=False, compare=False)  # see max_group
+    dynamic_smem: int = 0  # bytes every launch adds to shared_bytes (its smem_ arrays)
 
     def registers(self) -> int:
         """Registers per thread of the compiled kernel."""
@@ -430,7 +431,7 @@ class CudaKernel:
             else:
                 v = drv.ffi().new("int *")
                 drv.check(drv.lib().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                    v, self.function, int(block), int(shared_bytes)),
+                    v, self.function, int(block), int(shared_bytes) + self.dynamic_smem),
                     "cuOccupancyMaxActiveBlocksPerMultiprocessor")
                 self.resident[key] = v[0] * dev.sm_count
         return self.resident[key]
@@ -494,13 +495,14 @@ def front_end(source: str, name: str | None, *, checked: bool = True,
         try:
             kernels = {k: records.signature_from_json(v) for k, v in rec["kernels"].items()}
             return rec["name"], CudaSource(rec["text"], kernels, list(rec["local_arrays"]),
-                                           bool(rec["checked"]))
+                                           bool(rec["checked"]),
+                                           {k: int(v) for k, v in rec["dynamic_smem"].items()})
         except (KeyError, TypeError, ValueError, AttributeError):  # another shape
             pass
     verified, cs = _lowered(source, checked, hoist)
     name = select_kernel(verified, name)
     records.write(path, key, {"name": name, "text": cs.text, "checked": cs.checked,
-                              "local_arrays": cs.local_arrays,
+                              "local_arrays": cs.local_arrays, "dynamic_smem": cs.dynamic_smem,
                               "kernels": {k: records.signature_json(v)
                                           for k, v in cs.kernels.items()}})
     return name, cs
@@ -521,7 +523,26 @@ def compile(source: str, name: str | None = None, *, checked: bool = True, hoist
     drv.check(L.cuModuleLoadData(mod, cubin), "cuModuleLoadData")
     fn = f.new("CUfunction *")
     drv.check(L.cuModuleGetFunction(fn, mod[0], name.encode()), "cuModuleGetFunction")
-    return CudaKernel(name, source, checked, cs, cs.kernels[name], mod[0], fn[0], len(cubin))
+    dynamic = cs.dynamic_smem.get(name, 0)
+    if dynamic:
+        opt_in_dynamic_smem(name, fn[0], dynamic, dev)
+    return CudaKernel(name, source, checked, cs, cs.kernels[name], mod[0], fn[0], len(cubin),
+                      dynamic_smem=dynamic)
+
+
+def opt_in_dynamic_smem(name: str, function: Any, nbytes: int, dev: Any) -> None:
+    """Let ``function`` launch with ``nbytes`` of dynamic shared memory (its smem_ arrays
+    beyond CUDA's 48 KB static limit, runtime/cuda/instrument_cuda.py dynamic_shared);
+    ValueError when that and its static shared data exceed the device's opt-in limit."""
+    L, f = drv.lib(), drv.ffi()
+    v = f.new("int *")
+    drv.check(L.cuFuncGetAttribute(v, drv.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
+              "cuFuncGetAttribute")
+    if nbytes + v[0] > dev.max_smem_optin:
+        raise ValueError(f"kernel {name!r} needs {nbytes} bytes of shared arrays (+{v[0]} "
+                         f"static) and the device allows at most {dev.max_smem_optin} per block")
+    drv.check(L.cuFuncSetAttribute(function, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                   int(nbytes)), "cuFuncSetAttribute")
 
 
 # ---------------------------------------------------------------------------
@@ -698,6 +719,7 @@ def _launch_async(kernel: CudaKernel, params: _ParamBlock, grid: int, block: int
         L, f = drv.lib(), drv.ffi()
         driver = (L.cuLaunchKernel, f.NULL)
     fn, null = driver
+    shared_bytes += kernel.dynamic_smem  # its smem_ arrays when they exceed 48 KB
     if cooperative:
         drv.check(drv.lib().cuLaunchCooperativeKernel(
             kernel.function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
