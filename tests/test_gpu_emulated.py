@@ -406,7 +406,7 @@ def _whole(whole_kernels: dict, a: np.ndarray, checked: bool = True
            ) -> tuple[np.ndarray, np.ndarray]:
     """kernels.gpu's one-launch plan for ``a``, run on the emulated lane."""
     batch, n, _ = a.shape
-    (step,) = g.launch_plan(batch, n)
+    (step,) = g.launch_plan(batch, n, whole=True)
     assert step.kernel == f"whole{g.whole_class(n)[0]}" and step.grid == batch
     A, tau = a.copy(), np.zeros((batch, n), np.float32)
     fault = whole_kernels[int(step.kernel[5:]), checked].launch([A, tau, *step.args],

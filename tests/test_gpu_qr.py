@@ -303,18 +303,21 @@ def test_plan_one_launch_where_the_matrix_fits(monkeypatch) -> None:
     """n x n matrices that fit one block's shared memory (n <= 232 on H100/H200) take one
     launch of gpu_qr_whole, one block per matrix, of the smallest class that holds them;
     whole=False, WHOLE off or a device with less shared memory: the blocked plan."""
+    assert not g.WHOLE  # off by default: it lost to the blocked plan on an H100
     for n in (1, 2, 31, 32, 33, 64, 65, 176, 232):
-        (step,) = g.launch_plan(7, n)
+        (step,) = g.launch_plan(7, n, whole=True)
         cap, threads = g.whole_class(n)
         assert (step.kernel, step.grid, step.block, step.args) == (f"whole{cap}", 7, threads,
                                                                    (n, 7))
         assert cap == min(c for c, _ in g.gen_whole.CLASSES if c >= n)
         assert g._kernel_spec(step.kernel)[1] == "gpu_qr_whole"
-        assert not g.needs_workspace(7, n)
-    for kw in ({"whole": False}, {"smem": 100 * 1024}):
+        assert not g.needs_workspace(7, n, whole=True)
+    for kw in ({"whole": False}, {"whole": True, "smem": 100 * 1024}):
         assert len(g.launch_plan(7, 176, **kw)) > 1 and g.needs_workspace(7, 176, **kw)
-    assert g.launch_plan(7, 100, smem=100 * 1024)[0].kernel == "whole128"
-    assert len(g.launch_plan(7, 233)) > 1
+    assert g.launch_plan(7, 100, whole=True, smem=100 * 1024)[0].kernel == "whole128"
+    assert len(g.launch_plan(7, 233, whole=True)) > 1
+    monkeypatch.setattr(g, "WHOLE", True)
+    assert g.launch_plan(7, 32)[0].kernel == "whole32"
     monkeypatch.setattr(g, "WHOLE", False)
     assert g.launch_plan(7, 32)[0].kernel == "panel_small"
     gw = g.gen_whole

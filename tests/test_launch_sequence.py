@@ -675,8 +675,8 @@ _translate_once = functools.cache(lane.translate)
 
 
 @pytest.mark.parametrize("batch,n,tall_rows,two_panel,whole", [
-    (3, 161, None, False, False), (3, 161, None, True, False), (1, 300, 64, True, None),
-    (1, 96, "auto", False, False), (2, 40, "auto", False, None), (1, 176, None, False, None)])
+    (3, 161, None, False, False), (3, 161, None, True, False), (1, 300, 64, True, True),
+    (1, 96, "auto", False, None), (2, 40, "auto", False, True), (1, 176, None, False, True)])
 def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monkeypatch,
                                                            batch: int, n: int, tall_rows,
                                                            two_panel: bool, whole) -> None:
@@ -692,7 +692,7 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
     ks = {kind: _fake_kernel(fake, src, name) for kind, (src, name, _) in
           ((k, g._kernel_spec(k)) for k in ["panel", "panel_small", "steps", "update_z",
                                             "update_apply", "update2_z", "update2_apply"]
-           + (wholes if whole is None else []))}
+           + (wholes if whole else []))}
     monkeypatch.setattr(g, "blocked_kernels", lambda checked=True: ks)
     A = lane.alloc_device((batch, n, n), np.float32, name="A")
     tau = lane.alloc_device((batch, n), np.float32, name="tau")
@@ -704,7 +704,7 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
         assert [f.split("@")[0] for f, _ in fake.ran] == [
             g._kernel_spec(s.kernel)[1] for s in plan]
         kinds = {s.kernel for s in plan}
-        if whole is None and n <= 232:  # one launch, one block per matrix
+        if whole and n <= 232:  # one launch, one block per matrix
             assert [(s.kernel, s.grid, s.args) for s in plan] == [
                 (f"whole{g.whole_class(n)[0]}", batch, (n, batch))]
             assert fake.shared == [ks[plan[0].kernel].dynamic_smem]

@@ -93,8 +93,12 @@ STEPS_OPTIONS = ("--maxrregcount=96",)
 
 
 #: One launch per problem (gpu_qr_whole) where the matrix fits one block's shared
-#: memory; False: the blocked plan for every shape (launch_plan's ``whole``).
-WHOLE = True
+#: memory; False: the blocked plan for every shape (launch_plan's ``whole``).  Off by
+#: default: on an H100 (bench/results/gpu-bench-2026-12-06-h100-whole.txt) it lost to
+#: the blocked plan, checked (20,32) 0.213 vs 0.148 ms and (40,176) 1.489 vs 0.889 ms,
+#: raw 0.127 vs 0.116 and 0.736 vs 0.601 ms: one block per matrix leaves most SMs idle
+#: and its per-column barriers and shared-memory checks dominate.
+WHOLE = False
 #: Shared memory a block may opt into, assumed by launch_plan when not told (H100 and
 #: H200: 227 KB); qr_launch passes the device's own limit.
 WHOLE_SMEM = 232448
