@@ -12,6 +12,8 @@ Rules beyond the dialect document (all needed to keep capabilities unforgeable):
 * ``cap_t`` locals must be initialised, may not be declared where a ``case`` label
   could jump past the initialiser, and a ``cap_t`` function must return on every path
   (otherwise stack garbage would become a capability);
+* no initialised declaration of any type where a later ``case``/``default`` label can
+  jump past it: the range pass takes a variable's interval from its initialiser;
 * no shadowing inside a function, and ``cap_t``/array names are unique per function
   (the instrumenter keys shadow slots and bounds checks by name);
 * ``case``/``default`` only directly in the switch body (no Duff's device);
@@ -874,11 +876,18 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(node, "declaration without a name", "declarations must name a variable")
         self._check_name(node, node.name, declaring="variable")
         self._storage(node, function=False)
-        kind, _, dims = self._base_type(node.type, "local declaration")
+        kind, text, dims = self._base_type(node.type, "local declaration")
         self._declare_check(node, node.name, fn)
         parent = self._stack[-2] if len(self._stack) >= 2 else None
         if kind == "void":
             self._fail(node, "void variable", "variables need a value type")
+        if node.init is not None and kind != "cap" and self._label_can_skip():
+            # cap_t has its own, stricter rule below (any cap_t in a switch body)
+            self._fail(node, f"initialised {text} declaration in a switch body",
+                       "a later case label can jump past the initialiser, so the variable "
+                       "may be used uninitialised where the compiler's range proofs take its "
+                       "initial value (C++, the GPU lane's language, refuses the jump too); "
+                       "declare it before the switch or put the case in braces")
         if dims is not None:
             if kind == "cap":
                 self._fail(node, "array of cap_t",
@@ -935,6 +944,25 @@ class _Verifier(c_ast.NodeVisitor):
         if node.init is not None:
             self.visit(node.init)  # before the name is in scope: `cap_t c = c;` is refused
         fn.scopes[-1][node.name] = var
+
+    def _label_can_skip(self) -> bool:
+        """Whether the declaration being visited sits in a switch body with a case or
+        default label after it: a jump to that label enters its scope without running
+        its initialiser.  pycparser puts the statements after a label in the label's
+        node, and labels only sit directly in the switch body (_check_case), so the
+        labels that can follow are the later items of that body."""
+        i = len(self._stack) - 2
+        item = self._stack[-1]
+        if i >= 0 and isinstance(self._stack[i], (c_ast.Case, c_ast.Default)):
+            item, i = self._stack[i], i - 1
+        body = self._stack[i] if i >= 0 else None
+        switch = self._stack[i - 1] if i >= 1 else None
+        if not (isinstance(body, c_ast.Compound) and isinstance(switch, c_ast.Switch)
+                and switch.stmt is body):
+            return False  # a nested block, or a switch whose body is one label
+        items = body.block_items or []
+        at = next(k for k, s in enumerate(items) if s is item)
+        return any(isinstance(s, (c_ast.Case, c_ast.Default)) for s in items[at + 1:])
 
     def visit_InitList(self, node: c_ast.InitList) -> None:
         if id(node) not in self._init_ok:

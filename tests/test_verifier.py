@@ -452,3 +452,50 @@ def test_api_constants():
     assert not CUDA_API_FUNCS & API_FUNCS
     assert {"sqrt", "sqrtf", "fma", "fmaf", "tanh", "tanhf", "isnan", "isfinite"} <= MATH_FUNCS
     assert "printf" not in MATH_FUNCS and "abs" not in MATH_FUNCS
+
+
+# ---- a case label must not skip an initialiser, of any type ------------------------
+# The range pass (runtime/ranges.py) takes a variable's interval from its initialiser;
+# a label that jumps past it leaves the variable uninitialised but "proved".
+SWITCH_SKIPS = [
+    ("numeric-init-before-default",  # the range pass proved t[q] from q = 2
+     "KERNEL void k(cap_t x, int64_t s) {\n  double t[4];\n  switch (s) {\n  case 0: ;\n"
+     "    int64_t q = 2;\n  default:\n    t[q] = 1.0;\n  }\n  cap_store_f64(x, 0, t[0]);\n}\n",
+     5, "int64_t"),
+    ("init-before-first-label",
+     "KERNEL void k(cap_t x, int64_t s) {\n  switch (s) {\n    int q = 1;\n  case 0:\n"
+     "    cap_store_f64(x, q, 1.0);\n  }\n}\n", 3, "int"),
+    ("double-init",
+     "KERNEL void k(cap_t x, int64_t s) {\n  switch (s) {\n  case 0:\n    ;\n"
+     "    double v = 2.0;\n  case 1:\n    cap_store_f64(x, 0, v);\n  }\n}\n", 5, "double"),
+    ("array-init",
+     "KERNEL void k(cap_t x, int64_t s) {\n  switch (s) {\n  case 0:\n    ;\n"
+     "    double a[2] = {1.0, 2.0};\n  default:\n    cap_store_f64(x, 0, a[1]);\n  }\n}\n",
+     5, "double"),
+]
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+@pytest.mark.parametrize("src,line,typ", [c[1:] for c in SWITCH_SKIPS],
+                         ids=[c[0] for c in SWITCH_SKIPS])
+def test_case_label_cannot_skip_an_initialiser(src: str, line: int, typ: str,
+                                               target: str) -> None:
+    with pytest.raises(VerifyError) as info:
+        _verify(src, target=target)
+    err = info.value
+    assert err.line == line, str(err)
+    assert err.construct == f"initialised {typ} declaration in a switch body", str(err)
+    assert "case label" in err.reason and "jump past" in err.reason, str(err)
+
+
+def test_switch_declarations_a_label_cannot_skip_are_accepted() -> None:
+    # after the last label, inside braces, or without an initialiser: no label
+    # jumps past an initialiser (C++ accepts these too)
+    src = ("KERNEL void k(cap_t x, int64_t s) {\n  double t[4];\n  t[0] = 0.0;\n"
+           "  switch (s) {\n  case 0: {\n    int64_t a = 1;\n    t[a] = 1.0;\n    break;\n  }\n"
+           "  case 1: ;\n    int64_t b;\n    b = 2;\n    t[b] = 1.0;\n"
+           "  default: ;\n    int64_t c = 3;\n    t[c] = 1.0;\n  }\n"
+           "  cap_store_f64(x, 0, t[0]);\n}\n")
+    for target in ("cpu", "cuda"):
+        _verify(src, target=target)
+
