@@ -499,3 +499,47 @@ def test_switch_declarations_a_label_cannot_skip_are_accepted() -> None:
     for target in ("cpu", "cuda"):
         _verify(src, target=target)
 
+
+# ---- parse errors: a line number and a reason --------------------------------------
+PARSE_ERRORS = [
+    ("missing-closing-brace",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  if (n) {\n    n = 1;\n  }\n\n", 5,
+     "syntax error", "'}'"),
+    ("missing-two-braces",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  if (n) {\n    n = 1;\n", 4,
+     "syntax error", "line 3"),
+    ("missing-semicolon-then-statement",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0\n  n = 2;\n}\n", 2, "syntax error", "';'"),
+    ("missing-semicolon-then-brace",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  n = n + 1\n}\n", 3, "syntax error", "';'"),
+    ("missing-semicolon-after-increment",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  n++\n  n = 2;\n}\n", 3, "syntax error",
+     "';'"),
+    ("error-inside-a-line",  # not at the start of a line: that line, no guess
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0 n = 2;\n}\n", 2, "syntax error", "before: n"),
+    ("after-a-parenthesis",  # `if (c)` lines end in ')': no ';' guess there
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  if (n)\n  }\n}\n", 4, "syntax error", "}"),
+    ("incomplete-expression",  # an operator at the end of the line: not a missing ';'
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  n = n +\n}\n", 4, "syntax error", "before: }"),
+    ("generic-selection",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  n = _Generic(n, int: 2, default: 3);\n}\n",
+     3, "_Generic", "C++"),
+]
+
+
+@pytest.mark.parametrize("src,line,construct,needle", [c[1:] for c in PARSE_ERRORS],
+                         ids=[c[0] for c in PARSE_ERRORS])
+def test_parse_errors_have_a_line(src: str, line: int, construct: str, needle: str) -> None:
+    with pytest.raises(VerifyError) as info:
+        parse(src)
+    err = info.value
+    assert (err.line, err.construct) == (line, construct), str(err)
+    assert needle in err.reason, str(err)
+    assert not err.reason.startswith("kernel:"), str(err)  # no parser file prefix
+
+
+def test_missing_semicolon_says_so() -> None:
+    with pytest.raises(VerifyError) as info:
+        parse("KERNEL void k(cap_t x) {\n  int64_t n = 0\n  n = 2;\n}\n")
+    assert "';' may be missing" in info.value.reason, str(info.value)
+
