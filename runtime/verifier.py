@@ -1030,6 +1030,15 @@ class _Verifier(c_ast.NodeVisitor):
                 why = ("only the runtime API, the math whitelist and functions defined in this "
                        "source can be called (no libc, builtins or external symbols)")
             self._fail(node, f"call to '{name}'", why)
+        if name in self.parsed.kernels:
+            # rt_require_block_dim(N) bounds rt_thread_idx() in the kernel's body (range
+            # proofs drop checks on it) and the launch enforces N; a call from another
+            # kernel runs that body under the caller's launch instead
+            self._fail(node, f"call to KERNEL '{name}'",
+                       "a KERNEL is an entry point: its launch contract "
+                       "(rt_require_block_dim(N), the buffers and group of its launch) holds "
+                       "only when it is launched, and the compiler's proofs rely on it; move "
+                       "the shared code into a static helper")
         if (fn.name, name) in self._cycles:
             path = " -> ".join([fn.name] + self._cycles[(fn.name, name)])
             self._fail(node, "recursion",

@@ -543,3 +543,41 @@ def test_missing_semicolon_says_so() -> None:
         parse("KERNEL void k(cap_t x) {\n  int64_t n = 0\n  n = 2;\n}\n")
     assert "';' may be missing" in info.value.reason, str(info.value)
 
+
+# ---- a KERNEL is an entry point, not a helper ---------------------------------------
+# Its launch contract (rt_require_block_dim(N), group=, its caps matched to buffers)
+# holds at the entry of a launch only.
+KERNEL_AS_HELPER = """\
+KERNEL void inner(cap_t x)
+{
+    rt_require_block_dim(32);
+    double smem_a[32];
+    int64_t t = rt_thread_idx();
+    smem_a[t] = 1.0;
+    cap_store_f64(x, t, smem_a[t]);
+}
+KERNEL void outer(cap_t x)
+{
+    inner(x);
+}
+"""
+
+
+def test_kernel_called_from_a_kernel_is_refused() -> None:
+    # before: accepted, and smem_a[t] was proved from inner's block size of 32 even
+    # when outer ran with 1024 threads per block
+    with pytest.raises(VerifyError) as info:
+        _verify(KERNEL_AS_HELPER, target="cuda")
+    err = info.value
+    assert err.line == 11 and err.construct == "call to KERNEL 'inner'", str(err)
+    assert "entry point" in err.reason and "rt_require_block_dim" in err.reason
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_kernel_called_from_a_helper_is_refused(target: str) -> None:
+    src = ("KERNEL void k(cap_t x) {\n  cap_store_f64(x, 0, 1.0);\n}\n"
+           "static void h(cap_t x) {\n  k(x);\n}\n"
+           "KERNEL void k2(cap_t x) {\n  h(x);\n}\n")
+    with pytest.raises(VerifyError) as info:
+        _verify(src, target=target)
+    assert info.value.line == 5 and info.value.construct == "call to KERNEL 'k'"
