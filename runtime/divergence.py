@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from pycparser import c_ast
 
+from .astutil import INC_DEC, write_target
 from .errors import VerifyError
 from .verifier import TILE_FUNCS, WARP_FUNCS
 
@@ -216,7 +217,7 @@ class _Analysis:
             if ctl or self.varying(node.rvalue) or self.varying(node.lvalue):
                 self._mark(_base_name(node.lvalue))
             return _Flow()
-        if isinstance(node, c_ast.UnaryOp) and node.op in ("++", "--", "p++", "p--"):
+        if isinstance(node, c_ast.UnaryOp) and node.op in INC_DEC:
             self.walk(node.expr, ctl)
             if ctl or self.varying(node.expr):
                 self._mark(_base_name(node.expr))
@@ -289,7 +290,8 @@ class _Analysis:
                     self.changed = True
 
 
-def _base_name(lv: c_ast.Node) -> str | None:
-    while isinstance(lv, c_ast.ArrayRef):
-        lv = lv.name
-    return lv.name if isinstance(lv, c_ast.ID) else None
+def _base_name(lv: c_ast.Node) -> str:
+    """The variable a write to ``lv`` changes (an element write changes its array:
+    arrays are tracked as a whole), by the verifier's one rule for write targets;
+    the tile-load operand, a plain array name, takes the same path."""
+    return write_target(lv)[0]

@@ -17,7 +17,10 @@ Rules beyond the dialect document (all needed to keep capabilities unforgeable):
 * no shadowing inside a function, and ``cap_t``/array names are unique per function
   (the instrumenter keys shadow slots and bounds checks by name);
 * ``case``/``default`` only directly in the switch body (no Duff's device);
-* array sizes are plain integer literals (the instrumenter reads them back).
+* array sizes are plain integer literals (the instrumenter reads them back);
+* a write (=, op=, ++, --) targets a name or a local-array element only: C++, which
+  the GPU lane compiles, also writes through ?:, comma, assignment and ++x lvalues,
+  which runtime.astutil.write_target (names written) could not see.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import NoReturn
 
 from pycparser import c_ast
 
-from .astutil import CapTyping, callees, int_literal, pure_lvalue, reaching
+from .astutil import INC_DEC, CapTyping, callees, int_literal, pure_lvalue, reaching
 from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
@@ -146,6 +149,29 @@ _UNSAFE_CAP_USE = ("cap_t values may only be passed, assigned, returned or decla
                    "comparison or conversion of a capability would forge it or leak its bounds "
                    "(use cap_offset_T / cap_to_int)")
 _NOT_SUPPORTED = "{} is not part of the kernel dialect"
+_CXX_LVALUE = ("only a variable or an element of a local array can be assigned, incremented or "
+               "decremented: C++ (the GPU lane's language) also takes ?:, comma, assignment and "
+               "++x expressions as lvalues, so such a write could change a variable that loop "
+               "versioning and the range proofs take to be unchanged")
+
+
+def _lvalue_form(e: c_ast.Node) -> str:
+    """How a refused write target reads in a message."""
+    if isinstance(e, c_ast.TernaryOp):
+        return "a ?: expression"
+    if isinstance(e, c_ast.ExprList):
+        return "a comma expression"
+    if isinstance(e, c_ast.Assignment):
+        return "an assignment expression"
+    if isinstance(e, c_ast.UnaryOp):
+        return f"a '{e.op.lstrip('p')}' expression"
+    if isinstance(e, c_ast.Cast):
+        return "a cast"
+    if isinstance(e, c_ast.FuncCall):
+        return "a call"
+    if isinstance(e, c_ast.Constant):
+        return "a constant"
+    return f"a {type(e).__name__} expression"
 
 
 # Node types refused outright: (construct, reason).
@@ -1169,13 +1195,21 @@ class _Verifier(c_ast.NodeVisitor):
                            "slot)")
             self._cap_ok.update((id(lv), id(node.rvalue)))
         elif not isinstance(lv, (c_ast.ID, c_ast.ArrayRef)):
-            self.visit(lv)  # e.g. member access: report the construct itself
-            self._fail(lv, "assignment target", "only variables and array elements are "
-                       "assignable")
+            self._write_target(node, lv, node.op)
         elif node.op in ("/=", "%=") and not pure_lvalue(lv):
             self._fail(node, f"compound '{node.op}' on a complex lvalue",
                        "write it as 'x = x / y' (the checked division needs the target twice)")
         self.generic_visit(node)
+
+    def _write_target(self, node: c_ast.Node, target: c_ast.Node, op: str) -> None:
+        """The target of =, op=, ++ or --: a name or an element of a local array (the
+        ID and ArrayRef visits check what they name).  runtime.astutil.write_target,
+        the one analysis of names written, relies on this."""
+        if isinstance(target, (c_ast.ID, c_ast.ArrayRef)):
+            return
+        self.visit(target)  # e.g. member access or '*': report the construct itself
+        op = op.lstrip("p")  # x++ is UnaryOp 'p++'
+        self._fail(node, f"'{op}' on {_lvalue_form(target)}", _CXX_LVALUE)
 
     def visit_ArrayRef(self, node: c_ast.ArrayRef) -> None:
         subs: list[c_ast.Node] = []
@@ -1205,6 +1239,8 @@ class _Verifier(c_ast.NodeVisitor):
             self.visit(s)
 
     def visit_UnaryOp(self, node: c_ast.UnaryOp) -> None:
+        if node.op in INC_DEC:
+            self._write_target(node, node.expr, node.op)
         if node.op == "*":
             self._fail(node, "pointer dereference ('*')", "pointers are not part of the dialect; "
                        "memory is reached through the checked cap_load_T/cap_store_T")
