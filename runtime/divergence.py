@@ -20,11 +20,13 @@ or returns under varying control.
 
 Control flow is varying inside a branch or loop whose condition is varying
 (also the right operand of ``&&``/``||`` and the arms of ``?:``), inside a loop
-that some threads may leave early (``break``/``continue`` under varying
-control), after a ``return`` under varying control, and in a helper called
-under varying control.  The analysis is flow-insensitive over variables
-(iterated to a fixed point) and errs towards "varying": it may refuse a
-correct kernel, never admit one whose collectives can diverge.
+that some threads may leave early (``return``, ``break`` or ``continue`` under
+varying control, also in a nested loop: the threads that left are missing from
+the collectives of every later iteration), after a ``return`` under varying
+control, and in a helper called under varying control.  The analysis is
+flow-insensitive over variables (iterated to a fixed point) and errs towards
+"varying": it may refuse a correct kernel, never admit one whose collectives
+can diverge.
 """
 
 from __future__ import annotations
@@ -252,8 +254,10 @@ class _Analysis:
         flow = self.walk(node.stmt, inner)
         if isinstance(node, c_ast.For):
             self.walk(node.next, inner)
-        if (flow.broke or flow.continued) and not inner:
-            # some threads leave early: the later iterations are divergent
+        if flow.diverged and not inner:
+            # some threads left early (returned, broke or continued): they are not at
+            # the collectives of the rest of this iteration nor of the next ones, so
+            # the whole body, its condition and step are divergent from here on
             flow = flow | self.walk(node.stmt, True)
             self.walk(cond, True)
             if isinstance(node, c_ast.For):
