@@ -266,25 +266,66 @@ def int_types(func: c_ast.FuncDef) -> dict[str, int]:
     return out
 
 
+#: Unary operators that write their operand (``&`` is counted apart: see write_counts).
+INC_DEC = frozenset({"++", "--", "p++", "p--"})
+
+
+def write_target(target: c_ast.Node) -> tuple[str, bool]:
+    """(name, whole) for the target of ``=``, ``op=``, ``++`` or ``--``: the variable
+    written, and whether the write replaces it (a name) or one element (``a[i]``).
+
+    The verifier admits no other target (runtime/verifier.py _write_target).  C++,
+    which the GPU lane compiles, would also take ``c ? a : b``, ``(x, a)``, ``a = b``,
+    ``a += b`` and ``++a`` as lvalues, writes this could not attribute to a name:
+    every analysis built on it would take the variable as unchanged.  So a tree the
+    verifier did not admit fails here rather than being misread (an AssertionError
+    raised explicitly, so that ``python -O`` keeps it)."""
+    base = target
+    while isinstance(base, c_ast.ArrayRef):
+        base = base.name
+    if not isinstance(base, c_ast.ID):
+        raise AssertionError(
+            f"a write to a {type(target).__name__}: the verifier admits only a name or an "
+            "element of a local array as the target of =, op=, ++ and --")
+    return base.name, base is target
+
+
 def write_counts(node: c_ast.Node) -> dict[str, int]:
-    """How often each name is declared or assigned under node (an address taken,
-    as the guards' rt_loop_span(..., &span) does, counts as a write)."""
+    """How often each name is declared or assigned as a whole under node: the one
+    analysis of names written, which loop versioning (hoist.py), range proofs
+    (ranges.py) and the nest guards use to decide that a variable is unchanged.
+
+    It sees every write the verifier admits (write_target): ``=``/``op=``/``++``/``--``
+    on a name, and a declaration.  An element write (``a[i] = v``) changes the
+    array's contents, not the name, and is not counted: array names appear in no
+    index expression these counts vouch for (hoist.py takes an array declared in a
+    loop as changed).  An address taken (``&span``, as the guards' rt_loop_span does
+    in generated code; the verifier refuses ``&`` in kernels) counts as a write of
+    the name."""
     out: dict[str, int] = {}
+
+    def count(name: str) -> None:
+        out[name] = out.get(name, 0) + 1
 
     class V(c_ast.NodeVisitor):
         def visit_Assignment(self, n: c_ast.Assignment) -> None:
-            if isinstance(n.lvalue, c_ast.ID):
-                out[n.lvalue.name] = out.get(n.lvalue.name, 0) + 1
+            name, whole = write_target(n.lvalue)
+            if whole:
+                count(name)
             self.generic_visit(n)
 
         def visit_UnaryOp(self, n: c_ast.UnaryOp) -> None:
-            if n.op in ("++", "--", "p++", "p--", "&") and isinstance(n.expr, c_ast.ID):
-                out[n.expr.name] = out.get(n.expr.name, 0) + 1
+            if n.op in INC_DEC:
+                name, whole = write_target(n.expr)
+                if whole:
+                    count(name)
+            elif n.op == "&" and isinstance(n.expr, c_ast.ID):
+                count(n.expr.name)
             self.generic_visit(n)
 
         def visit_Decl(self, n: c_ast.Decl) -> None:
             if n.name is not None:
-                out[n.name] = out.get(n.name, 0) + 1
+                count(n.name)
             self.generic_visit(n)
 
     V().visit(node)

@@ -20,11 +20,13 @@ or returns under varying control.
 
 Control flow is varying inside a branch or loop whose condition is varying
 (also the right operand of ``&&``/``||`` and the arms of ``?:``), inside a loop
-that some threads may leave early (``break``/``continue`` under varying
-control), after a ``return`` under varying control, and in a helper called
-under varying control.  The analysis is flow-insensitive over variables
-(iterated to a fixed point) and errs towards "varying": it may refuse a
-correct kernel, never admit one whose collectives can diverge.
+that some threads may leave early (``return``, ``break`` or ``continue`` under
+varying control, also in a nested loop: the threads that left are missing from
+the collectives of every later iteration), after a ``return`` under varying
+control, and in a helper called under varying control.  The analysis is
+flow-insensitive over variables (iterated to a fixed point) and errs towards
+"varying": it may refuse a correct kernel, never admit one whose collectives
+can diverge.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 
 from pycparser import c_ast
 
+from .astutil import INC_DEC, write_target
 from .errors import VerifyError
 from .verifier import TILE_FUNCS, WARP_FUNCS
 
@@ -216,7 +219,7 @@ class _Analysis:
             if ctl or self.varying(node.rvalue) or self.varying(node.lvalue):
                 self._mark(_base_name(node.lvalue))
             return _Flow()
-        if isinstance(node, c_ast.UnaryOp) and node.op in ("++", "--", "p++", "p--"):
+        if isinstance(node, c_ast.UnaryOp) and node.op in INC_DEC:
             self.walk(node.expr, ctl)
             if ctl or self.varying(node.expr):
                 self._mark(_base_name(node.expr))
@@ -251,8 +254,10 @@ class _Analysis:
         flow = self.walk(node.stmt, inner)
         if isinstance(node, c_ast.For):
             self.walk(node.next, inner)
-        if (flow.broke or flow.continued) and not inner:
-            # some threads leave early: the later iterations are divergent
+        if flow.diverged and not inner:
+            # some threads left early (returned, broke or continued): they are not at
+            # the collectives of the rest of this iteration nor of the next ones, so
+            # the whole body, its condition and step are divergent from here on
             flow = flow | self.walk(node.stmt, True)
             self.walk(cond, True)
             if isinstance(node, c_ast.For):
@@ -289,7 +294,8 @@ class _Analysis:
                     self.changed = True
 
 
-def _base_name(lv: c_ast.Node) -> str | None:
-    while isinstance(lv, c_ast.ArrayRef):
-        lv = lv.name
-    return lv.name if isinstance(lv, c_ast.ID) else None
+def _base_name(lv: c_ast.Node) -> str:
+    """The variable a write to ``lv`` changes (an element write changes its array:
+    arrays are tracked as a whole), by the verifier's one rule for write targets;
+    the tile-load operand, a plain array name, takes the same path."""
+    return write_target(lv)[0]

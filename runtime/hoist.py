@@ -323,7 +323,9 @@ def _ids(node: c_ast.Node | None) -> set[str]:
 
 
 def _assigned(node: c_ast.Node | None) -> set[str]:
-    """Names assigned (=, op=, ++, --, through &) or declared anywhere under node."""
+    """Names assigned (=, op=, ++, --, through &) or declared anywhere under node:
+    astutil.write_counts, the one analysis of names written (it relies on the
+    verifier admitting only names and local-array elements as write targets)."""
     return set() if node is None else set(write_counts(node))
 
 

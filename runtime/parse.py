@@ -34,6 +34,7 @@ _TOKEN = re.compile(
     re.S,
 )
 _KERNEL = re.compile(r"\bKERNEL\b")
+_GENERIC = re.compile(r"\b_Generic\b")
 
 
 @dataclass
@@ -83,17 +84,20 @@ def parse(source: str) -> ParsedSource:
         if _KERNEL.search(line):
             kernel_lines.append(no)
             lines[no - 1] = _KERNEL.sub("      ", line)
+    code = _blank_literals("\n".join(lines)).split("\n")
+    for no, line in enumerate(code, 1):
+        if _GENERIC.search(line):
+            # pycparser has no _Generic and reports a bare "Invalid expression"
+            raise VerifyError(no, "_Generic", "C11 generic selections are not part of the "
+                              "kernel dialect (the GPU lane compiles C++, which has none)")
     body = "\n".join(lines)
     full = PRELUDE + '#line 1 "kernel"\n' + body
     parser = c_parser.CParser()
     try:
         ast = parser.parse(full, filename="kernel")
     except ParseError as e:
-        msg = str(e)
-        m = re.match(r"kernel:(\d+):(?:\d+:)?\s*(.*)", msg)
-        line = int(m.group(1)) if m else None
-        detail = m.group(2) if m else msg
-        raise VerifyError(line, "syntax error", detail) from None
+        line, reason = _parse_error(str(e), parser, code)
+        raise VerifyError(line, "syntax error", reason) from None
     except Exception as e:  # pycparser raises assorted errors on odd input
         raise VerifyError(None, "syntax error", str(e)) from None
 
@@ -115,6 +119,72 @@ def parse(source: str) -> ParsedSource:
             raise VerifyError(kl, "KERNEL marker", "KERNEL must directly precede a function "
                               "definition ('KERNEL void name(...) { ... }')")
     return ParsedSource(source=source, ast=ast, kernels=kernels, funcs=funcs)
+
+
+def _blank_literals(text: str) -> str:
+    """``text`` with the insides of string and character literals blanked, so that
+    scanning for braces or keywords sees code only (line breaks stay put)."""
+    def repl(m: re.Match) -> str:
+        lit = m.group("str")
+        if lit is None:
+            return m.group(0)
+        return lit[0] + " " * (len(lit) - 2) + lit[-1]
+
+    return _TOKEN.sub(repl, text)
+
+
+def _parse_error(msg: str, parser: c_parser.CParser, code: list[str]) -> tuple[int | None, str]:
+    """(line, reason) for a pycparser ParseError message ``msg``; ``code`` holds the
+    source lines with comments and literals blanked.
+
+    pycparser names the token it could not use, so a missing ';' is reported on the
+    line after the one that lacks it, and some errors (the end of the input, an
+    invalid expression) come without a line.  Those are mapped back here."""
+    m = re.match(r"kernel:(\d+)(?::(\d+))?:\s*(.*)", msg, re.S)
+    line = int(m.group(1)) if m else None
+    col = int(m.group(2)) if m and m.group(2) else None
+    detail = m.group(3) if m else re.sub(r"^kernel:\s*", "", msg)
+    if detail.startswith("At end of input"):
+        return _end_of_input(code)
+    if line is None:
+        # pycparser 3 leaves the offending token next in its stream (a private API:
+        # without it the error keeps no line)
+        tok = getattr(parser, "_peek", lambda: None)()
+        if tok is not None and getattr(tok, "lineno", None):
+            line, col = tok.lineno, getattr(tok, "column", None)
+            detail = f"{detail} before: {tok.value}"
+    if line is not None and col is not None and 1 <= line <= len(code) and \
+            not code[line - 1][:col - 1].strip():
+        prev = line - 1
+        while prev >= 1 and not code[prev - 1].strip():
+            prev -= 1
+        if prev >= 1 and _MAY_END_STATEMENT.search(code[prev - 1].rstrip()):
+            return prev, (f"';' may be missing at the end of this line (the parser stopped "
+                          f"at the start of line {line}: {detail})")
+    return line, detail
+
+
+# A line that ends like a finished expression (a name, a number, ']', x++ / x--), so
+# that a parse error at the start of the next line most likely means a missing ';'.
+# Lines ending in ')' are excluded: `if (c)` and `for (...)` end that way.
+_MAY_END_STATEMENT = re.compile(r"(?:[A-Za-z0-9_\].]|\+\+|--)\Z")
+
+
+def _end_of_input(code: list[str]) -> tuple[int | None, str]:
+    """The last line of a source the parser ran out of, and the innermost block
+    left open there (its '{' line), if any."""
+    last = max((no for no, ln in enumerate(code, 1) if ln.strip()), default=None)
+    opened: list[int] = []
+    for no, ln in enumerate(code, 1):
+        for ch in ln:
+            if ch == "{":
+                opened.append(no)
+            elif ch == "}" and opened:
+                opened.pop()
+    if opened:
+        return last, (f"the source ends inside a block: a closing '}}' is missing (the "
+                      f"block opened at line {opened[-1]} is never closed)")
+    return last, "the source ends in the middle of a declaration or statement"
 
 
 def is_user_node(node: c_ast.Node) -> bool:

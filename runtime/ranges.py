@@ -17,6 +17,8 @@ The facts, each an exact interval of Python integers:
   T x = E;                      E's interval at the declaration, when x is a
                                 signed integer declared once in the function
                                 and never assigned, incremented or addressed
+                                (astutil.write_counts) and no case label can
+                                jump past the declaration (the verifier)
   for (T i = A; i < B; i += s)  [lo A, hi B - 1] (<=: hi B) in the body, for a
                                 loop hoist.loop_shape counts whose step s is a
                                 literal, when the loop writes i only in its

@@ -12,10 +12,15 @@ Rules beyond the dialect document (all needed to keep capabilities unforgeable):
 * ``cap_t`` locals must be initialised, may not be declared where a ``case`` label
   could jump past the initialiser, and a ``cap_t`` function must return on every path
   (otherwise stack garbage would become a capability);
+* no initialised declaration of any type where a later ``case``/``default`` label can
+  jump past it: the range pass takes a variable's interval from its initialiser;
 * no shadowing inside a function, and ``cap_t``/array names are unique per function
   (the instrumenter keys shadow slots and bounds checks by name);
 * ``case``/``default`` only directly in the switch body (no Duff's device);
-* array sizes are plain integer literals (the instrumenter reads them back).
+* array sizes are plain integer literals (the instrumenter reads them back);
+* a write (=, op=, ++, --) targets a name or a local-array element only: C++, which
+  the GPU lane compiles, also writes through ?:, comma, assignment and ++x lvalues,
+  which runtime.astutil.write_target (names written) could not see.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import NoReturn
 
 from pycparser import c_ast
 
-from .astutil import CapTyping, callees, int_literal, pure_lvalue, reaching
+from .astutil import INC_DEC, CapTyping, callees, int_literal, pure_lvalue, reaching
 from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
@@ -144,6 +149,29 @@ _UNSAFE_CAP_USE = ("cap_t values may only be passed, assigned, returned or decla
                    "comparison or conversion of a capability would forge it or leak its bounds "
                    "(use cap_offset_T / cap_to_int)")
 _NOT_SUPPORTED = "{} is not part of the kernel dialect"
+_CXX_LVALUE = ("only a variable or an element of a local array can be assigned, incremented or "
+               "decremented: C++ (the GPU lane's language) also takes ?:, comma, assignment and "
+               "++x expressions as lvalues, so such a write could change a variable that loop "
+               "versioning and the range proofs take to be unchanged")
+
+
+def _lvalue_form(e: c_ast.Node) -> str:
+    """How a refused write target reads in a message."""
+    if isinstance(e, c_ast.TernaryOp):
+        return "a ?: expression"
+    if isinstance(e, c_ast.ExprList):
+        return "a comma expression"
+    if isinstance(e, c_ast.Assignment):
+        return "an assignment expression"
+    if isinstance(e, c_ast.UnaryOp):
+        return f"a '{e.op.lstrip('p')}' expression"
+    if isinstance(e, c_ast.Cast):
+        return "a cast"
+    if isinstance(e, c_ast.FuncCall):
+        return "a call"
+    if isinstance(e, c_ast.Constant):
+        return "a constant"
+    return f"a {type(e).__name__} expression"
 
 
 # Node types refused outright: (construct, reason).
@@ -874,11 +902,18 @@ class _Verifier(c_ast.NodeVisitor):
             self._fail(node, "declaration without a name", "declarations must name a variable")
         self._check_name(node, node.name, declaring="variable")
         self._storage(node, function=False)
-        kind, _, dims = self._base_type(node.type, "local declaration")
+        kind, text, dims = self._base_type(node.type, "local declaration")
         self._declare_check(node, node.name, fn)
         parent = self._stack[-2] if len(self._stack) >= 2 else None
         if kind == "void":
             self._fail(node, "void variable", "variables need a value type")
+        if node.init is not None and kind != "cap" and self._label_can_skip():
+            # cap_t has its own, stricter rule below (any cap_t in a switch body)
+            self._fail(node, f"initialised {text} declaration in a switch body",
+                       "a later case label can jump past the initialiser, so the variable "
+                       "may be used uninitialised where the compiler's range proofs take its "
+                       "initial value (C++, the GPU lane's language, refuses the jump too); "
+                       "declare it before the switch or put the case in braces")
         if dims is not None:
             if kind == "cap":
                 self._fail(node, "array of cap_t",
@@ -935,6 +970,25 @@ class _Verifier(c_ast.NodeVisitor):
         if node.init is not None:
             self.visit(node.init)  # before the name is in scope: `cap_t c = c;` is refused
         fn.scopes[-1][node.name] = var
+
+    def _label_can_skip(self) -> bool:
+        """Whether the declaration being visited sits in a switch body with a case or
+        default label after it: a jump to that label enters its scope without running
+        its initialiser.  pycparser puts the statements after a label in the label's
+        node, and labels only sit directly in the switch body (_check_case), so the
+        labels that can follow are the later items of that body."""
+        i = len(self._stack) - 2
+        item = self._stack[-1]
+        if i >= 0 and isinstance(self._stack[i], (c_ast.Case, c_ast.Default)):
+            item, i = self._stack[i], i - 1
+        body = self._stack[i] if i >= 0 else None
+        switch = self._stack[i - 1] if i >= 1 else None
+        if not (isinstance(body, c_ast.Compound) and isinstance(switch, c_ast.Switch)
+                and switch.stmt is body):
+            return False  # a nested block, or a switch whose body is one label
+        items = body.block_items or []
+        at = next(k for k, s in enumerate(items) if s is item)
+        return any(isinstance(s, (c_ast.Case, c_ast.Default)) for s in items[at + 1:])
 
     def visit_InitList(self, node: c_ast.InitList) -> None:
         if id(node) not in self._init_ok:
@@ -1002,6 +1056,15 @@ class _Verifier(c_ast.NodeVisitor):
                 why = ("only the runtime API, the math whitelist and functions defined in this "
                        "source can be called (no libc, builtins or external symbols)")
             self._fail(node, f"call to '{name}'", why)
+        if name in self.parsed.kernels:
+            # rt_require_block_dim(N) bounds rt_thread_idx() in the kernel's body (range
+            # proofs drop checks on it) and the launch enforces N; a call from another
+            # kernel runs that body under the caller's launch instead
+            self._fail(node, f"call to KERNEL '{name}'",
+                       "a KERNEL is an entry point: its launch contract "
+                       "(rt_require_block_dim(N), the buffers and group of its launch) holds "
+                       "only when it is launched, and the compiler's proofs rely on it; move "
+                       "the shared code into a static helper")
         if (fn.name, name) in self._cycles:
             path = " -> ".join([fn.name] + self._cycles[(fn.name, name)])
             self._fail(node, "recursion",
@@ -1132,13 +1195,21 @@ class _Verifier(c_ast.NodeVisitor):
                            "slot)")
             self._cap_ok.update((id(lv), id(node.rvalue)))
         elif not isinstance(lv, (c_ast.ID, c_ast.ArrayRef)):
-            self.visit(lv)  # e.g. member access: report the construct itself
-            self._fail(lv, "assignment target", "only variables and array elements are "
-                       "assignable")
+            self._write_target(node, lv, node.op)
         elif node.op in ("/=", "%=") and not pure_lvalue(lv):
             self._fail(node, f"compound '{node.op}' on a complex lvalue",
                        "write it as 'x = x / y' (the checked division needs the target twice)")
         self.generic_visit(node)
+
+    def _write_target(self, node: c_ast.Node, target: c_ast.Node, op: str) -> None:
+        """The target of =, op=, ++ or --: a name or an element of a local array (the
+        ID and ArrayRef visits check what they name).  runtime.astutil.write_target,
+        the one analysis of names written, relies on this."""
+        if isinstance(target, (c_ast.ID, c_ast.ArrayRef)):
+            return
+        self.visit(target)  # e.g. member access or '*': report the construct itself
+        op = op.lstrip("p")  # x++ is UnaryOp 'p++'
+        self._fail(node, f"'{op}' on {_lvalue_form(target)}", _CXX_LVALUE)
 
     def visit_ArrayRef(self, node: c_ast.ArrayRef) -> None:
         subs: list[c_ast.Node] = []
@@ -1168,6 +1239,8 @@ class _Verifier(c_ast.NodeVisitor):
             self.visit(s)
 
     def visit_UnaryOp(self, node: c_ast.UnaryOp) -> None:
+        if node.op in INC_DEC:
+            self._write_target(node, node.expr, node.op)
         if node.op == "*":
             self._fail(node, "pointer dereference ('*')", "pointers are not part of the dialect; "
                        "memory is reached through the checked cap_load_T/cap_store_T")

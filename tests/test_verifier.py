@@ -452,3 +452,132 @@ def test_api_constants():
     assert not CUDA_API_FUNCS & API_FUNCS
     assert {"sqrt", "sqrtf", "fma", "fmaf", "tanh", "tanhf", "isnan", "isfinite"} <= MATH_FUNCS
     assert "printf" not in MATH_FUNCS and "abs" not in MATH_FUNCS
+
+
+# ---- a case label must not skip an initialiser, of any type ------------------------
+# The range pass (runtime/ranges.py) takes a variable's interval from its initialiser;
+# a label that jumps past it leaves the variable uninitialised but "proved".
+SWITCH_SKIPS = [
+    ("numeric-init-before-default",  # the range pass proved t[q] from q = 2
+     "KERNEL void k(cap_t x, int64_t s) {\n  double t[4];\n  switch (s) {\n  case 0: ;\n"
+     "    int64_t q = 2;\n  default:\n    t[q] = 1.0;\n  }\n  cap_store_f64(x, 0, t[0]);\n}\n",
+     5, "int64_t"),
+    ("init-before-first-label",
+     "KERNEL void k(cap_t x, int64_t s) {\n  switch (s) {\n    int q = 1;\n  case 0:\n"
+     "    cap_store_f64(x, q, 1.0);\n  }\n}\n", 3, "int"),
+    ("double-init",
+     "KERNEL void k(cap_t x, int64_t s) {\n  switch (s) {\n  case 0:\n    ;\n"
+     "    double v = 2.0;\n  case 1:\n    cap_store_f64(x, 0, v);\n  }\n}\n", 5, "double"),
+    ("array-init",
+     "KERNEL void k(cap_t x, int64_t s) {\n  switch (s) {\n  case 0:\n    ;\n"
+     "    double a[2] = {1.0, 2.0};\n  default:\n    cap_store_f64(x, 0, a[1]);\n  }\n}\n",
+     5, "double"),
+]
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+@pytest.mark.parametrize("src,line,typ", [c[1:] for c in SWITCH_SKIPS],
+                         ids=[c[0] for c in SWITCH_SKIPS])
+def test_case_label_cannot_skip_an_initialiser(src: str, line: int, typ: str,
+                                               target: str) -> None:
+    with pytest.raises(VerifyError) as info:
+        _verify(src, target=target)
+    err = info.value
+    assert err.line == line, str(err)
+    assert err.construct == f"initialised {typ} declaration in a switch body", str(err)
+    assert "case label" in err.reason and "jump past" in err.reason, str(err)
+
+
+def test_switch_declarations_a_label_cannot_skip_are_accepted() -> None:
+    # after the last label, inside braces, or without an initialiser: no label
+    # jumps past an initialiser (C++ accepts these too)
+    src = ("KERNEL void k(cap_t x, int64_t s) {\n  double t[4];\n  t[0] = 0.0;\n"
+           "  switch (s) {\n  case 0: {\n    int64_t a = 1;\n    t[a] = 1.0;\n    break;\n  }\n"
+           "  case 1: ;\n    int64_t b;\n    b = 2;\n    t[b] = 1.0;\n"
+           "  default: ;\n    int64_t c = 3;\n    t[c] = 1.0;\n  }\n"
+           "  cap_store_f64(x, 0, t[0]);\n}\n")
+    for target in ("cpu", "cuda"):
+        _verify(src, target=target)
+
+
+# ---- parse errors: a line number and a reason --------------------------------------
+PARSE_ERRORS = [
+    ("missing-closing-brace",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  if (n) {\n    n = 1;\n  }\n\n", 5,
+     "syntax error", "'}'"),
+    ("missing-two-braces",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  if (n) {\n    n = 1;\n", 4,
+     "syntax error", "line 3"),
+    ("missing-semicolon-then-statement",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0\n  n = 2;\n}\n", 2, "syntax error", "';'"),
+    ("missing-semicolon-then-brace",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  n = n + 1\n}\n", 3, "syntax error", "';'"),
+    ("missing-semicolon-after-increment",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  n++\n  n = 2;\n}\n", 3, "syntax error",
+     "';'"),
+    ("error-inside-a-line",  # not at the start of a line: that line, no guess
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0 n = 2;\n}\n", 2, "syntax error", "before: n"),
+    ("after-a-parenthesis",  # `if (c)` lines end in ')': no ';' guess there
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  if (n)\n  }\n}\n", 4, "syntax error", "}"),
+    ("incomplete-expression",  # an operator at the end of the line: not a missing ';'
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  n = n +\n}\n", 4, "syntax error", "before: }"),
+    ("generic-selection",
+     "KERNEL void k(cap_t x) {\n  int64_t n = 0;\n  n = _Generic(n, int: 2, default: 3);\n}\n",
+     3, "_Generic", "C++"),
+]
+
+
+@pytest.mark.parametrize("src,line,construct,needle", [c[1:] for c in PARSE_ERRORS],
+                         ids=[c[0] for c in PARSE_ERRORS])
+def test_parse_errors_have_a_line(src: str, line: int, construct: str, needle: str) -> None:
+    with pytest.raises(VerifyError) as info:
+        parse(src)
+    err = info.value
+    assert (err.line, err.construct) == (line, construct), str(err)
+    assert needle in err.reason, str(err)
+    assert not err.reason.startswith("kernel:"), str(err)  # no parser file prefix
+
+
+def test_missing_semicolon_says_so() -> None:
+    with pytest.raises(VerifyError) as info:
+        parse("KERNEL void k(cap_t x) {\n  int64_t n = 0\n  n = 2;\n}\n")
+    assert "';' may be missing" in info.value.reason, str(info.value)
+
+
+# ---- a KERNEL is an entry point, not a helper ---------------------------------------
+# Its launch contract (rt_require_block_dim(N), group=, its caps matched to buffers)
+# holds at the entry of a launch only.
+KERNEL_AS_HELPER = """\
+KERNEL void inner(cap_t x)
+{
+    rt_require_block_dim(32);
+    double smem_a[32];
+    int64_t t = rt_thread_idx();
+    smem_a[t] = 1.0;
+    cap_store_f64(x, t, smem_a[t]);
+}
+KERNEL void outer(cap_t x)
+{
+    inner(x);
+}
+"""
+
+
+def test_kernel_called_from_a_kernel_is_refused() -> None:
+    # before: accepted, and smem_a[t] was proved from inner's block size of 32 even
+    # when outer ran with 1024 threads per block
+    with pytest.raises(VerifyError) as info:
+        _verify(KERNEL_AS_HELPER, target="cuda")
+    err = info.value
+    assert err.line == 11 and err.construct == "call to KERNEL 'inner'", str(err)
+    assert "entry point" in err.reason and "rt_require_block_dim" in err.reason
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_kernel_called_from_a_helper_is_refused(target: str) -> None:
+    src = ("KERNEL void k(cap_t x) {\n  cap_store_f64(x, 0, 1.0);\n}\n"
+           "static void h(cap_t x) {\n  k(x);\n}\n"
+           "KERNEL void k2(cap_t x) {\n  h(x);\n}\n")
+    with pytest.raises(VerifyError) as info:
+        _verify(src, target=target)
+    assert info.value.line == 5 and info.value.construct == "call to KERNEL 'k'"
