@@ -54,9 +54,16 @@ def check_counts(sig: Any, n_caps: int, n_args: int, kernel: str) -> None:
 
 
 def check_grid(grid: Any, timeout: Any) -> None:
-    """grid: a non-negative int (0 runs nothing); timeout: None or positive seconds."""
-    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 0:
-        raise TypeError(f"grid must be a non-negative int, got {grid!r}")
+    """grid: a positive int (the blocks to run); timeout: None or positive seconds."""
+    if isinstance(grid, bool) or not isinstance(grid, int):
+        raise TypeError(f"grid must be a positive int, got {grid!r}")
+    if grid < 1:
+        raise ValueError(f"grid must be at least 1 (the number of blocks to run), got {grid}")
+    check_timeout(timeout)
+
+
+def check_timeout(timeout: Any) -> None:
+    """timeout: None or positive seconds."""
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
 

@@ -20,7 +20,7 @@ from typing import Any
 from capabilities import abi
 
 from . import core
-from .argcheck import check_counts, check_grid, group_arg, plain_int64, scalar_arg
+from .argcheck import check_counts, check_grid, check_timeout, group_arg, plain_int64, scalar_arg
 from .errors import CapabilityFault, KernelTimeout, fault_detail
 
 ffi, lib = core.ffi, core.lib
@@ -136,7 +136,7 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
         args = list(args)
     if len(caps) != plan.n_caps or len(args) != plan.n_scalars:
         check_counts(sig, len(caps), len(args), kernel.name)
-    if type(grid) is not int or grid < 0 or timeout is not None:
+    if type(grid) is not int or grid < 1 or timeout is not None:
         check_grid(grid, timeout)
     if group is not None or sig.group_sync:
         group = check_group(kernel.name, sig.group_sync, group, grid)
@@ -232,7 +232,7 @@ def sync(timeout: float | None = None) -> None:
     the sequence).  If the GPU sequence raises, a CPU sequence stays pending
     for the next sync.  Every hold taken by the sequences' launches is released.
     """
-    check_grid(0, timeout)
+    check_timeout(timeout)
     lane = _gpu_lane()
     if lane is not None:
         lane.sync(timeout)

@@ -886,13 +886,15 @@ def test_only_r_and_rw_perms(lane: Lane, perms) -> None:
         lane.alloc(4, np.float32, perms=perms)
 
 
-def test_grid_zero_runs_nothing(lane: Lane) -> None:
+def test_grid_zero_is_refused(lane: Lane) -> None:
     k = lane.compile(ARGS_SRC, "put")
     out = lane.alloc(3, np.float64, name="out")
-    lane.launch(k, [out], args=(1, 2.0, 3.0), grid=0)
+    for grid in (0, -1):
+        with pytest.raises(ValueError, match="grid must be at least 1"):
+            lane.launch(k, [out], args=(1, 2.0, 3.0), grid=grid)
     assert np.all(lane.read(out) == 0.0)
-    with pytest.raises(TypeError):
-        lane.launch(k, [out], args=(1, 2.0, 3.0), grid=-1)
+    with pytest.raises(TypeError, match="grid"):
+        lane.launch(k, [out], args=(1, 2.0, 3.0), grid=1.0)
 
 
 def test_freed_buffer_refused_and_double_free(lane: Lane) -> None:

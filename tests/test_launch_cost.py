@@ -73,12 +73,14 @@ def test_caps_and_grid_are_still_validated(poke) -> None:
     with pytest.raises(TypeError):
         runtime.launch(poke, [a, np.zeros(8, np.float32)], args=(0, 1.0))
     assert _holds(a) == 0  # the hold taken for the first cap is given back
-    for grid in (-1, True, 1.0):
+    for grid in (True, 1.0):
         with pytest.raises(TypeError):
+            runtime.launch(poke, [a, b], args=(0, 1.0), grid=grid)
+    for grid in (0, -1):
+        with pytest.raises(ValueError):
             runtime.launch(poke, [a, b], args=(0, 1.0), grid=grid)
     with pytest.raises(ValueError):
         runtime.launch(poke, [a, b], args=(0, 1.0), timeout=0)
-    runtime.launch(poke, [a, b], args=(99, 1.0), grid=0)  # grid 0 runs nothing
     b.free()
     with pytest.raises(CapabilityFault):
         runtime.launch(poke, [a, b], args=(0, 1.0))

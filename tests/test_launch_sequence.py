@@ -160,9 +160,11 @@ def test_argument_errors_raise_at_the_call_even_with_a_fault_pending(kernels) ->
     assert (e.value.index, e.value.launch_index) == (8, 0)
 
 
-def test_grid_zero_is_not_a_launch_of_the_sequence(kernels) -> None:
+def test_grid_zero_is_refused_and_not_a_launch_of_the_sequence(kernels) -> None:
     x = capabilities.wrap(np.zeros(4, np.float32), name="x")
-    runtime.launch(kernels.put, [x], args=(9, 1.0), grid=0, sync=False)
+    with pytest.raises(ValueError, match="grid"):
+        runtime.launch(kernels.put, [x], args=(9, 1.0), grid=0, sync=False)
+    assert runtime.pending() == 0
     runtime.launch(kernels.put, [x], args=(5, 1.0), sync=False)
     assert runtime.pending() == 1
     with pytest.raises(CapabilityFault) as e:
@@ -473,9 +475,9 @@ def test_fake_launch_many_argument_errors(fake: FakeDevice) -> None:
     assert _holds(x) == 0
     with pytest.raises(TypeError, match="int64_t"):
         lane.launch_many([(put, [x], ("0", 1.0), 1, 32)])
-    with pytest.raises(TypeError, match="grid"):
-        lane.launch_many([(put, [x], (0, 1.0), -1, 32)])
-    lane.launch_many([(put, [x], (0, 1.0), 0, 32)])  # grid 0: checked, runs nothing
+    for grid in (-1, 0):
+        with pytest.raises(ValueError, match="grid"):
+            lane.launch_many([(put, [x], (0, 1.0), grid, 32)])
     assert lane.pending() == 0 and _holds(x) == 0
     y = lane.alloc_device(4, np.float32, name="y")
     y.free()

@@ -50,6 +50,7 @@ from .. import core, heap, records
 from ..argcheck import (
     check_counts,
     check_grid,
+    check_timeout,
     check_perms,
     group_arg,
     plain_int64,
@@ -963,7 +964,7 @@ def sync(timeout: float | None = None) -> None:
     when ``timeout`` seconds pass first (the running kernel is cancelled at its
     next pollcheck, the queued ones exit at entry).  No-op without pending launches.
     """
-    check_grid(0, timeout)
+    check_timeout(timeout)
     with _seq.lock:
         _sync_locked(timeout)
 
