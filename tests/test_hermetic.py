@@ -23,6 +23,8 @@ import pytest
 
 import capabilities
 import runtime
+from runtime import build
+from runtime.astutil import readable
 from runtime.errors import CompileError, VerifyError
 from runtime.kernel import cc_command
 from runtime.parse import parse
@@ -202,17 +204,18 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on th
 
 
 def _emu_run(src: str, name: str, n_out: int, args: tuple, tmp: Path) -> list[int]:
-    from emulate_cuda import build  # tests/ is on sys.path
+    from emulate_cuda import build as emu_build  # tests/ is on sys.path
 
     out = np.zeros(n_out, np.int64)
-    fault = build(src, checked=True, workdir=tmp)[name].launch([out, *args], 1, 1)
+    fault = emu_build(src, checked=True, workdir=tmp)[name].launch([out, *args], 1, 1)
     assert fault is None, fault
     return out.tolist()
 
 
 @needs_gxx
 def test_cuda_tu_macros_and_cxx_keywords_are_refused_or_harmless(tmp_path) -> None:
-    from emulate_cuda import build, host_cpp
+    from emulate_cuda import build as emu_build
+    from emulate_cuda import host_cpp
 
     from runtime.cuda import translate
 
@@ -230,7 +233,7 @@ def test_cuda_tu_macros_and_cxx_keywords_are_refused_or_harmless(tmp_path) -> No
             (variables, _variables_source, _variables_expect, _variables_args),
             (helpers, _helpers_source, _helpers_expect, lambda names: ())):
         chunks = _chunks(names, 128)
-        built = build(source(chunks), checked=True, workdir=tmp_path)
+        built = emu_build(source(chunks), checked=True, workdir=tmp_path)
         for c, chunk in enumerate(chunks):
             kernel = built[f"{'kv' if source is _variables_source else 'kf'}_{c}"]
             out = np.zeros(len(expect(chunk)), np.int64)
@@ -282,3 +285,32 @@ def test_compile_error_shows_user_names() -> None:
         runtime.compile(READ_ONLY, "k")
     msg = str(e.value)
     assert "line 5" in msg and "read-only variable 'limit'" in msg, msg
+
+
+def test_nvrtc_log_lines_map_to_kernel_lines() -> None:
+    """NVRTC's log names the file of the lowering's ``#line N "kernel"`` directives as
+    ``kernel(N)`` (no GPU here: the log below is in NVRTC's format, as
+    runtime/cuda/nvrtc.py hands it to compile_error)."""
+    log = ('kernel(4): error: expression must have integral or unscoped enum type\n'
+           '      rt_store_f64(capqr_u_o, capqr_u_i, ~capqr_u_d, 4);\n'
+           '                                      ^\n\n'
+           '1 error detected in the compilation of "kernel.cu".\n')
+    err = build.compile_error("the CUDA C of kernel.cu (NVRTC: NVRTC_ERROR_COMPILATION)", log)
+    assert err.line == 4 and err.compiler_output == log
+    msg = str(err)
+    assert "line 4: error: expression must have integral" in msg, msg
+    assert "rt_store_f64(o, i, ~d, 4)" in msg, msg  # user names as written
+
+
+def test_generated_text_carries_kernel_lines_and_prefixed_names() -> None:
+    """Each user statement's line reaches the compiler; names are prefixed in the text
+    and only there (the signature and fault names stay the user's)."""
+    src = "KERNEL void k(cap_t o, int64_t n)\n{\n    double a[2];\n\n    a[n] = 1.0;\n}\n"
+    k = runtime.compile(src, "k")
+    assert '#line 5 "kernel"' in k.c_source and "capqr_u_a[" in k.c_source
+    assert '"a"' in k.c_source  # the local-array fault names the array as written
+    assert k.signature.params == [("o", "cap"), ("n", "int64")]
+    assert "a[rt_local_idx(__rt, n, 2" in readable(k.c_source)
+    with pytest.raises(runtime.CapabilityFault) as e:
+        runtime.launch(k, [capabilities.wrap(np.zeros(1), name="o")], args=(2,))
+    assert (e.value.buffer, e.value.line, e.value.kernel) == ("a", 5, "k")
