@@ -24,7 +24,7 @@ import pytest
 import capabilities
 import runtime
 from runtime import build
-from runtime.astutil import readable
+from runtime.astutil import USER_PREFIX, readable
 from runtime.errors import CompileError, VerifyError
 from runtime.kernel import cc_command
 from runtime.parse import parse
@@ -156,6 +156,7 @@ def test_cpu_kernel_tu_macros_are_refused_or_harmless(tmp_path) -> None:
     c_source = runtime.compile(PROBE, "probe").c_source
     macros = _defined_macros(cc_command(), c_source, ".c", tmp_path)  # the build's command
     assert "INT64_MAX" in macros and "HUGE_VAL" in macros  # the headers are there
+    assert not [m for m in macros if m.startswith(USER_PREFIX)]  # the prefix is free
     # errno comes from Python.h's headers, which used to share the kernel's unit;
     # typeof is a GNU C keyword
     names = sorted(set(macros + ["errno", "typeof"]) - SCAFFOLD)
@@ -222,6 +223,7 @@ def test_cuda_tu_macros_and_cxx_keywords_are_refused_or_harmless(tmp_path) -> No
     text = host_cpp(translate(PROBE).text)
     macros = _defined_macros(["g++", "-std=c++20"], text, ".cpp", tmp_path)
     assert "errno" in macros and "EXIT_FAILURE" in macros
+    assert not [m for m in macros if m.startswith((USER_PREFIX, "__rtk_"))]
     names = sorted(set(macros + CXX_WORDS) - SCAFFOLD)
     variables = _admitted(names, VARIABLE_ROLES, "cuda")
     helpers = _admitted(variables, HELPER_ROLE, "cuda")
