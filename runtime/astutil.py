@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -188,9 +189,123 @@ class StmtExpr(c_ast.Node):
         return tuple(out + [("expr", self.expr)])
 
 
+#: Every name the user declares (parameters, locals, arrays, helpers, kernels) is
+#: printed as USER_PREFIX + name in the generated C and CUDA.  The kernel text shares
+#: its translation unit with libc, CUDA and C++ headers: a user name spelled like one
+#: of their macros (``errno``, ``HUGE_VAL``, ``linux``) or like a C++ keyword
+#: (``class``, ``and``) would otherwise be rewritten by the preprocessor or the
+#: parser behind the verifier's back.  No macro of either lane starts with this
+#: prefix (tests/test_hermetic.py) and the verifier refuses user names starting
+#: with "capqr" in any case, so a prefixed name can never meet another name.
+USER_PREFIX = "capqr_u_"
+
+
+def mangle(name: str) -> str:
+    """The generated-code spelling of the user name ``name``."""
+    return USER_PREFIX + name
+
+
+def demangle(text: str) -> str:
+    """``text`` (a compiler diagnostic) with the user names spelled as the user wrote them."""
+    return re.sub(rf"\b{USER_PREFIX}(?=\w)", "", text)
+
+
+def user_names(ast: c_ast.FileAST) -> frozenset[str]:
+    """Every name declared by the user's source: functions, their parameters (also in
+    prototypes), locals and local arrays."""
+    found: set[str] = set()
+
+    class V(c_ast.NodeVisitor):
+        def visit_Decl(self, n: c_ast.Decl) -> None:
+            if n.name is not None:
+                found.add(n.name)
+            self.generic_visit(n)
+
+    for ext in ast.ext:
+        if ext.coord is not None and ext.coord.file == "kernel":  # not the typedef prelude
+            V().visit(ext)
+    return frozenset(found)
+
+
+def rename_user_names(root: c_ast.Node, names: frozenset[str] | set[str]) -> None:
+    """Spell every user name under ``root`` as :func:`mangle` does, in place, just
+    before printing (the analyses keep working on the user's names).  The lowerings
+    share node objects between places of their output, so each object is renamed
+    once; runtime names never collide with user names (the verifier's reserved
+    prefixes), and member names (``__rt->block_idx``) are not variables."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, c_ast.ID) and n.name in names:
+            n.name = mangle(n.name)
+        elif isinstance(n, c_ast.Decl) and n.name in names:
+            n.name = mangle(n.name)
+        elif isinstance(n, c_ast.TypeDecl) and n.declname in names:
+            n.declname = mangle(n.declname)
+        for attr, child in n.children():
+            if isinstance(n, c_ast.StructRef) and attr == "field":
+                continue
+            todo.append(child)
+
+
+_LINE_DIRECTIVE = re.compile(r'#line (\d+) "([^"]*)"\Z')
+
+
+def squeeze_line_directives(text: str) -> str:
+    """Drop each ``#line N "F"`` that states where the compiler already is (the
+    statement before it ended on the line above N in F): the C stays readable and
+    every remaining directive is needed."""
+    out: list[str] = []
+    line: int | None = None  # the presumed line of the next physical line, if known
+    file: str | None = None
+    for phys in text.split("\n"):
+        m = _LINE_DIRECTIVE.match(phys.strip())
+        if m is not None:
+            n, f = int(m.group(1)), m.group(2)
+            if (n, f) == (line, file):
+                continue
+            out.append(phys.strip())
+            line, file = n, f
+            continue
+        out.append(phys)
+        if phys.lstrip().startswith("#include"):
+            line = file = None  # the included file's lines do not count here
+        elif line is not None:
+            line += 1
+    return "\n".join(out)
+
+
+def readable(text: str) -> str:
+    """Generated C or CUDA with the user's names as written and no ``#line`` lines: what
+    a reader (or a test looking for a statement) wants to see."""
+    return demangle("\n".join(ln for ln in text.split("\n")
+                               if not _LINE_DIRECTIVE.match(ln.strip())))
+
+
 class Generator(c_generator.CGenerator):
     """CGenerator that also prints :class:`StmtExpr` and loop versioning's marked nodes
-    (subclasses of For/While/DoWhile/ArrayRef/FuncCall: printed as their base)."""
+    (subclasses of For/While/DoWhile/ArrayRef/FuncCall: printed as their base).
+
+    ``line_directives``: each statement and function from the user's source is
+    preceded by ``#line N "kernel"`` (its source line), so the compiler's diagnostics
+    name kernel lines (pass the printed text through :func:`squeeze_line_directives`)."""
+
+    def __init__(self, line_directives: bool = False) -> None:
+        super().__init__()
+        self.line_directives = line_directives
+
+    def _directive(self, n: c_ast.Node) -> str:
+        c = n.coord
+        if not self.line_directives or c is None or c.file != "kernel" or not c.line:
+            return ""
+        return f'#line {c.line} "kernel"\n'
+
+    def visit_FuncDef(self, n: c_ast.FuncDef) -> str:
+        return self._directive(n) + super().visit_FuncDef(n)
 
     def visit(self, node: c_ast.Node) -> str:
         method = getattr(self, "visit_" + node.__class__.__name__, None)
@@ -210,8 +325,8 @@ class Generator(c_generator.CGenerator):
             self.indent_level += 2 if add_indent else 0
             indent = self._make_indent()
             self.indent_level -= 2 if add_indent else 0
-            return indent + self.visit(n) + ";\n"
-        return super()._generate_stmt(n, add_indent)
+            return self._directive(n) + indent + self.visit(n) + ";\n"
+        return self._directive(n) + super()._generate_stmt(n, add_indent)
 
 
 def callees(body: c_ast.Node, names: set[str] | frozenset[str]) -> set[str]:

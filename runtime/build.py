@@ -6,14 +6,22 @@ into it (sources, headers, flags, compiler), so a cache hit needs no
 compiler and a stale cache can never be loaded.  Builds happen in a private
 temporary directory and are published with an atomic rename, so concurrent
 processes (test workers, dask workers) never see half-written files.
+
+A kernel's C is compiled in a translation unit of its own (``kernel_source``),
+never in cffi's glue: that one includes Python.h and with it errno.h, stdlib.h
+and the rest, whose macros would rewrite kernel code.  Its compiler errors come
+back as a CompileError with the diagnostics mapped to kernel lines (the
+generated C carries ``#line N "kernel"`` directives).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +34,7 @@ from types import ModuleType
 
 import cffi
 
+from .astutil import demangle
 from .errors import CompileError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,6 +101,81 @@ def _import_path(modname: str, path: Path) -> ModuleType:
     return mod
 
 
+@lru_cache(maxsize=1)
+def _compiler_so() -> tuple[str, ...]:
+    """The command distutils (cffi's builder) compiles extension sources with: $CC or
+    Python's compiler, Python's CFLAGS ($CFLAGS, $CPPFLAGS) and -fPIC."""
+    # the shim imports setuptools before distutils, so this is the distutils cffi uses
+    from cffi import _shimmed_dist_utils as dist
+
+    cc = importlib.import_module("distutils.ccompiler").new_compiler()
+    dist.sysconfig.customize_compiler(cc)
+    return tuple(cc.compiler_so)
+
+
+#: Diagnostics only (no effect on code): no source excerpts (gcc would read a file
+#: named "kernel" from the working directory for them), no colour.
+_DIAG_FLAGS = ("-fno-diagnostics-show-caret", "-fdiagnostics-color=never")
+
+
+def kernel_cc_command(include_dirs: list[str], extra_args: list[str]) -> list[str]:
+    """The compiler command of a module's ``kernel_source`` translation unit, without
+    the input and output: the flags the cffi build gives every source, then
+    ``extra_args`` (so -O3 etc. are those of the kernel, as before the split)."""
+    return [*_compiler_so(), *(f"-I{d}" for d in include_dirs), *_DIAG_FLAGS, *extra_args]
+
+
+_DIAG = re.compile(r"kernel(?::(\d+)(?::\d+)?|\((\d+)\)):\s*(.*)")
+#: Lines of the mapped diagnostics a CompileError's message keeps (all are on the
+#: exception's ``compiler_output``).
+_DIAG_LINES = 40
+
+
+def compile_error(what: str, output: str, files: dict[str, str] | None = None) -> CompileError:
+    """A CompileError for compiler ``output`` (gcc's ``kernel:N:C: ...`` or NVRTC's
+    ``kernel(N): ...``): each diagnostic on a kernel line says ``line N``, user names
+    are spelled as written, and ``files`` (path -> short name) shortens the paths
+    of generated files.  Its ``line`` is the first error's kernel line."""
+    mapped: list[str] = []
+    first: int | None = None
+    for raw in output.splitlines():
+        for path, short in (files or {}).items():
+            raw = raw.replace(path, short)
+        m = _DIAG.match(raw)
+        if m is not None:
+            n = int(m.group(1) or m.group(2))
+            if first is None and "error" in m.group(3):
+                first = n
+            raw = f"line {n}: {m.group(3)}"
+        elif raw.startswith("kernel: "):  # "kernel: In function ..."
+            raw = raw[len("kernel: "):]
+        if raw.strip():
+            mapped.append(demangle(raw))
+    where = f" at line {first}" if first is not None else ""
+    more = len(mapped) - _DIAG_LINES
+    text = "\n  ".join(mapped[:_DIAG_LINES] + ([f"... ({more} more lines)"] if more > 0 else []))
+    return CompileError(f"the compiler rejected {what}{where} (the source passed the verifier: "
+                        f"a capqr bug or an unsupported construct):\n  {text}",
+                        line=first, compiler_output=output)
+
+
+def _compile_kernel(tmp: Path, modname: str, text: str, include_dirs: list[str],
+                    extra_args: list[str], what: str) -> Path:
+    """Compile ``text`` to an object in ``tmp``; CompileError with its diagnostics."""
+    src, obj = tmp / f"{modname}_kernel.c", tmp / f"{modname}_kernel.o"
+    src.write_text(text)
+    cmd = [*kernel_cc_command(include_dirs, extra_args), "-c", str(src), "-o", str(obj)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                           env=dict(os.environ, LC_ALL="C"))  # plain ASCII quotes
+    except OSError as e:
+        raise CompileError(f"cannot run the C compiler {cmd[0]!r}: {e}") from None
+    if r.returncode != 0:
+        raise compile_error(what, r.stderr + r.stdout,
+                            {str(src): "<generated C>"})
+    return obj
+
+
 def build_module(
     modname: str,
     cdef: str,
@@ -101,10 +185,15 @@ def build_module(
     include_dirs: list[str] | None = None,
     extra_compile_args: list[str] | None = None,
     libraries: list[str] | None = None,
+    kernel_source: str | None = None,
+    what: str | None = None,
 ) -> ModuleType:
     """Compile (unless cached) and import one cffi API-mode module.
 
-    ``modname`` must already encode the content hash of all inputs.
+    ``modname`` must already encode the content hash of all inputs.  ``source`` is
+    cffi's glue; ``kernel_source``, if given, is C compiled in a translation unit of
+    its own with :func:`kernel_cc_command` and linked in (``source`` then only
+    declares what ``cdef`` names); ``what`` names it in a CompileError.
     """
     if modname in _loaded:
         return _loaded[modname]
@@ -113,18 +202,25 @@ def build_module(
         if modname in _loaded:
             return _loaded[modname]
         if not target.exists():
-            ffi = cffi.FFI()
-            ffi.cdef(cdef)
-            ffi.set_source(
-                modname,
-                source,
-                sources=sources or [],
-                include_dirs=include_dirs or [],
-                extra_compile_args=extra_compile_args or [],
-                libraries=libraries or [],
-            )
             tmp = Path(tempfile.mkdtemp(prefix="build-", dir=cache_dir()))
             try:
+                objects = []
+                if kernel_source is not None:
+                    objects.append(str(_compile_kernel(tmp, modname, kernel_source,
+                                                       include_dirs or [],
+                                                       extra_compile_args or [],
+                                                       what or f"kernel C of {modname}")))
+                ffi = cffi.FFI()
+                ffi.cdef(cdef)
+                ffi.set_source(
+                    modname,
+                    source,
+                    sources=sources or [],
+                    include_dirs=include_dirs or [],
+                    extra_compile_args=extra_compile_args or [],
+                    extra_objects=objects,
+                    libraries=libraries or [],
+                )
                 try:
                     built = ffi.compile(tmpdir=str(tmp), verbose=False)
                 except Exception as e:  # distutils raises CompileError/LinkError variants

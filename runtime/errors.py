@@ -25,7 +25,17 @@ class VerifyError(CapqrError):
 
 
 class CompileError(CapqrError):
-    """The C compiler rejected verified source (a capqr bug or an unsupported construct)."""
+    """The C compiler rejected verified source (a capqr bug or an unsupported construct).
+
+    Attributes: ``line`` (the kernel source line of the first error the compiler
+    reported, or None) and ``compiler_output`` (the compiler's own text, unmapped;
+    "" when there was none).
+    """
+
+    def __init__(self, message: str, *, line: int | None = None, compiler_output: str = ""):
+        self.line = line
+        self.compiler_output = compiler_output
+        super().__init__(message)
 
 
 class CapabilityFault(CapqrError):

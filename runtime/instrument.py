@@ -28,7 +28,18 @@ from pycparser import c_ast
 
 from capabilities import abi
 
-from .astutil import CapTyping, Generator, StmtExpr, node_fields, pure_lvalue, tile_call
+from .astutil import (
+    CapTyping,
+    Generator,
+    StmtExpr,
+    mangle,
+    node_fields,
+    pure_lvalue,
+    rename_user_names,
+    squeeze_line_directives,
+    tile_call,
+    user_names,
+)
 from .hoist import (
     QUIET_LOOPS,
     PollPoint,
@@ -380,19 +391,24 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
                     pre.append(fi._root(p.name, _id(p.name)))
             ext.body.block_items = pre + list(ext.body.block_items or [])
         out_ext.append(ext)
-    body = Generator().visit(c_ast.FileAST(out_ext))
+    # user names get their reserved spelling only now: every analysis above (and
+    # the fault messages' array names) worked on the names the user wrote
+    out = c_ast.FileAST(out_ext)
+    rename_user_names(out, user_names(verified.parsed.ast))
+    body = Generator(line_directives=True).visit(out)
     call_args = ", ".join(f"a[{i}].{ARG_FIELD[k]}" for i, (_, k) in enumerate(sig.params))
     sep = ", " if call_args else ""
     entry = (
+        '#line 1 "capqr-entry"\n'  # not a kernel line: a diagnostic here is capqr's own
         "void capqr_entry(void *b_, const void *a_)\n{\n"
         "    rt_block *b = (rt_block *)b_;\n"
         "    const rt_arg *a = (const rt_arg *)a_;\n"
         "    (void)a;\n"
-        f"    {kernel}(b{sep}{call_args});\n}}\n"
+        f"    {mangle(kernel)}(b{sep}{call_args});\n}}\n"
     )
     defines = {"checked": "", "raw": "#define RT_RAW 1\n", "raw_poll": "#define RT_RAW_POLL 1\n"}
     src = defines[mode] + PREAMBLE + "\n" + body + "\n" + entry
-    return Instrumented(src, sig, mode)
+    return Instrumented(squeeze_line_directives(src), sig, mode)
 
 
 def _add_rt_param(fdecl: c_ast.FuncDecl) -> None:

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from . import core, records
-from .build import CAP_INCLUDE, build_module, cache_dir, compiler_id, content_hash
+from .build import (
+    CAP_INCLUDE,
+    build_module,
+    cache_dir,
+    compiler_id,
+    content_hash,
+    kernel_cc_command,
+)
 from .instrument import MODES, Instrumented, instrument
 from .parse import parse
 from .verifier import KernelSig
@@ -31,6 +38,15 @@ def cflags() -> list[str]:
     if extra is None:
         return list(BASE_CFLAGS)
     return [f for f in BASE_CFLAGS if not f.startswith("-march")] + extra.split()
+
+
+#: Include directories of a kernel's translation unit (cap.h; nothing else).
+INCLUDE_DIRS = [str(CAP_INCLUDE)]
+
+
+def cc_command() -> list[str]:
+    """The compiler command (no input, no output) of a kernel's own translation unit."""
+    return kernel_cc_command(INCLUDE_DIRS, cflags())
 
 
 @dataclass
@@ -104,13 +120,17 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
         inst: Instrumented = instrument(verified, name, mode, hoist=hoist)
         record = (name, inst.signature, inst.c_source)
     name, signature, c_source = record
+    # the kernel is its own translation unit: cffi's glue (Python.h) only declares the entry
+    entry_decl = "void capqr_entry(void *b, const void *a);"
     mod = build_module(
         f"_capqr_k_{key[:20]}",
-        "void capqr_entry(void *b, const void *a);",
-        c_source,
-        include_dirs=[str(CAP_INCLUDE)],
+        entry_decl,
+        entry_decl + "\n",
+        kernel_source=c_source,
+        include_dirs=INCLUDE_DIRS,
         extra_compile_args=flags,
         libraries=["m"],
+        what=f"kernel {name!r}",
     )
     if stored is None:
         _write_record(key, name, signature, c_source)

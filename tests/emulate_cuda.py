@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from capabilities import abi
+from runtime.cuda.instrument_cuda import entry_symbol
 
 DEVICE = r"""
 #include <barrier>
@@ -254,7 +255,8 @@ _ffi: Any = None
 
 
 def _launcher(name: str, params: list[tuple[str, str]], checked: bool, together: bool) -> str:
-    """extern "C" emu_<name>(caps, ints, dbls, record, grid, block): a thread per CUDA
+    """extern "C" emu_<symbol>(caps, ints, dbls, record, grid, block), ``symbol`` the
+    kernel's entry symbol (instrument_cuda.entry_symbol): a thread per CUDA
     thread; blocks one after another, or all at once (``together``: the kernel calls
     the grid barrier).  A raw kernel has no fault record."""
     ic = ii = idd = 0
@@ -269,10 +271,11 @@ def _launcher(name: str, params: list[tuple[str, str]], checked: bool, together:
         else:
             args.append(f"({'float' if kind == 'float' else 'double'})dbls[{idd}]")
             idd += 1
-    call = f"{name}({', '.join(args + (['rec', '0'] if checked else []))})"
+    sym = entry_symbol(name)  # the kernel's extern "C" __global__ name
+    call = f"{sym}({', '.join(args + (['rec', '0'] if checked else []))})"
     return f"""
-extern "C" void emu_{name}(const void *cap_words, const long long *ints, const double *dbls,
-                           rt_gpu_fault *rec, int grid, int block)
+extern "C" void emu_{sym}(const void *cap_words, const long long *ints, const double *dbls,
+                          rt_gpu_fault *rec, int grid, int block)
 {{
     const cap_t *caps = (const cap_t *)cap_words;
     gridDim = rt_dim3{{(unsigned)grid, 1u, 1u}};
@@ -399,7 +402,8 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
     lib = _ffi.dlopen(str(out))
     kernels = {}
     for k, sig in cs.kernels.items():
-        _ffi.cdef(f"void emu_{k}(const void *, const long long *, const double *, "
+        sym = f"emu_{entry_symbol(k)}"
+        _ffi.cdef(f"void {sym}(const void *, const long long *, const double *, "
                   "rt_gpu_fault *, int, int);", override=True)
-        kernels[k] = Kernel(k, sig.params, getattr(lib, f"emu_{k}"), list(cs.local_arrays))
+        kernels[k] = Kernel(k, sig.params, getattr(lib, sym), list(cs.local_arrays))
     return kernels

@@ -27,6 +27,7 @@ import capabilities
 import runtime
 from capabilities import abi
 from runtime import cuda
+from runtime.astutil import readable
 from runtime.cuda.instrument_cuda import device_prelude
 from runtime.errors import CapabilityFault, KernelTimeout, VerifyError
 
@@ -1136,7 +1137,7 @@ def test_warp_mma_lowers_to_one_checked_call_on_aligned_shared_tiles() -> None:
     shared arrays keep 16; a loop around a call is versioned under a warp vote (the
     call is a warp collective: every lane must take the same copy), the call itself
     checked in both copies."""
-    text = cuda.translate(MMA_LOWER_SRC).text
+    text = readable(cuda.translate(MMA_LOWER_SRC).text)
     body = text[text.index("__rtk_k"):]
     assert "__align__(32) float smem_a[128]" in body
     assert "__align__(32) float smem_b[8][16]" in body

@@ -470,7 +470,7 @@ def test_emulated_whole_wrong_n_faults(whole_kernels) -> None:
 def test_dynamic_shared_memory_lowering() -> None:
     """Shared arrays past 48 KB become offsets into the launch's dynamic buffer (the
     lane passes CudaSource.dynamic_smem bytes); smaller sets stay static; a kernel with
-    a dynamic buffer cannot be called as a helper (its arrays and the caller's would
+    a dynamic buffer cannot be called as a helper (as no KERNEL can; its arrays and the caller's would
     share the buffer's start)."""
     from runtime.cuda import translate
     from runtime.errors import VerifyError
@@ -495,8 +495,8 @@ KERNEL void caller(cap_t x)
     big(x);
 }
 """
-    with pytest.raises(VerifyError, match="dynamic shared memory"):
+    with pytest.raises(VerifyError, match="call to KERNEL"):
         translate(src)
     cs = translate(src.split("KERNEL void caller")[0])
     assert cs.dynamic_smem == {"big": 100 * 129 * 4}
-    assert "float (*smem_a)[129] = (float (*)[129]) (__rt_dsmem + 0);" in cs.text
+    assert "float (*capqr_u_smem_a)[129] = (float (*)[129]) (__rt_dsmem + 0);" in cs.text

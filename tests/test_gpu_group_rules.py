@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.astutil import readable
 from runtime.cuda import translate
 from runtime.errors import VerifyError
 
@@ -28,7 +29,7 @@ KERNEL void plain(cap_t out)
 def test_group_kernels_leave_the_group_on_return(checked: bool) -> None:
     cs = translate(GROUP, checked=checked)
     assert cs.kernels["k"].group_sync and not cs.kernels["plain"].group_sync
-    text = cs.text
+    text = readable(cs.text)
     k_wrapper = text[text.index('extern "C" __global__ void k('):]
     k_wrapper = k_wrapper[:k_wrapper.index("}\n") + 2]
     assert "__rtk_k(out, n);\n  rt_group_leave();" in k_wrapper

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import capabilities
 import runtime
+from runtime.astutil import readable
 
 SRC = """
 KERNEL void fill_lt(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
@@ -118,7 +119,7 @@ def test_hoisting_applies_to_canonical_loops(builds) -> None:
 
 def test_accesses_differing_in_offset_share_one_hull_check(builds) -> None:
     """Two loads and two stores, each pair with one stride: one check per pair."""
-    src = builds["hull"][0].c_source
+    src = readable(builds["hull"][0].c_source)
     body = src[src.index(" hull(rt_block"):]
     body = body[:body.index("\n}\n")]
     assert body.count("rt_range_hull_ok(") == 2
@@ -291,7 +292,7 @@ def test_nest_over_a_short_runtime_width_polls_once_after_itself(rows_builds) ->
     table = hoist_function(fn, v.local_arrays["fill_rows"])
     outer = [plan for plan in table.loops if plan.line == 4]
     assert outer and outer[0].quiet, table.loops
-    text = rows_builds[0].c_source
+    text = readable(rows_builds[0].c_source)
     limit = rf"\(RT_DIV\(__rt, __h\d+_span, 1, 0\) < {INNER_CONST_TRIP}\)"
     assert re.search(limit, text), text
 
@@ -371,17 +372,17 @@ def box_builds() -> dict:
 
 def test_rectangular_nests_fold_into_one_box_check(box_builds) -> None:
     for name in ("box", "box_le", "box_cond"):
-        src = box_builds[name][0].c_source
+        src = readable(box_builds[name][0].c_source)
         assert "rt_range2_ok" in src and "rt_ustore_f32" in src, name
     assert "rt_lrange2_ok" in box_builds["box_local"][0].c_source
     # the fast copy of the nest runs no per-inner-loop guard: one interval guard at
     # function entry (the whole body), then in its checked copy the box guard
     # before the nest and the inner loop's own guard
-    src = box_builds["box"][0].c_source
+    src = readable(box_builds["box"][0].c_source)
     box = src[src.index(" box(rt_block"):src.index(" box_le(rt_block")]
     assert box.count("rt_range2_ok(") == 1 and box.count("rt_range_ok(") == 2
     # the inner bound moves with i: no box, each inner loop keeps its own guard
-    src = box_builds["tri"][0].c_source
+    src = readable(box_builds["tri"][0].c_source)
     tri = src[src.index(" tri(rt_block"):src.index("capqr_entry")]
     assert "rt_range2_ok" not in tri and "rt_range_ok" in tri
 
@@ -508,7 +509,7 @@ def _section(src: str, name: str, nxt: str) -> str:
 
 
 def test_body_offsets_fold_the_nest_into_one_guard(def_builds) -> None:
-    src = def_builds["quad"][0].c_source
+    src = readable(def_builds["quad"][0].c_source)
     quad = _section(src, "quad", "capqr_entry")
     # the outer loads and the inner nest are covered before the q loop ...
     assert "rt_uload_f32(x, a0 + c)" in quad and "rt_uload_f32(x, a1 + c)" in quad
@@ -519,9 +520,9 @@ def test_body_offsets_fold_the_nest_into_one_guard(def_builds) -> None:
     fast_cond = quad[quad.index("if ("):quad.index("{", quad.index("if ("))]
     assert fast_cond.count("rt_range2_hull_ok(") == 2 and fast_cond.count("rt_range_hull_ok(") == 1
     for name in ("redef", "moving"):
-        body = _section(def_builds[name][0].c_source, name, "capqr_entry")
+        body = _section(readable(def_builds[name][0].c_source), name, "capqr_entry")
         assert "rt_range2_" not in body, name  # a0 changes in the body: no expansion
-    narrow = _section(def_builds["narrow"][0].c_source, "narrow", "capqr_entry")
+    narrow = _section(readable(def_builds["narrow"][0].c_source), "narrow", "capqr_entry")
     assert "rt_range2_" not in narrow  # int arithmetic wraps mod 2^32: not expanded
 
 
@@ -630,7 +631,7 @@ def nest_guard_builds() -> dict:
 
 def test_nests_get_one_interval_guard(nest_guard_builds) -> None:
     for name in NEST_GUARD_NAMES:
-        src = nest_guard_builds[name][0].c_source
+        src = readable(nest_guard_builds[name][0].c_source)
         body = src[src.index(f" {name}(rt_block"):]
         body = body[:body.index("\n}\n")]
         # a nest guard before the nest, and a fast copy without checked accesses
@@ -687,7 +688,7 @@ def whole_builds() -> dict:
 
 def test_whole_body_guard_at_entry(whole_builds) -> None:
     for name in ("quad", "tri_min", "down", "ragged", "tri_store"):
-        src = whole_builds[name][0].c_source
+        src = readable(whole_builds[name][0].c_source)
         body = src[src.index(f" {name}(rt_block"):]
         body = body[body.index("{") + 1:]
         # the guard comes first (after the local arrays, which both copies share)
@@ -696,7 +697,7 @@ def test_whole_body_guard_at_entry(whole_builds) -> None:
                    for d in before.strip().splitlines()), name
         assert "while (0)" not in body
     for name in ("redef", "moving"):  # a0 / base change in the body: no bound at entry
-        src = whole_builds[name][0].c_source
+        src = readable(whole_builds[name][0].c_source)
         body = src[src.index(f" {name}(rt_block"):]
         assert "int __n1_ok = 1;" not in body[:200], name
 
@@ -802,7 +803,7 @@ def test_int_parts_of_indices_are_range_checked(wrap32_builds) -> None:
     assert "rt_irange2_ok" in wrap32_builds["wrap_box"][0].c_source
     assert "rt_irange_ok" in wrap32_builds["wrap_local"][0].c_source
     # an unsigned part wraps mod 2^32 whatever its int range: the store stays checked
-    src = wrap32_builds["wrap_unsigned"][0].c_source
+    src = readable(wrap32_builds["wrap_unsigned"][0].c_source)
     src = src[src.index(" wrap_unsigned(rt_block"):]
     assert "rt_ustore_f32(x, (i * ld)" not in src and "rt_store_f32(__rt, x, (i * ld)" in src
 
@@ -860,7 +861,7 @@ def derived_builds() -> tuple:
 
 
 def test_whole_body_guard_over_derived_caps(derived_builds) -> None:
-    src = derived_builds[0].c_source
+    src = readable(derived_builds[0].c_source)
     body = src[src.index(" derived(rt_block"):]
     assert "int __n1_ok = 1;" in body[:300]
     assert "rt_range_ok(rt_offset(x," in body  # the guard checks P through M's offset
@@ -901,7 +902,7 @@ KERNEL void k(cap_t x, int64_t n, int64_t m)
     }
 }
 """
-    text = runtime.compile(src, "k").c_source
+    text = readable(runtime.compile(src, "k").c_source)
     body = text[text.index(" k(rt_block"):]
     quiet = re.findall(r"for \(int64_t i = 0; i < m; i\+\+\)\s*\{\s*rt_ustore_f32\([^;]*;\s*\}\s*"
                        r"(rt_pollcheck\(__rt\);)?", body)
@@ -935,9 +936,9 @@ def test_gpu_loops_with_warp_collectives_are_versioned_under_a_warp_vote() -> No
     (tests/test_gpu_builtins.py runs it).  A block barrier still stops versioning."""
     from runtime.cuda import translate
 
-    body = translate(WARP_LOOP, checked=True).text.split("void __rtk_rot(", 1)[1]
+    body = readable(translate(WARP_LOOP, checked=True).text).split("void __rtk_rot(", 1)[1]
     assert re.search(r"if \(rt_warp_all\(\(*__h1_ok", body), body
     assert "rt_uload_f32(x, " in body and "rt_load_f32(x, " in body  # fast and checked copies
     with_barrier = WARP_LOOP.replace("s += rt_shfl", "rt_sync_threads();\n        s += rt_shfl")
-    body = translate(with_barrier, checked=True).text.split("void __rtk_rot(", 1)[1]
+    body = readable(translate(with_barrier, checked=True).text).split("void __rtk_rot(", 1)[1]
     assert "rt_warp_all(" not in body and "rt_uload_f32" not in body

@@ -13,6 +13,7 @@ from pycparser import c_ast, c_parser
 
 import capabilities
 import runtime
+from runtime.astutil import readable
 from runtime.errors import CapabilityFault
 from runtime.lines import line_hull
 
@@ -58,12 +59,12 @@ def _run(kernel, bufs: dict[str, np.ndarray], args: tuple) -> tuple:
 
 def test_an_unrolled_loop_guards_two_firsts_per_line() -> None:
     k = runtime.compile(UNROLLED, "scale_rows")
-    guards = [ln for ln in k.c_source.splitlines() if "rt_range_hull_ok" in ln]
+    guards = [ln for ln in readable(k.c_source).splitlines() if "rt_range_hull_ok" in ln]
     assert guards and all("rt_line_ok" in ln for ln in guards), guards
     # the middle members (+ nw and + 2 * nw) are not in the hull any more
     assert all("2 * nw" not in ln for ln in guards), guards
     # and they are covered: the fast copy reads and writes them unchecked
-    lines = k.c_source.splitlines()
+    lines = readable(k.c_source).splitlines()
     assert any("x1 = rt_uload_f32" in ln for ln in lines)
     assert any("rt_ustore_f32" in ln and "2.0f * x2" in ln for ln in lines)
 

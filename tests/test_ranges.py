@@ -12,6 +12,7 @@ import pytest
 
 import capabilities
 import runtime
+from runtime.astutil import readable
 from runtime.cuda import lane
 from runtime.errors import CapabilityFault, VerifyError
 
@@ -56,7 +57,7 @@ def test_static_ranges_match_the_fully_checked_build(decls, index, proved) -> No
     fast = runtime.compile(src, "fill")
     slow = runtime.compile(src, "fill", hoist=False)
     # every copy of the store (loop versioning keeps a checked one) is unchecked iff proved
-    stores = [ln for ln in fast.c_source.splitlines() if "= (float) (i + 1)" in ln]
+    stores = [ln for ln in readable(fast.c_source).splitlines() if "= (float) (i + 1)" in ln]
     assert stores and all("rt_local_idx" not in ln for ln in stores) == proved, stores
     results = []
     for k in (fast, slow):
@@ -93,7 +94,7 @@ KERNEL void owner(cap_t x)
 
 
 def _owner_checks(decl: str) -> int:
-    text = lane.translate(TILE_OWNER.replace("{decl}", decl)).text
+    text = readable(lane.translate(TILE_OWNER.replace("{decl}", decl)).text)
     return text.split("__rtk_owner(", 1)[1].count("rt_lidx(")
 
 
@@ -110,7 +111,7 @@ def test_a_stated_block_size_bounds_the_thread_index() -> None:
 def test_the_update_kernels_register_tiles_are_proved() -> None:
     import kernels.gpu as g
 
-    text = lane.translate(g.UPDATE_SOURCE).text
+    text = readable(lane.translate(g.UPDATE_SOURCE).text)
     apply = text.split("void __rtk_gpu_qr_update_apply(", 1)[1].split("void __rtk_", 1)[0]
     # the 8 x 4 register tile's loads, stores and operands (rg < 8, cg < 16, q < 32)
     assert "smem_c[((((rg * 8) + 0) * 64) + (cg * 4)) + 0]" in apply

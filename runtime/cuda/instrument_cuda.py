@@ -55,7 +55,14 @@ from pycparser import c_ast
 
 from capabilities import abi
 
-from ..astutil import Generator, tile_call
+from ..astutil import (
+    Generator,
+    mangle,
+    rename_user_names,
+    squeeze_line_directives,
+    tile_call,
+    user_names,
+)
 from ..hoist import (
     GPU_BARRIERS,
     GPU_WARP_VOTE,
@@ -739,6 +746,12 @@ SEQ_PARAM, LAUNCH_PARAM = "__rt_seq", "__rt_launch"
 HIDDEN_PARAMS = f"rt_gpu_fault *{SEQ_PARAM}, int {LAUNCH_PARAM}"
 
 
+def entry_symbol(kernel: str) -> str:
+    """The ``extern "C" __global__`` symbol of ``kernel`` (cuModuleGetFunction's name):
+    the user's name in its reserved spelling, like every other user name."""
+    return mangle(kernel)
+
+
 def _with_hidden_params(decl: str) -> str:
     """``void k(cap_t x)`` -> ``void k(cap_t x, <hidden>)`` (``k()``/``k(void)``: hidden only)."""
     head, _, params = decl.rpartition(")")[0].partition("(")
@@ -1021,7 +1034,10 @@ class _Instrumenter:
         self.kernel_names = set(verified.parsed.kernels)
         self.waits = waiting_helpers(self.ast, GPU_BARRIERS)
         self.arrays: list[str] = []
-        self.gen = Generator()
+        self.gen = Generator(line_directives=True)
+        # printed with their reserved spelling (astutil.USER_PREFIX); analyses keep the
+        # user's names, as do fault records (array names) and kernel signatures
+        self.user_names = user_names(verified.parsed.ast)
         self.dynamic: dict[str, int] = {}
 
     def array_id(self, name: str) -> int:
@@ -1062,6 +1078,7 @@ class _Instrumenter:
         if name in self.kernel_names:
             self.dynamic[name] = dynamic_shared(fn, arrays)
         _map_types(fn)
+        rename_user_names(fn, self.user_names)
         body = self.gen.visit(fn.body)
         if rw.has_loop:
             # The pollcheck counter lives in a register; raw mode never reads it.
@@ -1072,9 +1089,9 @@ class _Instrumenter:
         # Kernel: device body + __global__ wrapper that sets up the block's fault flag.
         sig = self.verified.kernels[name]
         decl_txt = self.gen.visit(fn.decl)
-        inner = decl_txt.replace(name + "(", f"__rtk_{name}(", 1)
+        inner = decl_txt.replace(mangle(name) + "(", f"__rtk_{name}(", 1)
         out = f"static __device__ __forceinline__ {inner}\n{body}\n"
-        argnames = ", ".join(n for n, _ in sig.params)
+        argnames = ", ".join(mangle(n) for n, _ in sig.params)
         prologue = ""
         if self.checked:  # raw builds have neither the hidden parameters nor the entry check
             decl_txt = _with_hidden_params(decl_txt)
@@ -1102,12 +1119,13 @@ class _Instrumenter:
                 if ext.name in self.kernel_names:
                     continue
                 _map_types(ext)
+                rename_user_names(ext, self.user_names)
                 parts.append(f"static __device__ __forceinline__ {self.gen.visit(ext)};\n")
             else:
                 raise AssertionError("the verifier admits only functions at file scope")
         refuse_dynamic_calls(self.verified.parsed.ast, self.dynamic)
-        return CudaSource("\n".join(parts), kernels, self.arrays, self.checked,
-                          {k: v for k, v in self.dynamic.items() if v})
+        return CudaSource(squeeze_line_directives("\n".join(parts)), kernels, self.arrays,
+                          self.checked, {k: v for k, v in self.dynamic.items() if v})
 
 
 def instrument(verified: VerifiedSource, *, checked: bool = True,

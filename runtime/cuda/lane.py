@@ -62,7 +62,7 @@ from ..parse import parse
 from ..verifier import KernelSig, VerifiedSource, select_kernel, verify
 from . import driver as drv
 from . import nvrtc
-from .instrument_cuda import FAULT_KINDS, CudaSource, instrument
+from .instrument_cuda import FAULT_KINDS, CudaSource, entry_symbol, instrument
 
 RECORD_CDEF = abi.GPU_FAULT_DECL + "\n"
 TAG_FREED = abi.GPU_TAG_FREED
@@ -523,7 +523,8 @@ def compile(source: str, name: str | None = None, *, checked: bool = True, hoist
     mod = f.new("CUmodule *")
     drv.check(L.cuModuleLoadData(mod, cubin), "cuModuleLoadData")
     fn = f.new("CUfunction *")
-    drv.check(L.cuModuleGetFunction(fn, mod[0], name.encode()), "cuModuleGetFunction")
+    drv.check(L.cuModuleGetFunction(fn, mod[0], entry_symbol(name).encode()),
+              "cuModuleGetFunction")
     dynamic = cs.dynamic_smem.get(name, 0)
     if dynamic:
         opt_in_dynamic_smem(name, fn[0], dynamic, dev)

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from ..build import cache_dir as build_cache_dir
-from ..build import publish
+from ..build import compile_error, publish
 from ..errors import CompileError
 
 try:
@@ -151,8 +151,9 @@ def _nvrtc(f, L, source: str, opts: tuple[str, ...], name: str) -> bytes:
         L.nvrtcGetProgramLog(prog[0], log_buf)
         log = f.string(log_buf).decode(errors="replace")
         if rc != 0:
-            raise CompileError(f"NVRTC failed ({f.string(L.nvrtcGetErrorString(rc)).decode()}):"
-                               f"\n{log}")
+            # the log names kernel lines ("kernel(12): error: ..."): the lowering's #line
+            raise compile_error(f"the CUDA C of {name} (NVRTC: "
+                                f"{f.string(L.nvrtcGetErrorString(rc)).decode()})", log)
         L.nvrtcGetCUBINSize(prog[0], n)
         buf = f.new("char[]", n[0])
         L.nvrtcGetCUBIN(prog[0], buf)
@@ -170,5 +171,5 @@ def _nvcc(source: str, arch: str, options: tuple[str, ...]) -> bytes:
         cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", *options, "-o", out, src]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
-            raise CompileError(f"nvcc failed:\n{r.stderr}")
+            raise compile_error("the CUDA C (nvcc)", r.stderr + r.stdout, {src: "<generated CUDA>"})
         return Path(out).read_bytes()
