@@ -24,9 +24,12 @@
  * jmp_buf a fault unwinds to, and the runtime's function table (rt_api), so
  * kernel modules need no link-time dependency on the core.
  *
- * Pollchecks.  At every loop back-edge: one load of *__rt->poll and a
- * predictable branch.  Non-zero means "take the slow path": a soft handshake
- * requested by the collector, a timeout or a cancel (fault in another block).
+ * Pollchecks.  At every loop back-edge and at the entry of every function
+ * that calls a same-source function (runtime/hoist.py, entry_polls: together
+ * they bound the work between two polls, loops or not): one load of
+ * *__rt->poll and a predictable branch.  Non-zero means "take the slow path":
+ * a soft handshake requested by the collector, a timeout or a cancel (fault in
+ * another block).
  *
  * Shadow frames.  cap_t locals of a running kernel are GC roots.  Each
  * function that has cap_t locals gets an rt_frame with one slot per local;

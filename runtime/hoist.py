@@ -131,6 +131,39 @@ class PollPoint(c_ast.Node):
         return ()
 
 
+def entry_polls(ast: c_ast.FileAST) -> frozenset[str]:
+    """The source's functions that poll at their entry: every one that calls a
+    same-source function.  Both lowerings use this rule.
+
+    Liveness: the work between two pollchecks is bounded by the source, for every
+    accepted kernel, whatever its loops.  Loops poll at every back-edge, except
+    quiet ones (below), whose bodies call no helper and which run fewer than
+    SHORT_TRIP iterations (a quiet nest: OUTER_SHORT_TRIP x INNER_CONST_TRIP)
+    before a poll.  Take a stretch of execution with no poll in it:
+    * no function that calls another is entered in it (it would poll at entry),
+      so every call made in the stretch is of a call-free function, which makes
+      one forward pass over its body (its own polling loops end the stretch);
+    * no frame goes round a polling loop in it, so each frame runs each of its
+      statements, call sites included, at most once (quiet loops aside);
+    * the frames on the stack at its start are at most the call graph's depth
+      (no recursion).
+    So a stretch runs at most depth x (a body, plus one call-free body per call
+    site in it) statements, each a bounded amount of work (a quiet loop at most
+    2^20 iterations, a tile copy one row of a fixed-size local array between its
+    per-row polls).  A call-free function needs no entry poll: its one pass is
+    counted in its caller's stretch.  Polling at every function's entry would be
+    as sound and polls more: 2.2-2.7x as many entry polls on the QR kernels
+    (e.g. 1299 -> 3457 per n=1024 factorisation), neither measurable in time.
+    Without entry polls a DAG of loop-free helpers (h1 calls h0 twice, h2 calls
+    h1 twice, ...) ran 2^depth calls with no poll: no timeout, cancel or
+    collector handshake was answered.  On the GPU a poll is one tick of the
+    thread's amortised counter (the record is read every 1024th tick), so the
+    bound there is 1024 times this one.
+    """
+    funcs = {e.decl.name: e.body for e in ast.ext if isinstance(e, c_ast.FuncDef)}
+    return frozenset(n for n, body in funcs.items() if callees(body, set(funcs)))
+
+
 @dataclass
 class LoopPlan:
     """One versioned loop: its guard terms, the accesses they cover, and polling."""

@@ -8,7 +8,13 @@ cannot make safe):
 * every dialect call rewritten to its checked form in cap.h, with the
   source line (``cap_load_f32(c, i)`` -> ``rt_load_f32(__rt, c, i, LINE)``);
 * a pollcheck at the top of every loop body (= every back-edge, also after
-  ``continue``) for soft handshakes, timeouts and stop requests;
+  ``continue``) and at the entry of every function that calls a same-source
+  function (after its shadow frame roots its cap parameters), for soft
+  handshakes, timeouts and stop requests: together they bound the work between
+  two polls whatever the kernel's loops (hoist.entry_polls says why; a call DAG
+  of loop-free helpers made 2^depth calls with no poll when only loops
+  polled).  Quiet loops (hoist.py) poll once after themselves instead.  Raw
+  builds have none; raw_poll builds have exactly these;
 * a bounds check on every subscript of a local array;
 * shadow frames for ``cap_t`` locals when the source can create objects
   (``cap_alloc_*``/``cap_load_cap``): without those, every cap derives from
@@ -46,6 +52,7 @@ from .hoist import (
     UncheckedCall,
     UncheckedRef,
     array_chain,
+    entry_polls,
     hoist_function,
     waiting_helpers,
 )
@@ -357,6 +364,7 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
     funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)}
     frames = _creates_objects(ast)
     waits = waiting_helpers(ast)
+    polls_at_entry = entry_polls(ast) if mode != "raw" else frozenset()
     cap_funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)
                  and verified.returns_cap.get(e.decl.name, False)}
     out_ext: list[c_ast.Node] = []
@@ -383,12 +391,19 @@ def instrument(verified: VerifiedSource, kernel: str, mode: str = "checked",
         _add_rt_param(ext.decl.type)
         if "static" not in ext.decl.storage:
             ext.decl.storage = ["static"] + list(ext.decl.storage)
+        pre: list[c_ast.Node] = []
         if caps or fi.spill_max:
-            pre: list[c_ast.Node] = [_call("RT_FRAME", _const(len(caps) + fi.spill_max))]
+            pre.append(_call("RT_FRAME", _const(len(caps) + fi.spill_max)))
             args = ext.decl.type.args
             for p in (args.params if args else []):
                 if isinstance(p, c_ast.Decl) and p.name in fi.cap_slots:
                     pre.append(fi._root(p.name, _id(p.name)))
+        if name in polls_at_entry:
+            # a caller of helpers polls at entry (hoist.entry_polls: why that bounds
+            # the work between polls), once its cap parameters are rooted: a cap the
+            # caller computed in the call's argument is held by nothing else
+            pre.append(_pollcheck())
+        if pre:
             ext.body.block_items = pre + list(ext.body.block_items or [])
         out_ext.append(ext)
     # user names get their reserved spelling only now: every analysis above (and

@@ -23,6 +23,7 @@ import hashlib
 import re
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,11 +220,14 @@ class Kernel:
         caps = [name for name, kind in self.params if kind == "cap"]
         return fault_from_record(SimpleNamespace(**fault), self.name, self.local_arrays, caps)
 
-    def launch(self, args: list[Any], grid: int, block: int) -> dict[str, int] | None:
+    def launch(self, args: list[Any], grid: int, block: int,
+               cancel_after: float | None = None) -> dict[str, int] | None:
         """Run ``grid`` blocks of ``block`` threads; args in the kernel's order (numpy
         arrays for caps, or (array, "r") for a read-only one; numbers for scalars).
         Returns the fault record's fields (kind, access, line, block, thread, index,
-        slot) or None."""
+        slot) or None.  ``cancel_after``: seconds after which the host raises the
+        record's cancel flag while the kernel runs, as the GPU lane does at a
+        launch's deadline (runtime/cuda/lane.py, _cancel)."""
         caps = [a for (_, k), a in zip(self.params, args, strict=True) if k == "cap"]
         ints = [int(a) for (_, k), a in zip(self.params, args, strict=True) if k == "int64"]
         dbls = [float(a) for (_, k), a in zip(self.params, args, strict=True)
@@ -243,8 +247,16 @@ class Kernel:
             for w, word in enumerate(abi.CAP_WORDS):
                 c[i * nw + w] = words[word]
         rec = _ffi.new("rt_gpu_fault *")
-        self.fn(c, _ffi.new("long long[]", ints or [0]), _ffi.new("double[]", dbls or [0.0]),
-                rec, grid, block)
+        timer = None
+        if cancel_after is not None:  # the call releases the GIL: the timer runs meanwhile
+            timer = threading.Timer(cancel_after, setattr, (rec, "cancel", 1))
+            timer.start()
+        try:
+            self.fn(c, _ffi.new("long long[]", ints or [0]),
+                    _ffi.new("double[]", dbls or [0.0]), rec, grid, block)
+        finally:
+            if timer is not None:
+                timer.cancel()
         if not rec.flag:
             return None
         return {"kind": rec.kind, "access": rec.access, "line": rec.line, "block": rec.block,

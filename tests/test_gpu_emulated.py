@@ -470,8 +470,8 @@ def test_emulated_whole_wrong_n_faults(whole_kernels) -> None:
 def test_dynamic_shared_memory_lowering() -> None:
     """Shared arrays past 48 KB become offsets into the launch's dynamic buffer (the
     lane passes CudaSource.dynamic_smem bytes); smaller sets stay static; a kernel with
-    a dynamic buffer cannot be called as a helper (as no KERNEL can; its arrays and the caller's would
-    share the buffer's start)."""
+    a dynamic buffer cannot be called as a helper (no KERNEL can: the verifier refuses it;
+    its arrays and the caller's would share the buffer's start)."""
     from runtime.cuda import translate
     from runtime.errors import VerifyError
 

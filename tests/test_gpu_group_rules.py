@@ -32,7 +32,8 @@ def test_group_kernels_leave_the_group_on_return(checked: bool) -> None:
     text = readable(cs.text)
     k_wrapper = text[text.index('extern "C" __global__ void k('):]
     k_wrapper = k_wrapper[:k_wrapper.index("}\n") + 2]
-    assert "__rtk_k(out, n);\n  rt_group_leave();" in k_wrapper
+    args = "__rt_pc, out, n" if checked else "out, n"  # checked: the pollcheck counter
+    assert f"__rtk_k({args});\n  rt_group_leave();" in k_wrapper
     plain = text[text.index('extern "C" __global__ void plain('):]
     assert "rt_group_leave" not in plain[:plain.index("}\n")]
 

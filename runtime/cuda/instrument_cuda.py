@@ -12,8 +12,13 @@ What the transformation does (pycparser AST in, CGenerator text out):
   memory, the others per thread) are wrapped in ``rt_lidx(i, N, ID, LINE)``.
 * Each loop condition gets an amortised pollcheck ``RT_POLL(__rt_pc)`` (one
   add, one test per iteration; the sequence record's cancel and fault flags
-  are read every 1024th iteration), so a launch past its deadline can be
-  cancelled and the blocks of a faulted launch stop early.
+  are read every 1024th tick), so a launch past its deadline can be
+  cancelled and the blocks of a faulted launch stop early.  Every function
+  that calls a same-source function ticks the same counter at its entry
+  (hoist.entry_polls: a DAG of loop-free helpers reaches the record too): in
+  checked mode the counter is the thread's one ``unsigned int``, declared by
+  the ``__global__`` wrapper and passed by reference (``rt_pc_t``) as every
+  device function's hidden first parameter, so ticks add up across calls.
 * A ``KERNEL`` becomes an ``extern "C" __global__`` wrapper that initialises
   the block's fault flag and calls the body, emitted as a device function so
   that kernels may also be called as helpers.  In checked mode the wrapper has
@@ -70,6 +75,7 @@ from ..hoist import (
     PollPoint,
     UncheckedCall,
     UncheckedRef,
+    entry_polls,
     hoist_function,
     waiting_helpers,
 )
@@ -109,6 +115,9 @@ static __device__ __forceinline__ long long rt_thread_idx(void) { return (long l
 /* The launch refuses any other block size (lane.check_block): nothing left to do here. */
 #define rt_require_block_dim(n) ((void)0)
 static __device__ __forceinline__ long long rt_block_dim(void) { return (long long)blockDim.x; }
+/* The thread's pollcheck counter, the hidden first parameter of every device
+ * function in checked mode: one count across calls (after inlining, a register). */
+typedef unsigned int &rt_pc_t;
 
 static __device__ __forceinline__ long long rt_len(cap_t c, long long S)
 {
@@ -752,6 +761,23 @@ def entry_symbol(kernel: str) -> str:
     return mangle(kernel)
 
 
+#: The hidden first parameter of every device function in checked mode: the thread's
+#: pollcheck counter, by reference (rt_pc_t in the prelude).
+PC_NAME = "__rt_pc"
+PC_PARAM = f"rt_pc_t {PC_NAME}"
+
+
+def _with_counter(decl: str) -> str:
+    """``void h(cap_t x)`` -> ``void h(rt_pc_t __rt_pc, cap_t x)`` (``h(void)``: the
+    counter only)."""
+    head, _, rest = decl.partition("(")
+    params, _, tail = rest.rpartition(")")
+    params = params.strip()
+    if params in ("", "void"):
+        return f"{head}({PC_PARAM}){tail}"
+    return f"{head}({PC_PARAM}, {params}){tail}"
+
+
 def _with_hidden_params(decl: str) -> str:
     """``void k(cap_t x)`` -> ``void k(cap_t x, <hidden>)`` (``k()``/``k(void)``: hidden only)."""
     head, _, params = decl.rpartition(")")[0].partition("(")
@@ -989,6 +1015,9 @@ class _Rewriter:
             "cap_load_cap", "cap_store_cap"), "the verifier refuses these for target cuda"
         if name in self.o.kernel_names:
             node.name = c_ast.ID(f"__rtk_{name}", coord)
+        if self.o.checked and name in self.o.funcs:
+            # the thread's pollcheck counter travels with every call (PC_PARAM)
+            node.args = c_ast.ExprList([c_ast.ID(PC_NAME, coord)] + args, coord)
         return node
 
 
@@ -1033,6 +1062,10 @@ class _Instrumenter:
         self.hoist = hoist and checked
         self.kernel_names = set(verified.parsed.kernels)
         self.waits = waiting_helpers(self.ast, GPU_BARRIERS)
+        user = [e for e in self.ast.ext if is_user_node(e)]
+        self.funcs = {e.decl.name for e in user if isinstance(e, c_ast.FuncDef)}
+        # functions that tick the pollcheck counter at entry (none in raw mode)
+        self.entry_polls = entry_polls(self.ast) if checked else frozenset()
         self.arrays: list[str] = []
         self.gen = Generator(line_directives=True)
         # printed with their reserved spelling (astutil.USER_PREFIX); analyses keep the
@@ -1077,25 +1110,35 @@ class _Instrumenter:
         rw.visit(fn.body)
         if name in self.kernel_names:
             self.dynamic[name] = dynamic_shared(fn, arrays)
+        if name in self.entry_polls:
+            # a caller of helpers ticks at entry (hoist.entry_polls: why that bounds
+            # the work between two reads of the record)
+            poll = _call("RT_POLL", [c_ast.ID(PC_NAME)], fn.body.coord)
+            fn.body.block_items = [poll] + list(fn.body.block_items or [])
         _map_types(fn)
         rename_user_names(fn, self.user_names)
         body = self.gen.visit(fn.body)
-        if rw.has_loop:
-            # The pollcheck counter lives in a register; raw mode never reads it.
+        if rw.has_loop and not self.checked:
+            # Raw mode never reads the counter (RT_POLL is empty there).
             body = "{\n  unsigned int __rt_pc = 0u; (void)__rt_pc;" + body.lstrip()[1:]
         fn.decl.storage = [s for s in fn.decl.storage if s != "static"]
+        own_decl = self.gen.visit(fn.decl)
+        if self.checked:
+            own_decl = _with_counter(own_decl)
         if name not in self.kernel_names:
-            return f"static __device__ __forceinline__ {self.gen.visit(fn.decl)}\n{body}\n", None
+            return f"static __device__ __forceinline__ {own_decl}\n{body}\n", None
         # Kernel: device body + __global__ wrapper that sets up the block's fault flag.
         sig = self.verified.kernels[name]
         decl_txt = self.gen.visit(fn.decl)
-        inner = decl_txt.replace(mangle(name) + "(", f"__rtk_{name}(", 1)
+        inner = own_decl.replace(mangle(name) + "(", f"__rtk_{name}(", 1)
         out = f"static __device__ __forceinline__ {inner}\n{body}\n"
         argnames = ", ".join(mangle(n) for n, _ in sig.params)
         prologue = ""
         if self.checked:  # raw builds have neither the hidden parameters nor the entry check
             decl_txt = _with_hidden_params(decl_txt)
-            prologue = f"  RT_PROLOGUE({SEQ_PARAM}, {LAUNCH_PARAM});\n"
+            prologue = (f"  RT_PROLOGUE({SEQ_PARAM}, {LAUNCH_PARAM});\n"
+                        f"  unsigned int {PC_NAME} = 0u;\n")
+            argnames = ", ".join([PC_NAME] + [mangle(n) for n, _ in sig.params])
         # a block that returns leaves the group, so the other blocks' barriers complete
         leave = "  rt_group_leave();\n" if sig.group_sync else ""
         out += (f'extern "C" __global__ {decl_txt}\n{{\n{prologue}'
@@ -1120,7 +1163,10 @@ class _Instrumenter:
                     continue
                 _map_types(ext)
                 rename_user_names(ext, self.user_names)
-                parts.append(f"static __device__ __forceinline__ {self.gen.visit(ext)};\n")
+                proto = self.gen.visit(ext)
+                if self.checked:
+                    proto = _with_counter(proto)
+                parts.append(f"static __device__ __forceinline__ {proto};\n")
             else:
                 raise AssertionError("the verifier admits only functions at file scope")
         refuse_dynamic_calls(self.verified.parsed.ast, self.dynamic)

@@ -50,8 +50,8 @@ from .. import core, heap, records
 from ..argcheck import (
     check_counts,
     check_grid,
-    check_timeout,
     check_perms,
+    check_timeout,
     group_arg,
     plain_int64,
     scalar_arg,
