@@ -1,4 +1,5 @@
-"""``python -m bench``: overhead, QR peers, collector and GPU benchmarks -> JSON, PNGs, latest.md.
+"""``python -m capqr.bench``: overhead, QR peers, collector and GPU benchmarks -> JSON,
+PNGs, latest.md.
 
 Options: ``--quick`` (tiny sizes, one repeat: the CI smoke run), ``--sizes 256,512``
 (square QR sizes), ``--only overhead|peers|gc|gpu`` (repeatable), ``--out DIR``
@@ -35,7 +36,7 @@ BAR_FORMAT = "{desc}: {n_fmt}/{total_fmt} steps |{bar}| {elapsed} elapsed{postfi
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes, one repeat (CI smoke run, < 60 s)")
     ap.add_argument("--sizes", default="",
@@ -63,7 +64,7 @@ def _gc_bench(quick: bool) -> Any:
 def _gpu_bench(quick: bool, out: Path) -> list[dict[str, Any]]:
     """Run bench/gpu_bench.py into ``out`` when a GPU is usable; else say why and return []."""
     try:
-        from runtime import cuda
+        from ..runtime import cuda
 
         ok, why = cuda.available()
     except Exception as e:  # noqa: BLE001 - no cffi/libcuda: the section is skipped, not fatal

@@ -36,7 +36,7 @@ class LaunchRunner:
 
     def __init__(self, kernel: Any, caps: list[Any], args: tuple, grid: int,
                  restore: list[tuple[np.ndarray, np.ndarray]] | None = None, inner: int = 1):
-        import runtime
+        from .. import runtime
 
         self._launch = runtime.launch
         self.kernel, self.caps, self.args, self.grid = kernel, caps, args, grid

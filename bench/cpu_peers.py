@@ -1,4 +1,4 @@
-"""``python -m bench.cpu_peers``: checked capqr QR vs LAPACK sgeqrf (scipy) and torch.geqrf
+"""``python -m capqr.bench.cpu_peers``: checked capqr QR vs LAPACK sgeqrf (scipy) and torch.geqrf
 (MKL) on the CPU, with the same thread count for all three.
 
 Shapes: square n x n, the contest's (batch, n) batches of n x n matrices, and two tall-skinny
@@ -78,7 +78,7 @@ class Capqr:
     """kernels.qr (checked, default variant); keeps the last result for the check."""
 
     def __init__(self, a: np.ndarray):
-        import kernels
+        from .. import kernels
 
         self.a, self.qr, self.out = a, kernels.qr, None
 
@@ -142,7 +142,7 @@ def _time(r: Any) -> float:
 
 def _check(a: np.ndarray, out: Any) -> dict[str, Any]:
     """kernels.check of capqr's result on the first CHECK_MATRICES matrices (untimed)."""
-    import kernels
+    from .. import kernels
 
     h, tau = out
     a3, h3, t3 = (a, h, tau) if a.ndim == 3 else (a[None], h[None], tau[None])
@@ -322,7 +322,7 @@ def run(shapes: list[Shape], threads: int, budget_s: float, quick: bool,
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    ap = argparse.ArgumentParser(prog="python -m bench.cpu_peers",
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench.cpu_peers",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help=f"shapes {' '.join(QUICK_LABELS)}, at most {QUICK_MAX_REPEATS} repeats, "
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> Path:
         raise SystemExit("the capqr pool is already started: set CAPQR_THREADS before import")
     # the pool size is read once, when the runtime loads (runtime/core.py)
     os.environ["CAPQR_THREADS"] = str(threads)
-    import runtime
+    from .. import runtime
 
     if runtime.threads() != threads:
         raise SystemExit(f"capqr runs {runtime.threads()} workers, not {threads}")

@@ -6,8 +6,8 @@ baseline against the live bytes, at two run lengths, and allocation
 throughput).
 
 Each measurement runs in a fresh process (the worker count, CAPQR_THREADS,
-is fixed at import).  ``python -m bench.gc_bench [--quick]`` prints JSON;
-``python -m bench.gc_bench --churn`` runs only the churn scenario and writes
+is fixed at import).  ``python -m capqr.bench.gc_bench [--quick]`` prints JSON;
+``python -m capqr.bench.gc_bench --churn`` runs only the churn scenario and writes
 gc-churn-<date>.json (machine, load, commit) into --out.
 """
 
@@ -85,8 +85,9 @@ KERNEL void churn(cap_t table, int64_t iters, int64_t nslots, int64_t n)
 HANDSHAKE_CHILD = r"""
 import json, sys, threading, time
 import numpy as np
-import capabilities, runtime, runtime.core
-from runtime.core import lib
+from capqr import capabilities, runtime
+import capqr.runtime.core  # noqa: F401 (loads the submodule)
+from capqr.runtime.core import lib
 n, secs = int(sys.argv[1]), float(sys.argv[2])
 k = runtime.compile(SPIN_SRC, "spin")
 flag = capabilities.alloc(1, np.int64)
@@ -113,7 +114,7 @@ print(json.dumps(dict(busy_threads=n, cycles=cycles, handshake_p50_us=s["handsha
 THROUGHPUT_CHILD = r"""
 import json, sys, threading, time
 import numpy as np
-import capabilities, runtime
+from capqr import capabilities, runtime
 reps = int(sys.argv[1]); rounds = int(sys.argv[2])
 k = runtime.compile(WORK_SRC, "work")
 nthr = runtime.threads()
@@ -148,7 +149,7 @@ print(json.dumps(dict(threads=nthr, seconds_disabled=d, seconds_running=r,
 ALLOC_CHILD = r"""
 import json, sys, threading, time
 import numpy as np
-import capabilities, runtime
+from capqr import capabilities, runtime
 iters = int(sys.argv[1])
 k = runtime.compile(ALLOC_SRC, "churn")
 nthr = runtime.threads()
@@ -177,7 +178,7 @@ print(json.dumps(dict(threads=nthr, objects=objs, seconds=dt, objects_per_s=objs
 CHURN_CHILD = r"""
 import json, resource, sys, time
 import numpy as np
-import capabilities, runtime
+from capqr import capabilities, runtime
 total, nslots, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 fill = runtime.compile(CHURN_SRC, "fill")
 churn = runtime.compile(CHURN_SRC, "churn")
@@ -200,7 +201,7 @@ runtime.launch(fill, [table], args=(nslots, n), timeout=600)
 runtime.gc_collect(); runtime.gc_collect()
 live = runtime.gc_stats()["bytes_live"]          # payload bytes of the live set
 live_rss = rss() - base                           # what it costs in resident memory
-from runtime.core import lib
+from capqr.runtime.core import lib
 occ_live = lib.gc_heap_occupancy()
 lib.gc_heap_peak(1)
 s0 = runtime.gc_stats(); t = time.perf_counter()
@@ -271,7 +272,7 @@ def churn_report(quick: bool = False, out_dir: Path | None = None) -> Path:
     import datetime
     import platform
 
-    from bench.machine import cpu_model, git_commit
+    from ..bench.machine import cpu_model, git_commit
 
     load0 = os.getloadavg()
     runs = churn(quick)
@@ -284,7 +285,7 @@ def churn_report(quick: bool = False, out_dir: Path | None = None) -> Path:
            "gc_ratio": float(os.environ.get("CAPQR_GC_RATIO", "1.25")),
            "runs": runs,
            "bound_peak_over_live_le_3": all(r["peak_over_live_rss"] <= 3.0 for r in runs)}
-    from bench.outdir import default_out
+    from ..bench.outdir import default_out
 
     out_dir = out_dir or default_out()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -294,11 +295,11 @@ def churn_report(quick: bool = False, out_dir: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m bench.gc_bench``: the collector benchmark as JSON on stdout, or the churn
+    """``python -m capqr.bench.gc_bench``: the collector benchmark as JSON on stdout, or the churn
     scenario into a file."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m bench.gc_bench",
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench.gc_bench",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     ap.add_argument("--churn", action="store_true",

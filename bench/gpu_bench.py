@@ -1,6 +1,6 @@
 """GPU lane benchmark: checked vs raw batched QR, and vs torch.geqrf, on the contest shapes.
 
-``python -m bench.gpu_bench`` writes ``gpu-<date>.json`` and ``.txt`` into --out.  Each
+``python -m capqr.bench.gpu_bench`` writes ``gpu-<date>.json`` and ``.txt`` into --out.  Each
 time is the median of >= 7 runs timed with CUDA events around the whole
 launch sequence of the blocked QR (kernels/gpu, host gaps between launches
 included; the input is restored by a device-to-device copy before every run,
@@ -38,9 +38,9 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
                 peer_budget_s: float = gpu_peers.PEER_BUDGET_S,
                 cublas: gpu_peers.Cublas | None = None) -> dict:
     """Time checked and raw capqr and the ``peers`` for one (batch, n)."""
-    import kernels.gpu as g
-    from runtime import cuda
-    from runtime.cuda import driver as drv
+    from ..kernels import gpu as g
+    from ..runtime import cuda
+    from ..runtime.cuda import driver as drv
 
     rng = np.random.default_rng(batch * 100003 + n)
     a = rng.standard_normal((batch, n, n)).astype(np.float32)
@@ -84,7 +84,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     for c in (A0, A, tau):
         c.free()
     ws.free()
-    import kernels
+    from .. import kernels
 
     rep = kernels.check(a, outs["checked"][0], outs["checked"][1])
     row["check_ok"] = bool(rep.ok)
@@ -103,8 +103,8 @@ def _profile(g, A, tau, ws, plan: list) -> dict:
     to enqueue the whole sequence, and the wall time to its end."""
     import time
 
-    from runtime import cuda
-    from runtime.cuda import driver as drv
+    from ..runtime import cuda
+    from ..runtime.cuda import driver as drv
 
     ks = g.blocked_kernels(True)
     evs = [(drv.Event(), drv.Event()) for _ in plan]
@@ -132,7 +132,7 @@ def _profile(g, A, tau, ws, plan: list) -> dict:
 def gpu_missing() -> str | None:
     """Why this host cannot run the GPU bench, or None."""
     try:
-        from runtime import cuda
+        from ..runtime import cuda
 
         ok, why = cuda.available()
     except Exception as e:  # noqa: BLE001 - no cffi/libcuda: a reason, not a crash
@@ -142,7 +142,7 @@ def gpu_missing() -> str | None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_bench",
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench.gpu_bench",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=7, help="timed runs per shape (median)")
     ap.add_argument("--repeat-large", type=int, default=7,
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         print(f"gpu_bench: skipped: {why}")
         return None
     if ns.two_panel != "default":
-        import kernels.gpu as g
+        from ..kernels import gpu as g
 
         g.TWO_PANEL = ns.two_panel == "on"
     tall = ns.tall_rows if ns.tall_rows == "auto" else (
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> Path | None:
             print(f"cublasSgeqrfBatched from {cublas.path}", flush=True)
         except (RuntimeError, ImportError) as e:
             print(f"cublasSgeqrfBatched: skipped: {e}", flush=True)
-    from runtime.cuda import driver as drv
+    from ..runtime.cuda import driver as drv
 
     shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
               if ns.shapes else CONTEST_SHAPES)
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> Path | None:
 
 
 def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
-    from bench.machine import git_commit, host, source_digest
-    from runtime.cuda import nvrtc
+    from ..bench.machine import git_commit, host, source_digest
+    from ..runtime.cuda import nvrtc
 
     res = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

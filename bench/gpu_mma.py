@@ -1,6 +1,6 @@
 """Throughput of ``rt_warp_mma_tf32`` and ``rt_warp_mma_f32``, checked and raw.
 
-``python -m bench.gpu_mma [--blocks 528] [--iters 256] [--out FILE]``: every
+``python -m capqr.bench.gpu_mma [--blocks 528] [--iters 256] [--out FILE]``: every
 warp of every block (128 threads) accumulates A[16x64] B[64x16] into its own
 16 x 16 tile of shared memory per round, ``iters`` rounds: eight tf32 calls
 (k = 8 each) or one fp32-accurate call (k = 64, three tf32 MMAs per step);
@@ -53,7 +53,7 @@ MMA_F32_SRC = MMA_SRC.replace("mma_loop", "mma32_loop").replace(
                         smem_b, w * 1024, 16, 64);""")
 
 def run(blocks: int, iters: int, repeat: int = 5) -> dict:
-    from runtime import cuda
+    from ..runtime import cuda
 
     out = cuda.alloc_device(blocks * 1024, np.float32, name="out")
     rows = []

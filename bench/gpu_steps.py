@@ -1,6 +1,6 @@
 """Where the GPU QR's time goes: pure kernel time per launch kind vs. the whole sequence.
 
-``python -m bench.gpu_steps --shapes 2x4096 --tall-rows 256`` factors one
+``python -m capqr.bench.gpu_steps --shapes 2x4096 --tall-rows 256`` factors one
 random batch launch by launch, each launch timed alone with CUDA events around
 the kernel only (``runtime.cuda.time_launch``, one run, so the factorization
 proceeds as in ``kernels.gpu.qr_launch``), and prints per kind of launch the
@@ -20,10 +20,10 @@ import numpy as np
 
 def profile(batch: int, n: int, tall_rows: int | None | str, checked: bool = True) -> dict:
     """Per-kind kernel milliseconds and the sequence's wall milliseconds for one shape."""
-    import kernels
-    import kernels.gpu as g
-    from runtime import cuda
-    from runtime.cuda import driver as drv
+    from .. import kernels
+    from ..kernels import gpu as g
+    from ..runtime import cuda
+    from ..runtime.cuda import driver as drv
 
     a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
     A = cuda.to_device(a, name="A")

@@ -113,7 +113,7 @@ def source_digest(root: Path = REPO) -> str:
 
 def source_digest_at(rev: str, root: Path = REPO) -> str:
     """:func:`source_digest` of commit ``rev`` (its tracked files), to match a result's
-    digest to a commit: ``python -m bench.machine digest REV``."""
+    digest to a commit: ``python -m capqr.bench.machine digest REV``."""
     names = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev], cwd=root, check=True,
                            capture_output=True, text=True).stdout.split()
     return _digest([(n, subprocess.run(["git", "show", f"{rev}:{n}"], cwd=root, check=True,
@@ -154,8 +154,8 @@ def torch_blas() -> dict[str, Any] | None:
 
 def compiler() -> dict[str, Any]:
     """Kernel compiler identity and flags (identical for checked and raw builds)."""
-    from runtime.build import compiler_id
-    from runtime.kernel import cflags
+    from ..runtime.build import compiler_id
+    from ..runtime.kernel import cflags
 
     return {"cc": compiler_id(), "kernel_cflags": cflags(),
             "CAPQR_CFLAGS": os.environ.get("CAPQR_CFLAGS")}
@@ -163,7 +163,7 @@ def compiler() -> dict[str, Any]:
 
 def threads() -> dict[str, Any]:
     """Threads used by each side: capqr worker pool, torch, and the environment knobs."""
-    import runtime
+    from .. import runtime
 
     out: dict[str, Any] = {"capqr_workers": runtime.threads(), "cpu_count": os.cpu_count()}
     try:
@@ -220,11 +220,11 @@ def describe() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m bench.machine``: the host, or a source digest."""
+    """``python -m capqr.bench.machine``: the host, or a source digest."""
     import argparse
     import json
 
-    ap = argparse.ArgumentParser(prog="python -m bench.machine",
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench.machine",
                                  description="Print what this host is, or a source digest.")
     ap.add_argument("what", nargs="?", choices=("host", "digest"), default="host",
                     help="host: CPU count and model, GPU, label (default); digest: the "

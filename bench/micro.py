@@ -60,14 +60,14 @@ SIZES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 
 
 def _grid() -> int:
-    import runtime
+    from .. import runtime
 
     return max(1, runtime.threads())
 
 
 def _buffers(arrays: list[np.ndarray]) -> tuple[list, list[np.ndarray]]:
     """Fresh collector-owned buffers holding copies of ``arrays`` (caps, numpy views)."""
-    import capabilities
+    from .. import capabilities
 
     caps, views = [], []
     for a in arrays:
@@ -97,7 +97,7 @@ def _maker(kernel: str, n: int, seed: int):
         written = [1]
 
     def make(mode: str) -> LaunchRunner:
-        import runtime
+        from .. import runtime
 
         k = runtime.compile(SOURCE, f"{kernel}_f32", mode=mode)
         caps, views = _buffers(init)
@@ -131,8 +131,7 @@ def launch_cost(launches: int = 1000, samples: int = 21) -> list[dict]:
     batches of ``launches``) and process CPU time (launcher plus workers)."""
     import time
 
-    import capabilities
-    import runtime
+    from .. import capabilities, runtime
 
     k = runtime.compile(LAUNCH_SOURCE, "empty_f32")
     caps = [capabilities.alloc((16,), np.float32) for _ in range(3)]

@@ -2,7 +2,7 @@
 
 ``$CAPQR_BENCH_OUT`` if set, else ``./bench-results`` in the current directory.
 Writing into bench/results/ (committed results) or the docs happens only when
-asked for (``--out bench/results``, ``python -m bench --update-docs``).
+asked for (``--out bench/results``, ``python -m capqr.bench --update-docs``).
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class _Cycler:
     """A background thread running collector cycles back to back while switched on."""
 
     def __init__(self) -> None:
-        import runtime
+        from .. import runtime
 
         self._rt = runtime
         self._on = threading.Event()
@@ -122,7 +122,7 @@ class _GcRunner:
         self.inner, self.cycler, self.running = inner, cycler, running
 
     def reset(self) -> None:
-        import runtime
+        from .. import runtime
 
         self.cycler.set(False)
         runtime.gc_set_enabled(self.running)
@@ -136,7 +136,7 @@ class _GcRunner:
 def measure_gc(case: Case, repeats: int, tick: Callable[[], None] | None = None
                ) -> dict[str, Any]:
     """Checked ``case`` with the collector cycling back to back vs disabled (interleaved)."""
-    import runtime
+    from .. import runtime
 
     base = case.make("checked")
     cycler = _Cycler()
@@ -190,7 +190,7 @@ def run(cases: list[Case], gc_case: Case | None, repeats: int = REPEATS,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m bench.overhead``: checked/raw/raw_poll of selected cases only
+    """``python -m capqr.bench.overhead``: checked/raw/raw_poll of selected cases only
     (``--kernel``, ``--size``), interleaved in one process; prints one line per
     case and the summary, optionally writes the rows as JSON (``--out``)."""
     import argparse
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from . import micro, qr
 
-    ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench.overhead", description=main.__doc__)
     ap.add_argument("--kernel", action="append", help="kernel name (repeatable), e.g. blocked")
     ap.add_argument("--size", action="append", help="size label (repeatable), e.g. '(20,32)'")
     ap.add_argument("--repeats", type=int, default=15, help="minimum samples per mode")

@@ -207,13 +207,13 @@ def run(quick: bool, impls: dict[str, Impl], sizes: list[int] | None = None,
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m bench.peers``: the QR peers section of ``python -m bench`` alone."""
+    """``python -m capqr.bench.peers``: the QR peers section of ``python -m capqr.bench`` alone."""
     import argparse
     import json
 
     from . import qr
 
-    ap = argparse.ArgumentParser(prog="python -m bench.peers",
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench.peers",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (smoke)")
     ap.add_argument("--sizes", default="",

@@ -35,7 +35,7 @@ GC_SHAPE = {"full": ("(40,176)", 40, 176), "quick": ("(4,32)", 4, 32)}
 
 def available() -> dict[str, Any]:
     """The QR variants to benchmark (``kernels.variants()``)."""
-    import kernels
+    from .. import kernels
 
     return kernels.variants()
 
@@ -44,10 +44,9 @@ class QrRunner:
     """One QR launch on prepared buffers; reset() restores the input matrix (untimed)."""
 
     def __init__(self, variant: Any, a3: np.ndarray, mode: str, nb: int | None = None):
-        import capabilities
-        import runtime
-        from kernels import sources
-        from kernels.qr import work_size
+        from .. import capabilities, runtime
+        from ..kernels import sources
+        from ..kernels.qr import work_size
 
         self._launch = runtime.launch
         batch, m, n = a3.shape
@@ -125,7 +124,7 @@ class _KernelsQr:
     """Peer runner: ``kernels.qr(A, variant, checked)`` exactly as a user calls it."""
 
     def __init__(self, a: np.ndarray, variant: str, checked: bool):
-        import kernels
+        from .. import kernels
 
         self.a, self.variant, self.checked = a, variant, checked
         self.fn = kernels.qr
@@ -167,7 +166,7 @@ def check(a: np.ndarray, runner: Any, max_mats: int | None = None) -> dict[str, 
     The float64 checker costs about as much as several factorisations, so
     big shapes check one matrix and small ones up to four.
     """
-    import kernels
+    from .. import kernels
 
     if getattr(runner, "out", None) is None:
         return None

@@ -1,10 +1,10 @@
-"""``python -m bench.qr_parallel``: checked capqr QR (default variant) vs scipy sgeqrf on the
+"""``python -m capqr.bench.qr_parallel``: checked capqr QR (default variant) vs scipy sgeqrf on the
 CPU, core scaling for one n=4096 matrix, a step profile of the parallel schedule, checked/raw
 of the parallel kernels, launch cost.
 
 One command for any host (a few minutes on 2 cores, about 3 on 16):
 
-    python -m bench.qr_parallel [--quick] [--out DIR]
+    python -m capqr.bench.qr_parallel [--quick] [--out DIR]
 
 writes ``cpu-parallel-<date>-<host>.json`` and prints the tables.  capqr and
 scipy run interleaved in this process (same load for both); each row has the
@@ -48,7 +48,7 @@ SCALING_N = {"full": 4096, "quick": 384}
 
 class _Capqr:
     def __init__(self, a: np.ndarray, checked: bool = True, variant: str = "auto"):
-        import kernels
+        from .. import kernels
 
         self.a, self.checked, self.variant, self.fn = a, checked, variant, kernels.qr
         self.out: Any = None
@@ -67,7 +67,7 @@ def _input(batch: int, n: int) -> np.ndarray:
 
 
 def _check(a: np.ndarray, out: Any) -> dict[str, Any]:
-    import kernels
+    from .. import kernels
 
     h, tau = out
     a3, h3, t3 = (a, h, tau) if a.ndim == 3 else (a[None], h[None], tau[None])
@@ -116,7 +116,7 @@ def peers(quick: bool, only: list[str] | None = None,
 _SCALE_SCRIPT = """
 import json, sys, time
 import numpy as np
-import kernels, runtime
+from capqr import kernels, runtime
 n, reps = int(sys.argv[1]), int(sys.argv[2])
 a = np.random.default_rng(n).standard_normal((n, n), dtype=np.float32)
 kernels.qr(a)  # the same call untimed first: one-time costs (kernels, first touch) stay out
@@ -162,8 +162,9 @@ KERNEL void clock_spin(cap_t out, int64_t iters)
 """
 _CLOCK_SCRIPT = """
 import json, sys, time
-import capabilities, numpy as np, runtime
-from bench.qr_parallel import _CLOCK_KERNEL
+import numpy as np
+from capqr import capabilities, runtime
+from capqr.bench.qr_parallel import _CLOCK_KERNEL
 iters = int(sys.argv[1])
 k = runtime.compile(_CLOCK_KERNEL, "clock_spin")
 w = runtime.threads()
@@ -211,10 +212,11 @@ KERNEL void tile_rate(cap_t a, cap_t work, int64_t m, int64_t n, int64_t reps)
 """
 _TILE_SCRIPT = """
 import json, sys, time
-import capabilities, numpy as np, runtime
-from bench.qr_parallel import _TILE_KERNEL
-from kernels import sources
-from kernels.qr import aligned_empty
+import numpy as np
+from capqr import capabilities, runtime
+from capqr.bench.qr_parallel import _TILE_KERNEL
+from capqr.kernels import sources
+from capqr.kernels.qr import aligned_empty
 m, reps, off = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 k = runtime.compile(sources.source("qrt") + _TILE_KERNEL, "tile_rate")
 w = runtime.threads()
@@ -330,9 +332,8 @@ KERNEL void prof_item_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, 
 
 def _item_costs(n: int, nb: int, rows: list[int]) -> dict[int, tuple[float, float]]:
     """{rows: (look-ahead item s, 64-wide tile update s)} on one worker (fastest of 5)."""
-    import capabilities
-    import runtime
-    from kernels import sources
+    from .. import capabilities, runtime
+    from ..kernels import sources
 
     k = runtime.compile(sources.source("qrt") + _PROFILE_KERNEL, "prof_item_f32")
     out = {}
@@ -382,7 +383,7 @@ def model(n: int, nb: int, workers: int, costs: dict[int, tuple[float, float]],
     frees first; a launch ends with its last item, plus ``launch_s``."""
     import heapq
 
-    from kernels import parallel
+    from ..kernels import parallel
 
     # j = -1: the first panel alone (the item without its update)
     first = max(_interp(costs, n, 0) - _interp(costs, n, 1), 0.5 * _interp(costs, n, 0))
@@ -412,8 +413,8 @@ def model(n: int, nb: int, workers: int, costs: dict[int, tuple[float, float]],
 def profile(quick: bool) -> list[dict[str, Any]]:
     """Where one matrix's time goes: item costs, the schedule model for 1, 2 and all
     workers, and a traced run on all workers."""
-    import runtime
-    from kernels import parallel
+    from .. import runtime
+    from ..kernels import parallel
 
     sizes = (384,) if quick else (1024, 2048, 4096)
     w = runtime.threads()
@@ -487,8 +488,7 @@ def launch_cost() -> dict[str, Any]:
     """Microseconds per launch of an empty kernel, grid 1 and grid = workers, back to
     back and (``idle``) each after 2 ms without launches, when the workers sleep
     (median of 200; runtime/csrc/launch.c wakes fewer of them for short launches)."""
-    import capabilities
-    import runtime
+    from .. import capabilities, runtime
 
     k = runtime.compile("KERNEL void empty(cap_t x, int64_t n)\n"
                         "{ if (n < 0) cap_store_f32(x, 0, 1.0f); }", "empty")
@@ -517,7 +517,7 @@ def launch_cost() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> Path:
     """Run the selected sections; writes the JSON and returns its path."""
-    ap = argparse.ArgumentParser(prog="python -m bench.qr_parallel",
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench.qr_parallel",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, one repeat (smoke)")
     ap.add_argument("--out", default="",
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> Path:
                          "rounds (default %(default)s: OpenBLAS threads spin ~0.1 s after a "
                          "call); 0 times them back to back")
     ns = ap.parse_args(argv)
-    import runtime
+    from .. import runtime
 
     t0 = time.perf_counter()
     res: dict[str, Any] = {"meta": machine.describe(), "workers": runtime.threads(),

@@ -40,9 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime import core, heap
-from runtime.errors import CapabilityFault
-
+from ..runtime import core, heap
+from ..runtime.errors import CapabilityFault
 from . import abi
 from .protocol import RecordedAttributes
 
@@ -145,7 +144,7 @@ class Capability(RecordedAttributes):
     """
 
     __slots__ = ("_obj", "_pin", "_shape", "_dtype", "_code", "_itemsize", "_name", "_perms",
-                 "_freed", "_id", "_nbytes", "_guard", "__weakref__")
+                 "_freed", "_id", "_nbytes", "_guard", "_export_pin", "__weakref__")
 
     def __init__(self, obj: Any, shape: tuple[int, ...], dtype: Any, perms: str, name: str):
         """Take over one pin of ``obj`` (already pinned by the allocator)."""
@@ -158,6 +157,7 @@ class Capability(RecordedAttributes):
         self._name = name
         self._freed = False
         self._guard: Any = None  # wrap: a check that the wrapped memory is still there
+        self._export_pin: Any = None  # set by __array_interface__: see there
         self._id = int(obj.id)
         self._nbytes = int(obj.nbytes)
         # obj arrives pinned (gc_alloc_pinned/gc_wrap_pinned): no window in
@@ -198,6 +198,34 @@ class Capability(RecordedAttributes):
     def __int__(self) -> int:
         self._check_live("load")
         return int(ffi.cast("uintptr_t", self._obj.base))
+
+    # -- zero-copy export (numpy, torch, any DLPack consumer) -----------------
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """numpy's array interface: ``np.asarray(cap)`` is a zero-copy view.  A consumer
+        keeps this handle as its base, so the handle keeps a pin of its own from here
+        on, which free() does not drop: free() still revokes the capability for
+        kernels and numpy(), but the memory outlives every exported array."""
+        view = self.numpy()
+        self._export_pin = self._pin
+        return view.__array_interface__
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
+                   dl_device: Any = None, copy: Any = None) -> Any:
+        """DLPack export (``torch.from_dlpack(cap)``, ``np.from_dlpack(cap)``): the capsule
+        holds a numpy view, and the view the payload's pin, so the memory stays while
+        the consumer's tensor does (also after free())."""
+        kw: dict[str, Any] = {"stream": stream}
+        if max_version is not None:
+            kw["max_version"] = max_version
+        if dl_device is not None:
+            kw["dl_device"] = dl_device
+        if copy is not None:
+            kw["copy"] = copy
+        return self.numpy().__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
 
     def free(self) -> None:
         """Revoke the object now; later uses fault (a second free() too)."""
@@ -256,7 +284,7 @@ def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | No
     """A fresh zeroed buffer owned by the collector."""
     drain_releases()
     if device != "cpu":
-        from runtime import cuda  # GPU lane (optional)
+        from ..runtime import cuda  # GPU lane (optional)
 
         return cuda.alloc_device(shape, dtype, perms=perms, name=name)
     shape = _shape_tuple(shape)
@@ -295,7 +323,8 @@ def _torch_numpy(t: Any) -> np.ndarray:
 
 
 def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
-    """Zero-copy capability over a C-contiguous numpy array or CPU torch tensor.
+    """Zero-copy capability over a C-contiguous numpy array, torch tensor (a CUDA tensor
+    gives a device capability) or any DLPack producer (``__dlpack__``: cupy, jax, ...).
 
     The array stays alive while any handle, cap table or running kernel can
     reach the object; the collector's sweep releases it after that.  For as
@@ -309,15 +338,24 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     keep: Any = array
     if type(array).__module__.startswith("torch"):
         if getattr(array, "is_cuda", False):
-            from runtime import cuda
+            from ..runtime import cuda
 
             return cuda.wrap_device(array, perms=perms, name=name)
         np_arr = _torch_numpy(array)
         keep = (array, np_arr)
         array = np_arr
+    elif not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
+        dlpack_gpu = _dlpack_on_gpu(array)
+        if dlpack_gpu is not None:  # cupy, jax, ... on a CUDA device: through torch
+            from ..runtime import cuda
+
+            return cuda.wrap_device(dlpack_gpu, perms=perms, name=name)
+        np_arr = np.from_dlpack(array)  # the array holds the producer's capsule
+        keep = (array, np_arr)
+        array = np_arr
     if not isinstance(array, np.ndarray):
-        raise TypeError(f"capabilities.wrap takes a numpy array or torch tensor, "
-                        f"not {type(array).__name__}")
+        raise TypeError(f"capabilities.wrap takes a numpy array, a torch tensor or an object "
+                        f"with __dlpack__, not {type(array).__name__}")
     if not array.flags.c_contiguous:
         raise ValueError("capabilities.wrap needs a C-contiguous array "
                          "(np.ascontiguousarray makes one; wrap never copies)")
@@ -335,6 +373,30 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     # releases the object, after every handle, table and running kernel
     keep_external(cap.id, (keep, pins))
     return cap
+
+
+#: DLPack device types (dlpack.h DLDeviceType) whose memory is a CUDA device's.
+_DL_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+
+def _dlpack_on_gpu(obj: Any) -> Any:
+    """A CUDA torch tensor sharing ``obj``'s memory if ``obj`` is a DLPack producer on a
+    CUDA device; None for host memory.  TypeError for other devices or without torch."""
+    try:
+        dev_type = int(obj.__dlpack_device__()[0])
+    except (AttributeError, TypeError, ValueError, IndexError):
+        dev_type = 1  # no __dlpack_device__: np.from_dlpack decides
+    if dev_type in (1, 3):  # kDLCPU, kDLCUDAHost
+        return None
+    if dev_type not in _DL_CUDA:
+        raise TypeError(f"capabilities.wrap takes host or CUDA memory; this DLPack object is "
+                        f"on device type {dev_type}")
+    try:
+        import torch
+    except ImportError:
+        raise TypeError("wrapping CUDA memory from DLPack goes through torch, which is not "
+                        "installed") from None
+    return torch.from_dlpack(obj)
 
 
 def _host_pins(array: np.ndarray) -> tuple[list[Any], Any]:
@@ -427,7 +489,7 @@ def _load_torch_pin() -> Any:
             return _torch_pin_lib
         import torch
 
-        from runtime import build
+        from ..runtime import build
 
         tdir = Path(torch.__file__).resolve().parent
         cxx = os.environ.get("CXX", "g++")

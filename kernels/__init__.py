@@ -10,6 +10,7 @@ variants of it (the safety fuzz) and renders the search's genomes
 
 from .check import CheckReport, MatrixReport, check
 from .qr import HalfOverflowError, Variant, householder_product, qr, variants
+from .warmup import precompile
 
 __all__ = ["qr", "householder_product", "variants", "check", "CheckReport", "MatrixReport",
-           "Variant", "HalfOverflowError"]
+           "Variant", "HalfOverflowError", "precompile"]

@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from capabilities import abi
-
+from ..capabilities import abi
 from . import sources
 
 #: Largest panel width and column tile (qrt.c's local tiles are 64 x 64).
@@ -48,7 +47,7 @@ def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
              which: tuple[str, ...] = ("qrt", "qrt_step"), family: str = "qrt"
              ) -> tuple[Any, ...]:
     """The named kernels of ``family``, compiled once per process and flags."""
-    import runtime
+    from .. import runtime
 
     src = sources.source(family, dtype)
     suffix = "f64" if dtype == "float64" else "f32"
@@ -57,14 +56,14 @@ def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
 
 def kernels_for(dtype: str, checked: bool) -> tuple[Any, Any]:
     """The compiled (qrt, qrt_step) pair for ``dtype`` ("float32"/"float64")."""
-    from runtime.kernel import cflags
+    from ..runtime.kernel import cflags
 
     return _kernels(dtype, checked, tuple(cflags()))  # type: ignore[return-value]
 
 
 def group_kernel_for(dtype: str, checked: bool) -> Any:
     """The compiled qrt_gstep for ``dtype`` (built on first use only)."""
-    from runtime.kernel import cflags
+    from ..runtime.kernel import cflags
 
     return _kernels(dtype, checked, tuple(cflags()), ("qrt_gstep",), "qrt_group")[0]
 
@@ -151,8 +150,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     many blocks (0: qrt_step); None decides by :func:`default_group` (never
     with an explicit ``grid``).
     """
-    import capabilities
-    import runtime
+    from .. import capabilities, runtime
 
     batch, m, ld = h.shape
     n = ld if n is None else int(n)

@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from capabilities import abi
-
+from ..capabilities import abi
 from . import parallel, sources
 
 #: Largest panel width the blocked kernels accept (their local tiles are 128 rows).
@@ -83,7 +82,7 @@ def variants() -> dict[str, Variant]:
 
 
 def _kernel(family: str, dtype: str, checked: bool) -> Any:
-    import runtime
+    from .. import runtime
 
     src = sources.source(family, "float32" if dtype == "float16" else dtype)
     return runtime.compile(src, sources.entry(family, dtype), checked=checked)
@@ -140,8 +139,7 @@ def _copy_on_workers(a3: np.ndarray, dt: str, allow_nonfinite: bool = False
     """A copy of ``a3`` made by kernels/src/copy.c on all workers, or None where
     numpy copies instead (small, strided, another dtype, one worker).  Raises
     ValueError for NaN/Inf unless ``allow_nonfinite``."""
-    import capabilities
-    import runtime
+    from .. import capabilities, runtime
 
     workers = runtime.threads()
     if (a3.size < COPY_ON_WORKERS_MIN or workers < 2 or a3.dtype != np.dtype(dt)
@@ -223,7 +221,7 @@ def _check_working_size(shape: tuple[int, ...], dtype: Any,
                         what: str = "working copy") -> int:
     """The bytes of a working array, or ValueError naming them when no process could
     hold it (capabilities.handle.MAX_ALLOC_BYTES)."""
-    from capabilities.handle import MAX_ALLOC_BYTES, _human
+    from ..capabilities.handle import MAX_ALLOC_BYTES, _human
 
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes > MAX_ALLOC_BYTES:
@@ -235,7 +233,7 @@ def _check_working_size(shape: tuple[int, ...], dtype: Any,
 
 def _alloc_working(shape: tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
     """aligned_empty, or ValueError/MemoryError naming the bytes the factorisation needs."""
-    from capabilities.handle import _human
+    from ..capabilities.handle import _human
 
     nbytes = _check_working_size(shape, dtype, what)
     try:
@@ -273,8 +271,7 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
     _check_grid(grid)
     if gpu.on_device(A):  # a DeviceCapability or CUDA tensor: the blocked GPU QR (kernels/gpu)
         return gpu.qr_device(A, checked=checked, timeout=timeout)
-    import capabilities
-    import runtime
+    from .. import capabilities, runtime
 
     if variant == "auto":
         variant = AUTO_VARIANT

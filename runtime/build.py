@@ -29,6 +29,7 @@ import sysconfig
 import tempfile
 import threading
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from types import ModuleType
 
@@ -37,18 +38,55 @@ import cffi
 from .astutil import demangle
 from .errors import CompileError
 
-REPO = Path(__file__).resolve().parent.parent
-CAP_INCLUDE = REPO / "capabilities"
-GC_DIR = REPO / "gc"
-CSRC = Path(__file__).resolve().parent / "csrc"
+#: The capqr package's root: a wheel's capqr/ folder or a checkout.  The C sources and
+#: headers are its package data (pyproject.toml), found here and nowhere else.
+PACKAGE_ROOT = Path(str(resources.files(__package__.rpartition(".")[0])))
+CAP_INCLUDE = PACKAGE_ROOT / "capabilities"
+GC_DIR = PACKAGE_ROOT / "gc"
+CSRC = PACKAGE_ROOT / "runtime" / "csrc"
 
-_build_lock = threading.Lock()
 _loaded: dict[str, ModuleType] = {}
+#: One lock per module name: different modules build at once (kernels.precompile), a
+#: module is built once.  cffi's own compile step changes the process's working
+#: directory, so it runs under one lock of its own.
+_module_locks: dict[str, threading.Lock] = {}
+_module_locks_guard = threading.Lock()
+_cffi_lock = threading.Lock()
+_announced = False
+
+
+def _module_lock(modname: str) -> threading.Lock:
+    with _module_locks_guard:
+        return _module_locks.setdefault(modname, threading.Lock())
+
+
+def cold_start_said() -> None:
+    """The caller announces its own builds (kernels.precompile): no first-use line."""
+    global _announced
+    _announced = True
+
+
+def _announce_cold_start() -> None:
+    """One line on stderr at a process's first compile (not for a cache hit), so a first
+    call that takes seconds says why; $CAPQR_QUIET=1 silences it."""
+    global _announced
+    if _announced or os.environ.get("CAPQR_QUIET"):
+        return
+    _announced = True
+    print(f"capqr: compiling kernels on first use (seconds each), cached in {cache_dir()}; "
+          "`python -m capqr warmup` builds them ahead", file=sys.stderr, flush=True)
 
 
 def cache_dir() -> Path:
-    """Where compiled modules live: $CAPQR_CACHE or ~/.cache/capqr."""
-    d = Path(os.environ.get("CAPQR_CACHE") or Path.home() / ".cache" / "capqr")
+    """Where compiled modules live: $CAPQR_CACHE or ~/.cache/capqr (absolute)."""
+    return _cache_dir(os.environ.get("CAPQR_CACHE") or "")
+
+
+@lru_cache(maxsize=8)
+def _cache_dir(setting: str) -> Path:
+    # Made absolute once: cffi's compile step changes the working directory while other
+    # threads compile kernels (build_module).
+    d = Path(setting or Path.home() / ".cache" / "capqr").absolute()
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -62,7 +100,9 @@ def compiler_id() -> str:
                              timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
-    return f"{cc}|{out.splitlines()[0] if out else '?'}|{sys.version_info[:2]}"
+    # The package's location too: an installed copy and a checkout never share a module.
+    return (f"{cc}|{out.splitlines()[0] if out else '?'}|{sys.version_info[:2]}"
+            f"|{PACKAGE_ROOT.resolve()}")
 
 
 def content_hash(*parts: str | bytes) -> str:
@@ -198,10 +238,11 @@ def build_module(
     if modname in _loaded:
         return _loaded[modname]
     target = cache_dir() / (modname + _suffix())
-    with _build_lock:
+    with _module_lock(modname):
         if modname in _loaded:
             return _loaded[modname]
         if not target.exists():
+            _announce_cold_start()
             tmp = Path(tempfile.mkdtemp(prefix="build-", dir=cache_dir()))
             try:
                 objects = []
@@ -222,7 +263,8 @@ def build_module(
                     libraries=libraries or [],
                 )
                 try:
-                    built = ffi.compile(tmpdir=str(tmp), verbose=False)
+                    with _cffi_lock:
+                        built = ffi.compile(tmpdir=str(tmp), verbose=False)
                 except Exception as e:  # distutils raises CompileError/LinkError variants
                     log = getattr(e, "args", [""])
                     raise CompileError(f"C compiler failed for {modname}: {log}") from None

@@ -59,8 +59,7 @@ from typing import Any
 
 from pycparser import c_ast, c_generator
 
-from capabilities import abi
-
+from ..capabilities import abi
 from .astutil import (
     INDEX_BUILTINS,
     INT_TYPES,

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 
 from pycparser import c_ast
 
-from capabilities import abi
-
+from ..capabilities import abi
 from .astutil import (
     CapTyping,
     Generator,

@@ -62,6 +62,11 @@ class Kernel:
     _entry: Any = field(repr=False, default=None)
     _module: Any = field(repr=False, default=None)
 
+    def __repr__(self) -> str:
+        # One line: the generated C is self.c_source, the dialect source self.source.
+        return (f"<capqr.runtime.Kernel {self.signature.text()} target=cpu mode={self.mode} "
+                f"key={self.key[:16]}>")
+
     @property
     def checked(self) -> bool:
         return self.mode == "checked"

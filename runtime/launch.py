@@ -17,8 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from capabilities import abi
-
+from ..capabilities import abi
 from . import core
 from .argcheck import check_counts, check_grid, check_timeout, group_arg, plain_int64, scalar_arg
 from .errors import CapabilityFault, KernelTimeout, fault_detail
@@ -65,8 +64,7 @@ def _launch_classes() -> tuple[type, type, type]:
     module never touches the driver on import)."""
     global _classes
     if _classes is None:
-        from capabilities.handle import Capability, NoBoundsCap
-
+        from ..capabilities.handle import Capability, NoBoundsCap
         from . import cuda
 
         _classes = (Capability, NoBoundsCap, cuda.CudaKernel)

@@ -132,6 +132,7 @@ MAX_ARRAY_ELEMS = 1 << 20
 MAX_ARRAY_DIMS = 3
 
 KERNEL_PARAM_TYPES = {"cap_t": "cap", "int64_t": "int64", "double": "double", "float": "float"}
+_PARAM_C = {kind: c for c, kind in KERNEL_PARAM_TYPES.items()}
 _NUM_TYPEDEFS = {"int32_t", "int64_t", "uint32_t", "uint64_t"}
 _INT_WORDS = {"int", "long", "unsigned", "signed"}
 _ASM = {"asm", "__asm__", "__asm"}
@@ -214,6 +215,10 @@ class KernelSig:
     @property
     def n_caps(self) -> int:
         return sum(1 for _, k in self.params if k == "cap")
+
+    def text(self) -> str:
+        """The entry point as C: ``axpy(cap_t x, cap_t y, int64_t n, double a)``."""
+        return f"{self.name}({', '.join(f'{_PARAM_C[k]} {n}' for n, k in self.params)})"
 
     @property
     def n_scalars(self) -> int:

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capabilities import abi
-from runtime.cuda.instrument_cuda import entry_symbol
+from capqr.capabilities import abi
+from capqr.runtime.cuda.instrument_cuda import entry_symbol
 
 DEVICE = r"""
 #include <barrier>
@@ -215,7 +215,7 @@ class Kernel:
         mapping, runtime.cuda.lane.fault_from_record: reason, buffer, index, line)."""
         from types import SimpleNamespace
 
-        from runtime.cuda.lane import fault_from_record
+        from capqr.runtime.cuda.lane import fault_from_record
 
         caps = [name for name, kind in self.params if kind == "cap"]
         return fault_from_record(SimpleNamespace(**fault), self.name, self.local_arrays, caps)
@@ -388,8 +388,7 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
     """Compile ``source``'s CUDA lowering for the CPU; returns its kernels by name."""
     global _ffi
     import cffi
-
-    from runtime.cuda import translate
+    from capqr.runtime.cuda import translate
 
     cs = translate(source, checked=checked)
     text = host_cpp(cs.text, max(cs.dynamic_smem.values(), default=0))

@@ -1,19 +1,29 @@
-"""The README's runnable examples, for the tests that run them as written."""
+"""The runnable examples of README.md and docs/*.md, for the tests that run them as written."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def python_blocks(page: Path) -> list[str]:
+    """Every ```python block of ``page``, in order."""
+    return re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
 
 
 def run_readme_example(heading: str, index: int = 0) -> None:
-    """Execute the ``index``-th ```python block of the README section whose heading
-    starts with ``## heading`` (AssertionError if the section or block is missing)."""
-    parts = README.read_text().split(f"## {heading}", 1)
-    assert len(parts) == 2, f"README has no section '## {heading}'"
-    section = parts[1].split("\n## ", 1)[0]
+    """Execute the ``index``-th ```python block of the section (of README.md or a docs
+    page) whose heading starts with ``## heading`` (AssertionError if it is missing)."""
+    for page in PAGES:
+        parts = re.split(rf"(?m)^#+ {re.escape(heading)}", page.read_text(), maxsplit=1)
+        if len(parts) == 2:
+            break
+    else:
+        raise AssertionError(f"no page has a section '{heading}'")
+    section = re.split(r"(?m)^#{1,2} ", parts[1], maxsplit=1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) > index, f"README section '{heading}' has {len(blocks)} python blocks"
-    exec(compile(blocks[index], f"README-{heading}-{index}", "exec"), {})
+    assert len(blocks) > index, f"section '{heading}' of {page.name} has {len(blocks)} blocks"
+    exec(compile(blocks[index], f"{page.name}-{heading}-{index}", "exec"), {})

@@ -1,4 +1,5 @@
-"""Smoke test of the benchmark harness: ``python -m bench --quick`` runs and writes its outputs.
+"""Smoke test of the benchmark harness: ``python -m capqr.bench --quick`` runs and writes
+its outputs.
 
 Benchmarks are never assertions: this only checks that the harness runs, writes
 JSON/markdown/PNGs with the expected keys and finite numbers, so it cannot rot.
@@ -32,7 +33,7 @@ def _git_status() -> str:
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """``python -m bench --quick`` with no --out, from a scratch directory: its results go
+    """``python -m capqr.bench --quick`` with no --out, from a scratch directory: its results go
     to ./bench-results there, and the checkout's tracked files stay as they were."""
     cwd = tmp_path_factory.mktemp("bench")
     env = {k: v for k, v in os.environ.items() if k != "CAPQR_BENCH_OUT"}
@@ -40,7 +41,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     before = _git_status()
     # ~20 s with the kernel cache warm; ~110 s on 2 cores when every kernel of every
     # mode compiles first (an empty $CAPQR_CACHE, as on a fresh machine)
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick"], cwd=cwd, env=env,
+    proc = subprocess.run([sys.executable, "-m", "capqr.bench", "--quick"], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert _git_status() == before
@@ -121,8 +122,8 @@ def test_quick_targets_reported(quick_run: tuple[dict, Path]) -> None:
 
 def test_qr_runner_matches_kernels_qr() -> None:
     """The overhead runner launches the kernel itself: it must compute what kernels.qr does."""
-    import kernels
-    from bench.qr import QrRunner, available
+    from capqr import kernels
+    from capqr.bench.qr import QrRunner, available
 
     a3 = np.random.default_rng(3).standard_normal((3, 40, 40), dtype=np.float32)
     assert set(available()) == set(kernels.variants()) >= {"unblocked", "blocked", "f16"}
@@ -138,7 +139,7 @@ def test_qr_runner_matches_kernels_qr() -> None:
 
 
 def test_interleaved_rotates_order() -> None:
-    from bench.timing import interleaved
+    from capqr.bench.timing import interleaved
 
     order: list[str] = []
 
@@ -158,8 +159,8 @@ def test_interleaved_rotates_order() -> None:
 
 
 def test_report_regenerates_from_json(quick_run: tuple[dict, Path], tmp_path: Path) -> None:
-    """latest.md and the plots can be rebuilt from a saved JSON (python -m bench.report)."""
-    from bench import report
+    """latest.md and the plots can be rebuilt from a saved JSON (python -m capqr.bench.report)."""
+    from capqr.bench import report
 
     _, out = quick_run
     src = next(out.glob("*-quick.json"))
@@ -171,8 +172,8 @@ def test_report_regenerates_from_json(quick_run: tuple[dict, Path], tmp_path: Pa
 def test_gpu_section_skips_with_reason_without_gpu(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture,
                                                    tmp_path: Path) -> None:
-    from bench import __main__ as bench_main
-    from runtime import cuda
+    from capqr.bench import __main__ as bench_main
+    from capqr.runtime import cuda
 
     monkeypatch.setattr(cuda, "available", lambda: (False, "no device in this test"))
     assert bench_main._gpu_bench(True, tmp_path) == []
@@ -181,10 +182,11 @@ def test_gpu_section_skips_with_reason_without_gpu(monkeypatch: pytest.MonkeyPat
 
 def test_gpu_section_runs_gpu_bench_when_a_gpu_is_usable(monkeypatch: pytest.MonkeyPatch,
                                                          tmp_path: Path) -> None:
-    """With a GPU, ``python -m bench`` runs bench/gpu_bench.py and reports its fresh result."""
-    from bench import __main__ as bench_main
-    from bench import gpu_bench, report
-    from runtime import cuda
+    """With a GPU, ``python -m capqr.bench`` runs bench/gpu_bench.py and reports its fresh
+    result."""
+    from capqr.bench import __main__ as bench_main
+    from capqr.bench import gpu_bench, report
+    from capqr.runtime import cuda
 
     calls: list[list[str]] = []
 
@@ -209,7 +211,7 @@ def test_source_digest_names_the_commit(tmp_path: Path) -> None:
     """A results file's source digest matches the commit whose sources it ran on, and
     only that: the working tree's digest equals the commit's while nothing under the
     digested folders changed, and differs after one byte of a kernel changes."""
-    from bench.machine import source_digest, source_digest_at
+    from capqr.bench.machine import source_digest, source_digest_at
 
     def git(*args: str) -> None:
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
@@ -233,7 +235,7 @@ def test_source_digest_names_the_commit(tmp_path: Path) -> None:
 def test_clock_ceiling_measures_a_ratio() -> None:
     """bench.qr_parallel.clock_ceiling: one block alone vs one per worker (subprocesses
     with CAPQR_THREADS 1 and 2), a time ratio, not an error."""
-    from bench.qr_parallel import clock_ceiling
+    from capqr.bench.qr_parallel import clock_ceiling
 
     r = clock_ceiling(2, quick=True)
     assert "error" not in r, r
@@ -243,7 +245,7 @@ def test_clock_ceiling_measures_a_ratio() -> None:
 def test_tile_ceiling_measures_a_ratio() -> None:
     """bench.qr_parallel.tile_ceiling: one 64-column tile update alone vs one per worker
     (the trailing update's own ceiling), a time ratio and a rate, not an error."""
-    from bench.qr_parallel import tile_ceiling
+    from capqr.bench.qr_parallel import tile_ceiling
 
     for offset in (0, 16):
         r = tile_ceiling(2, quick=True, offset=offset)
@@ -311,7 +313,7 @@ def test_quick_run_changes_no_tracked_file(quick_run: tuple[dict, Path]) -> None
 
 def test_update_docs_writes_only_between_markers(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench import report
+    from capqr.bench import report
 
     page = tmp_path / "docs" / "benchmarks.md"
     page.parent.mkdir()
@@ -330,7 +332,7 @@ def test_update_docs_writes_only_between_markers(tmp_path: Path,
 
 
 def test_docs_page_has_the_markers() -> None:
-    from bench import report
+    from capqr.bench import report
 
     text = report.DOCS_PAGE.read_text()
     assert text.count(report.BEGIN) == 1 and text.count(report.END) == 1
@@ -338,13 +340,13 @@ def test_docs_page_has_the_markers() -> None:
 
 
 def test_progress_bar_shows_no_time_estimate() -> None:
-    from bench.__main__ import BAR_FORMAT
+    from capqr.bench.__main__ import BAR_FORMAT
 
     assert "remaining" not in BAR_FORMAT and "rate" not in BAR_FORMAT
 
 
 def test_machine_label() -> None:
-    from bench.machine import host, label
+    from capqr.bench.machine import host, label
 
     assert label(16, "Intel(R) Xeon(R) Platinum 8480+", "NVIDIA H100 80GB HBM3") == "h100-16cpu"
     assert label(2, "AMD EPYC", None) == "epyc-2cpu"
@@ -360,14 +362,14 @@ def _gpu_row(batch: int, n: int, checked: float, **peers: float | str) -> dict:
           for k, v in peers.items()}
     ps = {("cublasSgeqrfBatched" if k.startswith("cublas") else k): v for k, v in ps.items()}
     row = {"batch": batch, "n": n, "checked_ms": checked, "peers": ps}
-    from bench.gpu_peers import speedups
+    from capqr.bench.gpu_peers import speedups
 
     row.update(speedups(row))
     return row
 
 
 def test_gpu_speedups_and_geomeans() -> None:
-    from bench.gpu_peers import geomeans, table
+    from capqr.bench.gpu_peers import geomeans, table
 
     rows = [_gpu_row(20, 32, 0.1, torch_geqrf=1.0, cublas=0.2),
             _gpu_row(640, 512, 10.0, torch_geqrf=1000.0, cublas=500.0),
@@ -386,7 +388,7 @@ def test_gpu_speedups_and_geomeans() -> None:
 
 
 def test_gpu_speedups_without_peers() -> None:
-    from bench.gpu_peers import geomeans, speedups
+    from capqr.bench.gpu_peers import geomeans, speedups
 
     row = {"batch": 2, "n": 4096, "checked_ms": 5.0, "peers": {"torch.geqrf": {"error": "x"}}}
     assert speedups(row) == {}
@@ -394,7 +396,7 @@ def test_gpu_speedups_without_peers() -> None:
 
 
 def test_gpu_slow_peer_budget() -> None:
-    from bench.gpu_peers import known_too_slow, timed_runs
+    from capqr.bench.gpu_peers import known_too_slow, timed_runs
 
     assert known_too_slow("cublasSgeqrfBatched", 8, 2048, 5.0).startswith("skipped:")
     assert "did not finish" in known_too_slow("cublasSgeqrfBatched", 2, 4096, 5.0)
@@ -412,8 +414,8 @@ def test_gpu_slow_peer_budget() -> None:
 
 def test_gpu_bench_skips_without_gpu(monkeypatch: pytest.MonkeyPatch,
                                      capsys: pytest.CaptureFixture) -> None:
-    from bench import gpu_bench
-    from runtime import cuda
+    from capqr.bench import gpu_bench
+    from capqr.runtime import cuda
 
     monkeypatch.setattr(cuda, "available", lambda: (False, "no device in this test"))
     assert gpu_bench.main(["--shapes", "20x32"]) is None
@@ -423,7 +425,7 @@ def test_gpu_bench_skips_without_gpu(monkeypatch: pytest.MonkeyPatch,
 # -- CPU peers --------------------------------------------------------------------------------
 
 def test_cpu_peers_speedups_and_table() -> None:
-    from bench import cpu_peers
+    from capqr.bench import cpu_peers
 
     def row(label: str, c: float, s: float | None, t: float) -> dict:
         r = {"shape": label, "loadavg_start": [1.0], "loadavg_end": [1.5],
@@ -450,7 +452,7 @@ def test_cpu_peers_speedups_and_table() -> None:
 
 
 def test_cpu_peers_budget_and_shapes() -> None:
-    from bench import cpu_peers
+    from capqr.bench import cpu_peers
 
     assert [s[0] for s in cpu_peers.select(None, True)] == [
         s[0] for s in cpu_peers.ALL_SHAPES if s[0] in cpu_peers.QUICK_LABELS]
@@ -467,7 +469,7 @@ def test_cpu_peers_budget_and_shapes() -> None:
 
 def test_cpu_peers_measures_all_three() -> None:
     """One small shape through the real implementations, the tall one included."""
-    from bench import cpu_peers
+    from capqr.bench import cpu_peers
 
     row = cpu_peers.measure(("8192x256", 1, 1024, 64), lambda _: 1, 0.0)
     for k in cpu_peers.IMPLS:

@@ -22,14 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import capabilities
-import runtime
-from capabilities import abi
-from runtime import cuda
-from runtime.astutil import readable
-from runtime.cuda.instrument_cuda import device_prelude
-from runtime.errors import CapabilityFault, KernelTimeout, VerifyError
+from capqr import capabilities, runtime
+from capqr.capabilities import abi
+from capqr.runtime import cuda
+from capqr.runtime.astutil import readable
+from capqr.runtime.cuda.instrument_cuda import device_prelude
+from capqr.runtime.errors import CapabilityFault, KernelTimeout, VerifyError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -306,15 +304,15 @@ def test_device_prelude_has_one_predicate_from_the_abi() -> None:
 
 def test_generated_header_is_current() -> None:
     assert abi.HEADER_PATH.read_text() == abi.c_header(), \
-        "run python -m capabilities.abi to regenerate cap_abi.h"
+        "run python -m capqr.capabilities.abi to regenerate cap_abi.h"
 
 
 def test_python_constants_agree_with_the_abi() -> None:
     import sys
 
-    from capabilities import handle
+    from capqr.capabilities import handle
 
-    launch_mod = sys.modules["runtime.launch"]
+    launch_mod = sys.modules["capqr.runtime.launch"]
 
     assert {np.dtype(d.numpy): d.code for d in abi.DTYPES if d.numpy} == {
         k: v for k, v in handle.DTYPE_CODES.items()}
@@ -443,8 +441,8 @@ REJECT_CASES = [
 def test_verifier_refuses_hostile_kernels(case, target) -> None:
     _, src, construct, refused_on = case
     if target not in refused_on:
-        from runtime.parse import parse
-        from runtime.verifier import verify
+        from capqr.runtime.parse import parse
+        from capqr.runtime.verifier import verify
 
         verify(parse(src), target=target)  # accepted on this target
         return
@@ -559,8 +557,8 @@ BUILTIN_REJECTS = [
                          ids=[f"{c[0]}-{t}" for c in BUILTIN_REJECTS for t in c[2]])
 def test_builtin_misuse_is_refused_with_a_reason(case, target) -> None:
     """No device needed: the verifier runs before any driver call."""
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     ident, src, _, construct, reason = case
     with pytest.raises(VerifyError) as ei:
@@ -575,8 +573,8 @@ def test_a_name_reused_under_a_thread_condition_keeps_other_loops_uniform() -> N
     """The divergence analysis is flow-insensitive over names: a counter ``j`` of a
     loop under ``if (t < 32)`` made every ``j`` varying, so the collectives in the
     uniform ``j`` loop above it were refused (kernels/gpu/panel.c has this shape)."""
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     src = """
 KERNEL void k(cap_t x, int64_t nb)
@@ -597,8 +595,8 @@ KERNEL void k(cap_t x, int64_t nb)
 
 
 def test_tile_into_a_per_thread_array_is_fine_on_the_cpu() -> None:
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     verify(parse("KERNEL void k(cap_t x) { float a[64]; " + _TILE_CALL.format(arr="a") + " }"))
 
@@ -606,8 +604,8 @@ def test_tile_into_a_per_thread_array_is_fine_on_the_cpu() -> None:
 def test_uniform_collectives_are_accepted_on_the_gpu() -> None:
     """The divergence rule refuses only what can diverge: uniform loops, branches on
     launch arguments or block index, and thread-dependent values (not branches) pass."""
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     verify(parse(WARP_SRC), target="cuda")
     # a switch's own breaks end at the switch: after it, the block is together again
@@ -912,7 +910,7 @@ def test_freed_buffer_refused_and_double_free(lane: Lane) -> None:
 
 
 def test_handles_satisfy_the_capability_protocol(lane: Lane) -> None:
-    from capabilities.protocol import CapabilityProtocol
+    from capqr.capabilities.protocol import CapabilityProtocol
 
     cap = lane.alloc(4, np.float32, name="p")
     assert isinstance(cap, CapabilityProtocol)
@@ -921,8 +919,8 @@ def test_handles_satisfy_the_capability_protocol(lane: Lane) -> None:
 
 def test_device_capability_rules_hold_without_a_device() -> None:
     """DeviceCapability's host-side rules (perms, double free, protocol) need no GPU."""
-    from capabilities.protocol import CapabilityProtocol
-    from runtime.cuda import DeviceCapability
+    from capqr.capabilities.protocol import CapabilityProtocol
+    from capqr.runtime.cuda import DeviceCapability
 
     for bad in ("w", 3, ""):
         with pytest.raises(ValueError):
@@ -940,11 +938,11 @@ def test_gpu_scalar_args_checked_without_a_device() -> None:
     and each parameter pointer handed to the driver reads back the packed value."""
     from types import SimpleNamespace
 
-    from runtime.cuda import DeviceCapability
-    from runtime.cuda import driver as drv
-    from runtime.cuda.lane import _ParamBlock
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.cuda import DeviceCapability
+    from capqr.runtime.cuda import driver as drv
+    from capqr.runtime.cuda.lane import _ParamBlock
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     sig = verify(parse(ARGS_SRC), target="cuda").kernels["put"]
     k = SimpleNamespace(info=sig, name="put", checked=True)
@@ -1066,7 +1064,7 @@ def test_loops_with_a_barrier_are_not_versioned() -> None:
     """A versioned loop runs one of two copies per thread; when the guard depends on
     the thread, a warp would split over two different bar.sync instructions (PTX
     bar.sync is .aligned: undefined, in practice a hang).  Such loops keep one copy."""
-    from runtime import cuda
+    from capqr.runtime import cuda
 
     src = """
 KERNEL void k(cap_t x, int64_t n)
@@ -1088,7 +1086,7 @@ KERNEL void k(cap_t x, int64_t n)
 def test_loops_calling_a_barrier_helper_are_not_versioned() -> None:
     """The same rule when the barrier sits in a helper (here two calls deep): the loop
     that calls it keeps one copy."""
-    from runtime import cuda
+    from capqr.runtime import cuda
 
     src = """
 static void wait_all(int64_t t)

@@ -18,12 +18,11 @@ import shutil
 
 import numpy as np
 import pytest
-
-from runtime.astutil import write_counts
-from runtime.errors import VerifyError
-from runtime.parse import parse
-from runtime.ranges import prove_subscripts
-from runtime.verifier import verify
+from capqr.runtime.astutil import write_counts
+from capqr.runtime.errors import VerifyError
+from capqr.runtime.parse import parse
+from capqr.runtime.ranges import prove_subscripts
+from capqr.runtime.verifier import verify
 
 TARGETS = ("cpu", "cuda")
 

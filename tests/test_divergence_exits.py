@@ -8,10 +8,9 @@ continue re-walked the loop as divergent: a return inside a loop did not.
 from __future__ import annotations
 
 import pytest
-
-from runtime.errors import VerifyError
-from runtime.parse import parse
-from runtime.verifier import verify
+from capqr.runtime.errors import VerifyError
+from capqr.runtime.parse import parse
+from capqr.runtime.verifier import verify
 
 # Lane 0 returns from the helper while lanes 1-31 go round and wait in the shuffle
 # for it: a deadlock on the GPU.

@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from runtime.errors import VerifyError
-from runtime.parse import parse
-from runtime.verifier import verify
+from capqr.runtime.errors import VerifyError
+from capqr.runtime.parse import parse
+from capqr.runtime.verifier import verify
 
 N_ARG = 3      # the kernel's scalar argument n
 THREADS = 40   # one full and one partial warp

@@ -11,12 +11,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from capqr import capabilities, runtime
+from capqr.runtime import CapabilityFault
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import capabilities
-import runtime
-from runtime import CapabilityFault
 
 GUARD = 8
 DTYPES = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32,
@@ -181,7 +179,8 @@ KERNEL void fz_loop(cap_t x, int64_t lo, int64_t hi)
 # crash safety: a hostile, buggy workload in a subprocess exits normally
 
 HOSTILE = textwrap.dedent("""
-    import numpy as np, capabilities, runtime
+    import numpy as np
+    from capqr import capabilities, runtime
     rng = np.random.default_rng(0)
     src = '''
     static void poke(cap_t x, int64_t i) { cap_store_f64(x, i, 1.0); }

@@ -17,14 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from capqr import capabilities, runtime
+from capqr.runtime import CapabilityFault
+from capqr.runtime.core import lib
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-
-import capabilities
-import runtime
-from runtime import CapabilityFault
-from runtime.core import lib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,8 +136,8 @@ def collect(n: int = 1) -> None:
 STRESS_SCRIPT = r"""
 import json, sys, threading, time
 import numpy as np
-import capabilities, runtime
-from runtime.core import lib
+from capqr import capabilities, runtime
+from capqr.runtime.core import lib
 
 SRC = sys.argv[1]
 grid = 4 * runtime.threads() + 3          # more blocks than cores
@@ -528,8 +526,8 @@ test_gc_state_machine = GCMachine.TestCase
 BARRIER_SCRIPT = r"""
 import json, sys, threading, time
 import numpy as np
-import capabilities, runtime
-from runtime.core import lib
+from capqr import capabilities, runtime
+from capqr.runtime.core import lib
 
 SRC = '''
 KERNEL void hold_then_store(cap_t flag, cap_t table)

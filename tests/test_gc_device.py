@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-import runtime
-from runtime.core import lib
-from runtime.cuda import driver as real_drv
-from runtime.cuda import lane
+from capqr import runtime
+from capqr.runtime.core import lib
+from capqr.runtime.cuda import driver as real_drv
+from capqr.runtime.cuda import lane
 
 SRC = """
 KERNEL void touch(cap_t x, int64_t n)
@@ -217,7 +216,7 @@ def test_second_free_raises_and_attributes_stay_defined(fake: FakeDriver) -> Non
 def test_free_revokes_the_collector_header(fake: FakeDriver) -> None:
     """free() marks the collector's header freed with zero bounds, not only the
     Python handle: the collector, and anything else reading the header, sees it."""
-    from capabilities import abi
+    from capqr.capabilities import abi
 
     x = lane.alloc_device(64, np.float32, name="x")
     obj = x._obj

@@ -16,19 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import capabilities
-import runtime
-from runtime import CapabilityFault
-from runtime.core import lib
+from capqr import capabilities, runtime
+from capqr.runtime import CapabilityFault
+from capqr.runtime.core import lib
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PRELUDE = r"""
 import gc as pygc, json, sys, threading, time, weakref
 import numpy as np
-import capabilities, runtime
-from runtime.core import lib
+from capqr import capabilities, runtime
+from capqr.runtime.core import lib
 
 def wait(cond, what, limit=30):
     deadline = time.time() + limit
@@ -316,7 +314,7 @@ def test_poison_mode_faults_on_a_late_access():
 
 def test_churn_heap_stays_bounded():
     sys.path.insert(0, str(ROOT))
-    from bench import gc_bench
+    from capqr.bench import gc_bench
 
     r = gc_bench._child(gc_bench.CHURN_CHILD, [300_000, 16384, 256])
     assert r["allocations"] >= 300_000

@@ -16,10 +16,9 @@ import hashlib
 
 import numpy as np
 import pytest
-
-import runtime
-from runtime import cuda
-from runtime.errors import CapabilityFault, KernelTimeout
+from capqr import runtime
+from capqr.runtime import cuda
+from capqr.runtime.errors import CapabilityFault, KernelTimeout
 
 # Importing the lane never touches the driver; only "no libcuda / no device"
 # (CudaUnavailable, reported by available()) skips, a broken import fails.
@@ -234,8 +233,7 @@ KERNEL void rowcopy(cap_t dst, cap_t src, int64_t n, int64_t stride)
 
 def test_public_api_routes_to_the_gpu_lane() -> None:
     """capabilities.alloc(device="cuda") / runtime.compile(target="cuda") / runtime.launch."""
-    import capabilities
-    import runtime
+    from capqr import capabilities, runtime
 
     src = """
 KERNEL void inc(cap_t x, int64_t n)
@@ -278,7 +276,7 @@ HOLD_SECONDS = 3.0  # how long the kernel spins if it never sees the flag
 
 def _set_flag(flag) -> None:
     """Write flag[0] = 1 through the side stream while the launch stream is busy."""
-    from runtime.cuda import driver as drv
+    from capqr.runtime.cuda import driver as drv
 
     one = drv.ffi().new("int *", 1)
     drv.check(drv.lib().cuMemcpyHtoDAsync_v2(flag.ptr, one, 4, drv.device().side_stream),
@@ -288,7 +286,7 @@ def _set_flag(flag) -> None:
 
 def _read_i64(cap) -> int:
     """cap[0] (int64) read through the side stream while the launch stream is busy."""
-    from runtime.cuda import driver as drv
+    from capqr.runtime.cuda import driver as drv
 
     v = drv.ffi().new("long long *")
     drv.check(drv.lib().cuMemcpyDtoHAsync_v2(v, cap.ptr, 8, drv.device().side_stream),
@@ -324,8 +322,8 @@ def _hold_scenario(drop_handle: bool) -> None:
     import time
     import weakref
 
-    from runtime.core import lib
-    from runtime.cuda import lane
+    from capqr.runtime.core import lib
+    from capqr.runtime.cuda import lane
 
     k = cuda.compile(HOLD, "hold")
     flag = cuda.alloc_device(1, np.int32, name="flag")
@@ -395,7 +393,7 @@ def test_drop_last_handle_while_a_launch_runs() -> None:
 
 
 def test_device_churn_keeps_memory_bounded() -> None:
-    from runtime.cuda import driver as drv
+    from capqr.runtime.cuda import driver as drv
 
     def free_bytes() -> int:
         f = drv.ffi()

@@ -14,10 +14,9 @@ import time
 
 import numpy as np
 import pytest
-
-import runtime
-from runtime import cuda
-from runtime.errors import CapabilityFault, KernelTimeout
+from capqr import runtime
+from capqr.runtime import cuda
+from capqr.runtime.errors import CapabilityFault, KernelTimeout
 
 _OK, _WHY = cuda.available()
 
@@ -75,7 +74,7 @@ def _no_pending_sequence():
 
 
 def _holds(cap) -> int:
-    from runtime.core import lib
+    from capqr.runtime.core import lib
 
     return int(lib.gc_find_id(cap.id).holds)
 

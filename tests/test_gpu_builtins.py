@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from runtime import cuda
-from runtime.errors import CapabilityFault
+from capqr.runtime import cuda
+from capqr.runtime.errors import CapabilityFault
 
 _OK, _WHY = cuda.available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")]

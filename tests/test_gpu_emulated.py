@@ -20,9 +20,8 @@ import shutil
 
 import numpy as np
 import pytest
-
-import kernels
-import kernels.gpu as g
+from capqr import kernels
+from capqr.kernels import gpu as g
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 
@@ -237,9 +236,8 @@ def test_emulated_gpu_faults_match_the_conformance_table(tmp_path_factory, case)
     lane on a device), on the GPU lowering: the record names the same fault kind,
     access, line and index, the buffer (slot 0 is x; -1 a cap made from an integer),
     and the refused access touched nothing: neighbours and x intact."""
+    from capqr.capabilities import abi
     from emulate_cuda import build
-
-    from capabilities import abi
 
     k = build(case.src, workdir=tmp_path_factory.mktemp("emu"))["k"]
     big = np.concatenate([np.full(64, 3.0), np.zeros(case.n), np.full(64, 5.0)]
@@ -472,8 +470,8 @@ def test_dynamic_shared_memory_lowering() -> None:
     lane passes CudaSource.dynamic_smem bytes); smaller sets stay static; a kernel with
     a dynamic buffer cannot be called as a helper (no KERNEL can: the verifier refuses it;
     its arrays and the caller's would share the buffer's start)."""
-    from runtime.cuda import translate
-    from runtime.errors import VerifyError
+    from capqr.runtime.cuda import translate
+    from capqr.runtime.errors import VerifyError
 
     gw = g.gen_whole
     for cap, threads in gw.CLASSES:

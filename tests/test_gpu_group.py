@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from capqr import runtime
+from capqr.runtime import cuda
+from capqr.runtime.errors import CapabilityFault, KernelTimeout
 from readme_examples import run_readme_example
-
-import runtime
-from runtime import cuda
-from runtime.errors import CapabilityFault, KernelTimeout
 
 _OK, _WHY = cuda.available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")]

@@ -5,10 +5,9 @@ tests/test_gpu_group.py)."""
 from __future__ import annotations
 
 import pytest
-
-from runtime.astutil import readable
-from runtime.cuda import translate
-from runtime.errors import VerifyError
+from capqr.runtime.astutil import readable
+from capqr.runtime.cuda import translate
+from capqr.runtime.errors import VerifyError
 
 GROUP = """
 KERNEL void k(cap_t out, int64_t n)

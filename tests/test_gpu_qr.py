@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import kernels
-import kernels.gpu as g
+from capqr import kernels
+from capqr.kernels import gpu as g
 
 try:
-    from runtime import cuda
+    from capqr.runtime import cuda
 
     _OK, _WHY = cuda.available()
 except Exception as e:  # noqa: BLE001 - no cffi/libcuda/device: all mean "skip here"
@@ -284,7 +283,7 @@ def test_model_matches_lapack_compact_form() -> None:
                          + [("gpu_qr_whole", g._kernel_spec(f"whole{cap}")[0])
                             for cap, _ in g.gen_whole.CLASSES])
 def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
-    from runtime.cuda import translate
+    from capqr.runtime.cuda import translate
 
     for checked in (True, False):
         cs = translate(src, checked=checked)
@@ -294,9 +293,9 @@ def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
 
 
 def test_update_source_is_generated() -> None:
-    from kernels.gpu import gen_update
+    from capqr.kernels.gpu import gen_update
 
-    assert gen_update.source() == g.UPDATE_SOURCE, "run python -m kernels.gpu.gen_update"
+    assert gen_update.source() == g.UPDATE_SOURCE, "run python -m capqr.kernels.gpu.gen_update"
 
 
 def test_plan_one_launch_where_the_matrix_fits(monkeypatch) -> None:
@@ -329,7 +328,8 @@ def test_plan_one_launch_where_the_matrix_fits(monkeypatch) -> None:
 
 def test_whole_source_is_generated() -> None:
     assert g.gen_whole.source(*g.gen_whole.CLASSES[-1]) == (
-        Path(g.__file__).with_name("whole.c").read_text()), "run python -m kernels.gpu.gen_whole"
+        Path(g.__file__).with_name("whole.c").read_text()), (
+        "run python -m capqr.kernels.gpu.gen_whole")
 
 
 def test_on_device_routes_only_device_inputs() -> None:
@@ -467,7 +467,7 @@ def test_kernels_qr_dispatches_device_inputs() -> None:
 @needs_gpu
 def test_panel_launch_past_the_matrix_faults() -> None:
     """A panel launch told n larger than the buffer is refused with its kernel's name."""
-    from runtime.errors import CapabilityFault
+    from capqr.runtime.errors import CapabilityFault
 
     a = np.random.default_rng(2).standard_normal((1, 32, 32)).astype(np.float32)
     A = cuda.to_device(a, name="A")
@@ -504,7 +504,7 @@ def test_matches_lapack_convention() -> None:
 def test_kernels_compile_on_first_use(monkeypatch) -> None:
     """blocked_kernels compiles a launch kind when a plan first needs it (with its own
     source and options), once; a plan without pairs of panels never builds theirs."""
-    from runtime import cuda as lane
+    from capqr.runtime import cuda as lane
 
     built = []
     monkeypatch.setattr(lane, "compile", lambda src, name, checked, options: built.append(
@@ -554,8 +554,8 @@ def test_whole_launch_past_the_matrix_faults() -> None:
     """gpu_qr_whole told n larger than the buffers faults on A; an n past its class's
     capacity faults on the shared matrix; a dynamic buffer past the device's opt-in limit
     is refused before anything runs."""
-    from runtime.cuda import lane
-    from runtime.errors import CapabilityFault
+    from capqr.runtime.cuda import lane
+    from capqr.runtime.errors import CapabilityFault
 
     a = np.random.default_rng(2).standard_normal((1, 33, 33)).astype(np.float32)
     A = cuda.to_device(a, name="A")

@@ -12,12 +12,10 @@ import time
 
 import numpy as np
 import pytest
+from capqr import capabilities, runtime
+from capqr.runtime.parse import parse
+from capqr.runtime.verifier import verify
 from readme_examples import run_readme_example
-
-import capabilities
-import runtime
-from runtime.parse import parse
-from runtime.verifier import verify
 
 ROUNDS = """
 KERNEL void rounds(cap_t part, cap_t out, int64_t nrounds)

@@ -20,15 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import capabilities
-import runtime
-from runtime import build
-from runtime.astutil import USER_PREFIX, readable
-from runtime.errors import CompileError, VerifyError
-from runtime.kernel import cc_command
-from runtime.parse import parse
-from runtime.verifier import verify
+from capqr import capabilities, runtime
+from capqr.runtime import build
+from capqr.runtime.astutil import USER_PREFIX, readable
+from capqr.runtime.errors import CompileError, VerifyError
+from capqr.runtime.kernel import cc_command
+from capqr.runtime.parse import parse
+from capqr.runtime.verifier import verify
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -170,7 +168,8 @@ def test_cpu_kernel_tu_macros_are_refused_or_harmless(tmp_path) -> None:
 
 
 HIJACK = textwrap.dedent("""
-    import numpy as np, capabilities, runtime
+    import numpy as np
+    from capqr import capabilities, runtime
     p = "KERNEL void p(cap_t o, int64_t errno) { cap_store_i64(o, 0, errno + 1); }"
     q = "KERNEL void q(cap_t o) { double HUGE_VAL = 2.5; cap_store_f64(o, 1, HUGE_VAL * 2.0); }"
     o = np.zeros(2, np.int64)
@@ -215,10 +214,9 @@ def _emu_run(src: str, name: str, n_out: int, args: tuple, tmp: Path) -> list[in
 
 @needs_gxx
 def test_cuda_tu_macros_and_cxx_keywords_are_refused_or_harmless(tmp_path) -> None:
+    from capqr.runtime.cuda import translate
     from emulate_cuda import build as emu_build
     from emulate_cuda import host_cpp
-
-    from runtime.cuda import translate
 
     text = host_cpp(translate(PROBE).text)
     macros = _defined_macros(["g++", "-std=c++20"], text, ".cpp", tmp_path)

@@ -11,12 +11,10 @@ import re
 
 import numpy as np
 import pytest
+from capqr import capabilities, runtime
+from capqr.runtime.astutil import readable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import capabilities
-import runtime
-from runtime.astutil import readable
 
 SRC = """
 KERNEL void fill_lt(cap_t x, int64_t lo, int64_t hi, int64_t a, int64_t b)
@@ -239,9 +237,9 @@ def test_short_nests_poll_once_after_the_nest(nest_builds) -> None:
     # the side table of the pass says which loops poll once after themselves
     import copy
 
-    from runtime.hoist import hoist_function
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.hoist import hoist_function
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     v = verify(parse(NEST_SRC))
     fn = copy.deepcopy(v.parsed.funcs["nest"])
@@ -283,9 +281,9 @@ def test_nest_over_a_short_runtime_width_polls_once_after_itself(rows_builds) ->
     span is short and the inner one at most INNER_CONST_TRIP iterations."""
     import copy
 
-    from runtime.hoist import INNER_CONST_TRIP, hoist_function
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.hoist import INNER_CONST_TRIP, hoist_function
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     v = verify(parse(ROWS_SRC))
     fn = copy.deepcopy(v.parsed.funcs["fill_rows"])
@@ -639,9 +637,9 @@ def test_nests_get_one_interval_guard(nest_guard_builds) -> None:
     # the side table lists the nest with its guard terms and covered accesses
     import copy
 
-    from runtime.hoist import hoist_function
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.hoist import hoist_function
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     v = verify(parse(_per_loop(NEST_GUARD_SRC)))
     fn = copy.deepcopy(v.parsed.funcs["tri_min"])
@@ -779,7 +777,7 @@ WRAP32_NAMES = ["wrap_loop", "wrap_box", "wrap_local", "wrap_unsigned"]
 WRAP32_CHILD = """
 import sys
 import numpy as np
-import capabilities, runtime
+from capqr import capabilities, runtime
 from tests.test_hoist import WRAP32_SRC
 k = runtime.compile(WRAP32_SRC, sys.argv[1])
 buf = np.zeros(16, np.float32)
@@ -934,7 +932,7 @@ def test_gpu_loops_with_warp_collectives_are_versioned_under_a_warp_vote() -> No
     and the copy is chosen by a vote of the whole warp (rt_warp_all), so lanes whose
     guards differ still run the same copy and meet at the same shuffle
     (tests/test_gpu_builtins.py runs it).  A block barrier still stops versioning."""
-    from runtime.cuda import translate
+    from capqr.runtime.cuda import translate
 
     body = readable(translate(WARP_LOOP, checked=True).text).split("void __rtk_rot(", 1)[1]
     assert re.search(r"if \(rt_warp_all\(\(*__h1_ok", body), body

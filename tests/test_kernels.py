@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import kernels
-import runtime
-from bench.peers import BATCHED
-from kernels import check, qr
+from capqr import kernels, runtime
+from capqr.bench.peers import BATCHED
+from capqr.kernels import check, qr
 
 F32_VARIANTS = [("unblocked", {}), ("blocked", {"nb": 32}), ("blocked", {"nb": 7})]
 
@@ -103,7 +101,7 @@ def test_large_input_copied_and_checked_on_the_workers(monkeypatch):
     a kernel on every worker: the same refusals, bitwise the same result."""
     import importlib
 
-    qr_mod = importlib.import_module("kernels.qr")  # the module (kernels.qr is the function)
+    qr_mod = importlib.import_module("capqr.kernels.qr")  # the module (kernels.qr is the function)
 
     A = _rand((2, 1024, 2048), seed=8)
     assert A.size >= qr_mod.COPY_ON_WORKERS_MIN
@@ -124,7 +122,7 @@ def test_the_factored_copy_starts_on_a_cache_line(monkeypatch):
     it holds what the unaligned input gives factored in place by the same kernel."""
     import importlib
 
-    qr_mod = importlib.import_module("kernels.qr")
+    qr_mod = importlib.import_module("capqr.kernels.qr")
     for variant, dtype in (("parallel", np.float32), ("parallel", np.float64),
                            ("blocked", np.float64), ("f16", np.float16)):
         A = (_rand((3, 40, 24), seed=9) * 4).astype(dtype)
@@ -137,7 +135,7 @@ def test_the_factored_copy_starts_on_a_cache_line(monkeypatch):
     raw = np.empty(A.size + 4, np.float32)[1:1 + A.size].reshape(A.shape)  # 4 bytes off a line
     raw[...] = A
     t = np.zeros((2, 64), np.float32)
-    from kernels import parallel
+    from capqr.kernels import parallel
 
     parallel.run(raw, t, "float32", parallel.default_nb(64, 64), parallel.TW_MAX, True, None, None)
     assert raw.tobytes() == H.tobytes() and t.tobytes() == tau.tobytes()

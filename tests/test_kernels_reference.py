@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.linalg as sl
-
-from kernels import qr
+from capqr.kernels import qr
 
 
 def _r(H):

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import capabilities
-import runtime
-from runtime import CapabilityFault, KernelTimeout
+from capqr import capabilities, runtime
+from capqr.runtime import CapabilityFault, KernelTimeout
 
 SRC = """
 KERNEL void poke(cap_t a, cap_t b, int64_t i, double v)

@@ -26,13 +26,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from capqr import capabilities, runtime
+from capqr.runtime import CapabilityFault, KernelTimeout
+from capqr.runtime.cuda import driver as real_drv
+from capqr.runtime.cuda import lane
 from readme_examples import run_readme_example
-
-import capabilities
-import runtime
-from runtime import CapabilityFault, KernelTimeout
-from runtime.cuda import driver as real_drv
-from runtime.cuda import lane
 
 PUT_SRC = """
 KERNEL void put(cap_t x, int64_t i, float v)
@@ -65,7 +63,7 @@ def _no_pending_sequence():
 
 def _holds(cap: Any) -> int:
     """Collector holds on the buffer's header (launches that root it)."""
-    from runtime.core import lib
+    from capqr.runtime.core import lib
 
     return int(lib.gc_find_id(cap.id).holds)
 
@@ -361,7 +359,7 @@ class FakeDevice:
 
 
 def abi_code(name: str) -> int:
-    from capabilities import abi
+    from capqr.capabilities import abi
 
     return abi.FAULT_CODE[name]
 
@@ -687,7 +685,7 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
     fits, or the one launch of gpu_qr_whole, with its dynamic shared memory past
     48 KB) passes the lane's argument, block-size and group checks against its
     kernel's signature, runs, and the sequence syncs once."""
-    import kernels.gpu as g
+    from capqr.kernels import gpu as g
 
     monkeypatch.setattr(lane, "translate", _translate_once)  # the sources are the same
     wholes = [f"whole{cap}" for cap, _ in g.gen_whole.CLASSES]

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from capqr import capabilities, runtime
+from capqr.runtime.astutil import readable
+from capqr.runtime.errors import CapabilityFault
+from capqr.runtime.lines import line_hull
 from pycparser import c_ast, c_parser
-
-import capabilities
-import runtime
-from runtime.astutil import readable
-from runtime.errors import CapabilityFault
-from runtime.lines import line_hull
 
 UNROLLED = """
 KERNEL void scale_rows(cap_t M, int64_t n, int64_t r1, int64_t nw, int64_t k)

@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import runtime
+from capqr import runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPTH = 40  # 2^40 calls of h0: hours, at a few ns per call
@@ -99,7 +98,7 @@ def _probe(code: str, *argv: str, **env: str) -> dict:
 PRELUDE = r"""
 import json, sys, threading, time
 import numpy as np
-import capabilities, runtime
+from capqr import capabilities, runtime
 """
 
 
@@ -108,10 +107,10 @@ import capabilities, runtime
 
 
 def _c_source(src: str, name: str, mode: str) -> str:
-    from runtime.astutil import readable
-    from runtime.instrument import instrument
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.astutil import readable
+    from capqr.runtime.instrument import instrument
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     return readable(instrument(verify(parse(src), target="cpu"), name, mode).c_source)
 
@@ -150,8 +149,8 @@ def test_entry_poll_follows_the_rooting_of_cap_parameters() -> None:
 def test_gpu_lowering_ticks_the_threads_counter_at_entry() -> None:
     """The GPU lowering: the counter is the thread's, passed by reference to every
     function; callers tick it at entry; raw builds have neither."""
-    from runtime.astutil import readable
-    from runtime.cuda import translate
+    from capqr.runtime.astutil import readable
+    from capqr.runtime.cuda import translate
 
     checked = readable(translate(dag_source(3), checked=True).text)
     for f in ("h1", "h2", "h3"):
@@ -289,7 +288,7 @@ def test_fault_in_one_block_stops_the_call_dags_of_the_others() -> None:
 EMU_PROBE = PRELUDE + r"""
 sys.path.insert(0, "tests")
 from emulate_cuda import build
-from capabilities import abi
+from capqr.capabilities import abi
 ks = build(sys.argv[1], checked=True, workdir=__import__("pathlib").Path(sys.argv[2]))
 name, cancel = sys.argv[3], (float(sys.argv[4]) if sys.argv[4] != "-" else None)
 x = np.zeros(4, np.int64)

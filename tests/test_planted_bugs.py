@@ -16,10 +16,8 @@ import textwrap
 
 import numpy as np
 import pytest
-
-import capabilities
-import runtime
-from runtime import CapabilityFault
+from capqr import capabilities, runtime
+from capqr.runtime import CapabilityFault
 
 GUARD = 16  # elements of canary on each side of the victim
 
@@ -581,7 +579,8 @@ def test_fault_in_one_block_stops_blocks_in_infinite_loops():
 # forge works, it writes through a fake object header)
 
 FORGE_SCRIPT = textwrap.dedent("""
-    import numpy as np, capabilities, runtime
+    import numpy as np
+    from capqr import capabilities, runtime
     GUARD = 8
     big = np.arange(32, dtype=np.float64)
     orig = big.copy()
@@ -645,8 +644,8 @@ def test_cap_table_bytes_cannot_forge_a_capability(src):
 
 
 def test_demo_catches_its_off_by_one_store(capsys: pytest.CaptureFixture) -> None:
-    """`python -m runtime.demo` tells of an off-by-one store: the fault it shows is that store."""
-    from runtime import demo
+    """`python -m capqr.demo` tells of an off-by-one store: the fault it shows is that store."""
+    from capqr.runtime import demo
 
     assert demo.main(["--m", "24", "--n", "16", "--batch", "1"]) == 0
     out = capsys.readouterr().out

@@ -26,12 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from capqr import kernels
+from capqr.kernels import check, mutate, qr, sources
+from capqr.kernels.qr import work_size
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import kernels
-from kernels import check, mutate, qr, sources
-from kernels.qr import work_size
 
 VALUE_CLASSES = ["normal", "zeros", "zero_col", "rank_def", "near_rank_def", "clustered",
                  "graded_rows", "collinear", "logspace_cols", "huge", "tiny", "nonfinite"]
@@ -141,7 +140,7 @@ PATTERN = {np.dtype(np.float32): np.float32(-12345.678), np.dtype(np.float64): -
 
 def guarded(data: np.ndarray):
     """(capability over data's copy, backing array with GUARD canaries each side)."""
-    import capabilities
+    from capqr import capabilities
 
     flat = np.ascontiguousarray(data).reshape(-1)
     back = np.full(flat.size + 2 * GUARD, PATTERN[flat.dtype], dtype=flat.dtype)
@@ -160,7 +159,7 @@ FAMILY_CASES = {"geqr2": "float32", "geqrf": "float32", "geqrf_f16": "float16"}
 def run_mutant(src: str, family: str, checked: bool, batch: int, m: int, n: int, nb: int,
                seed: int = 0):
     """Run (a mutant of) a kernel family on guarded buffers; return (outcome, A, H, tau, ok)."""
-    import runtime
+    from capqr import runtime
 
     dt = FAMILY_CASES[family]
     kern = runtime.compile(src, sources.entry(family, dt), checked=checked)
@@ -194,7 +193,7 @@ def _mutants(family: str, count: int, seed: int) -> list:
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CASES))
 def test_mutants_checked_are_safe(family):
-    import runtime
+    from capqr import runtime
 
     outcomes = {}
     for mu in _mutants(family, 7, seed=4):

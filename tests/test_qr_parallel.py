@@ -18,10 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import kernels
-import runtime
-from kernels import check, parallel, qr, sources
+from capqr import kernels, runtime
+from capqr.kernels import check, parallel, qr, sources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +91,7 @@ def test_checked_equals_raw_bitwise():
 _HASH_SCRIPT = """
 import hashlib, sys
 import numpy as np
-from kernels import parallel
+from capqr.kernels import parallel
 a = np.random.default_rng(5).standard_normal((1, 200, 200)).astype(np.float32)
 t = np.zeros((1, 200), np.float32)
 parallel.run(a, t, "float32", 32, 24, True, None, None, steps=True)
@@ -131,7 +129,7 @@ def test_kernels_qr_pads_rows_only_for_steps(monkeypatch):
     returns unpadded."""
     import importlib
 
-    qr_mod = importlib.import_module("kernels.qr")
+    qr_mod = importlib.import_module("capqr.kernels.qr")
     assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 304   # steps
     assert parallel.working_ld(1, 300, 300, 32, 4, 1) == 300   # one worker
     assert parallel.working_ld(4, 300, 300, 32, 4, 2) == 300   # a block per matrix
@@ -150,7 +148,7 @@ def test_unpadding_moves_every_matrix_of_a_batch():
     buffer) keeps every element of every matrix, in order."""
     import importlib
 
-    qr_mod = importlib.import_module("kernels.qr")
+    qr_mod = importlib.import_module("capqr.kernels.qr")
     for batch, m, n, ld in ((3, 5, 7, 16), (2, 40, 17, 32), (1, 1, 1, 16)):
         want = _rand((batch, m, n), seed=ld)
         h = qr_mod.aligned_empty((batch, m, ld), np.float32)
@@ -415,7 +413,7 @@ def test_group_panel_default_and_refusals():
 def test_group_step_kernel_with_fewer_tile_blocks():
     """qrt_gstep called directly with one tile block (grid = G + 1) covers every
     tile by striding: the same result as with one block per tile."""
-    import capabilities
+    from capqr import capabilities
 
     m = n = 200
     nb, tw, G = 32, 32, 1
@@ -434,7 +432,7 @@ def test_group_step_kernel_with_fewer_tile_blocks():
 
 _TALL_SCRIPT = """
 import numpy as np
-import kernels
+from capqr import kernels
 a = np.random.default_rng(3).standard_normal((2048, 64)).astype(np.float32)
 h, tau = kernels.qr(a)
 rep = kernels.check(a, h, tau)

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import capabilities
-import runtime
-from runtime.astutil import readable
-from runtime.cuda import lane
-from runtime.errors import CapabilityFault, VerifyError
+from capqr import capabilities, runtime
+from capqr.runtime.astutil import readable
+from capqr.runtime.cuda import lane
+from capqr.runtime.errors import CapabilityFault, VerifyError
 
 
 def _body(decls: str, index: str) -> str:
@@ -109,7 +107,7 @@ def test_a_stated_block_size_bounds_the_thread_index() -> None:
 
 
 def test_the_update_kernels_register_tiles_are_proved() -> None:
-    import kernels.gpu as g
+    from capqr.kernels import gpu as g
 
     text = readable(lane.translate(g.UPDATE_SOURCE).text)
     apply = text.split("void __rtk_gpu_qr_update_apply(", 1)[1].split("void __rtk_", 1)[0]
@@ -136,8 +134,8 @@ def test_the_update_kernels_register_tiles_are_proved() -> None:
      "cuda", "call to 'rt_require_block_dim'", "kernel's own body"),
 ], ids=["cpu", "variable", "zero", "too-big", "twice", "in-a-branch", "in-a-helper"])
 def test_rt_require_block_dim_is_refused_with_a_reason(src, target, construct, why) -> None:
-    from runtime.parse import parse
-    from runtime.verifier import verify
+    from capqr.runtime.parse import parse
+    from capqr.runtime.verifier import verify
 
     with pytest.raises(VerifyError) as e:
         verify(parse(src), target=target)

@@ -10,10 +10,8 @@ import time
 
 import numpy as np
 import pytest
-
-import capabilities
-import runtime
-from runtime import CapabilityFault, KernelTimeout
+from capqr import capabilities, runtime
+from capqr.runtime import CapabilityFault, KernelTimeout
 
 # ---------------------------------------------------------------------------
 # kernels shared by several tests
@@ -346,7 +344,7 @@ def test_repeated_timeouts_do_not_leak_workers(fill):
 IDLE_PROBE = """
 import json, sys, time
 import numpy as np
-import capabilities, runtime
+from capqr import capabilities, runtime
 k = runtime.compile(sys.argv[1], "fill")
 x = capabilities.alloc(4096, np.float64)
 for _ in range(50):  # a launch sequence: the workers spin between its launches
@@ -419,8 +417,8 @@ KERNEL void paired_blocks(cap_t x)
 WAKE_PROBE = """
 import json, sys, time
 import numpy as np
-import capabilities, runtime
-from runtime.core import lib
+from capqr import capabilities, runtime
+from capqr.runtime.core import lib
 spin = runtime.compile(sys.argv[1], "spin_blocks")
 pair = runtime.compile(sys.argv[1], "paired_blocks")
 meet = runtime.compile(sys.argv[1], "meeting_blocks")
@@ -529,7 +527,7 @@ def test_a_new_process_reuses_the_front_end_result(tmp_path, monkeypatch):
     the compiled module; a process that has not compiled the key itself (the
     in-memory cache cleared here) loads both and runs no parse, verify or
     instrument, and the kernel it gets is the same."""
-    from runtime import kernel
+    from capqr.runtime import kernel
 
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_record")
@@ -550,7 +548,7 @@ def test_a_new_process_reuses_the_front_end_result(tmp_path, monkeypatch):
 def test_an_unreadable_front_end_record_is_rebuilt(tmp_path, monkeypatch):
     """A damaged record (or one of another key) is ignored: the front end runs and
     writes it again; a source that fails to verify leaves no record."""
-    from runtime import kernel
+    from capqr.runtime import kernel
 
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_damaged")
@@ -574,7 +572,7 @@ def test_the_gpu_lane_reuses_its_front_end_result(tmp_path, monkeypatch):
     lowered the source itself (the in-memory cache cleared here) gets the same
     result without parse, verify or lowering.  No GPU needed: the front end
     stops before NVRTC."""
-    from runtime.cuda import lane
+    from capqr.runtime.cuda import lane
 
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_gpu_record").replace("double v", "float v").replace(
@@ -594,7 +592,7 @@ def test_the_gpu_lane_reuses_its_front_end_result(tmp_path, monkeypatch):
 def test_an_unreadable_gpu_front_end_record_is_rebuilt(tmp_path, monkeypatch):
     """As on the CPU: a damaged record, or one of another key, is lowered again and
     rewritten; an unknown entry point is a VerifyError and leaves no record."""
-    from runtime.cuda import lane
+    from capqr.runtime.cuda import lane
 
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_gpu_damaged").replace("double v", "float v").replace(
@@ -950,7 +948,7 @@ void put(int64_t k, cap_t x, cap_t out) { cap_store_f64(out, k, cap_load_f64(x, 
 ROOT_RUNNER = r"""
 import json, sys, threading
 import numpy as np
-import capabilities, runtime
+from capqr import capabilities, runtime
 
 helpers, stmts = sys.argv[1], json.loads(sys.argv[2])
 body = "\n".join(f"    if (which == {i}) {{ {s} }}" for i, s in enumerate(stmts))

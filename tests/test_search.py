@@ -30,7 +30,7 @@ def _fast_builds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _cfg(db: Path, **kw):
-    from kernels.search import SearchConfig
+    from capqr.kernels.search import SearchConfig
 
     base = dict(m=SHAPE[0], n=SHAPE[1], batch=BATCH, budget=20, seed=3, db=str(db), workers=2,
                 threads=1, finalists=3, reps=2, timeout=10.0,
@@ -41,13 +41,12 @@ def _cfg(db: Path, **kw):
 
 
 def test_search_small_run(tmp_path: Path) -> None:
-    import kernels
-    import runtime
-    from kernels import mutate as mut
-    from kernels.search import search
-    from kernels.search.evaluate import STATUSES, _buffers, default_task
-    from kernels.search.report import leaderboard, plot
-    from kernels.search.store import Store
+    from capqr import kernels, runtime
+    from capqr.kernels import mutate as mut
+    from capqr.kernels.search import search
+    from capqr.kernels.search.evaluate import STATUSES, _buffers, default_task
+    from capqr.kernels.search.report import leaderboard, plot
+    from capqr.kernels.search.store import Store
 
     db = tmp_path / "s.db"
     res = search(_cfg(db), quiet=True)
@@ -130,11 +129,11 @@ def _kill_one(proc: subprocess.Popen, which: str) -> int:
 
 
 def test_killed_workers_lose_no_record(tmp_path: Path) -> None:
-    from kernels.search.store import Store
+    from capqr.kernels.search.store import Store
 
     db = tmp_path / "k.db"
     budget = 14
-    cmd = [sys.executable, "-m", "kernels.search", "--shape", "64x48", "--batch", "2",
+    cmd = [sys.executable, "-m", "capqr.kernels.search", "--shape", "64x48", "--batch", "2",
            "--budget", str(budget), "--db", str(db), "--seed", "5", "--finalists", "2",
            "--reps", "2", "--threads", "1", "--timeout", "10"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -161,13 +160,13 @@ def test_killed_workers_lose_no_record(tmp_path: Path) -> None:
 
 
 def _seed_source() -> str:
-    from kernels import mutate as mut
+    from capqr.kernels import mutate as mut
 
     return mut.render(mut.seed_genomes()[0])[0]
 
 
 def _submit_cli(path: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "kernels.search", "submit", str(path), "--shape", "64x48",
+    cmd = [sys.executable, "-m", "capqr.kernels.search", "submit", str(path), "--shape", "64x48",
            "--batch", "2", "--no-baseline", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
@@ -193,7 +192,7 @@ KERNEL void qr_fast(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, in
 
 
 def test_submit_rejects_hostile_kernel(tmp_path: Path) -> None:
-    from kernels.search import submit
+    from capqr.kernels.search import submit
 
     v = submit(HOSTILE, m=SHAPE[0], n=SHAPE[1], batch=BATCH, baseline=False)
     assert not v.passed
@@ -204,7 +203,7 @@ def test_submit_rejects_hostile_kernel(tmp_path: Path) -> None:
 
 def test_submit_rejects_buggy_kernel(tmp_path: Path) -> None:
     # geqr2 with the row loops of the reflector update running one past the end
-    from kernels import mutate as mut
+    from capqr.kernels import mutate as mut
 
     src = mut.render({"family": "geqr2", "params": {}, "edits": []})[0]
     bad = src.replace("for (int64_t i = rest; i < m; i++)", "for (int64_t i = rest; i <= m; i++)")
@@ -224,8 +223,8 @@ def test_gate_rejects_blocks_sharing_workspace(origin: str) -> None:
     # blocks run one after the other and the result is right; with two they race
     # (the search once picked such a mutant as its best).  The gate must say so
     # on one worker, as the search runs it (with two the race may show first).
-    from kernels import mutate as mut
-    from kernels.search.evaluate import default_task, evaluate_isolated
+    from capqr.kernels import mutate as mut
+    from capqr.kernels.search.evaluate import default_task, evaluate_isolated
 
     src, entry = mut.render({"family": "geqrf", "params": {"nb": 32}, "edits": []})
     bad = src.replace(f"cap_offset_f32({origin});", f"cap_offset_f32({origin} + 1);")
@@ -241,8 +240,8 @@ def test_gate_rejects_blocks_sharing_workspace(origin: str) -> None:
 def test_gate_rejects_depending_on_a_neighbour_matrix() -> None:
     # geqr2 nudging each tau by 1e-7 times an element of the next matrix: the checker
     # passes, but a matrix's result depends on another one's data.
-    from kernels import mutate as mut
-    from kernels.search.evaluate import default_task, run_gate
+    from capqr.kernels import mutate as mut
+    from capqr.kernels.search.evaluate import default_task, run_gate
 
     src, entry = mut.render({"family": "geqr2", "params": {}, "edits": []})
     line = "cap_store_f32(TAU, j, t);"
@@ -255,7 +254,7 @@ def test_gate_rejects_depending_on_a_neighbour_matrix() -> None:
 
 
 def test_submit_rejects_wrong_signature() -> None:
-    from kernels.search import submit
+    from capqr.kernels.search import submit
 
     src = "KERNEL void k(cap_t a, int64_t n)\n{\n    cap_store_f32(a, 0, 1.0f);\n}\n"
     v = submit(src, m=SHAPE[0], n=SHAPE[1], batch=BATCH, baseline=False, isolated=False)
@@ -263,7 +262,7 @@ def test_submit_rejects_wrong_signature() -> None:
 
 
 def test_store_commits_each_result(tmp_path: Path) -> None:
-    from kernels.search.store import Store
+    from capqr.kernels.search.store import Store
 
     db = tmp_path / "c.db"
     st = Store(db)
@@ -284,7 +283,7 @@ def test_store_commits_each_result(tmp_path: Path) -> None:
 def test_mutations_render_and_group() -> None:
     import random
 
-    from kernels import mutate as mut
+    from capqr.kernels import mutate as mut
 
     rng = random.Random(0)
     g = mut.seed_genomes()[0]

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import capabilities
-import runtime
+from capqr import capabilities, runtime
 
 SRC = """
 KERNEL void divide(cap_t out, int64_t a, int64_t b)

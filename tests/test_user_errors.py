@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import capabilities
-import kernels
-import runtime
-from runtime import CapabilityFault
+from capqr import capabilities, kernels, runtime
+from capqr.runtime import CapabilityFault
 
 # -- capabilities.alloc sizes -------------------------------------------------
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from runtime.errors import VerifyError
-from runtime.parse import parse
-from runtime.verifier import API_FUNCS, CUDA_API_FUNCS, MATH_FUNCS, verify
+from capqr.runtime.errors import VerifyError
+from capqr.runtime.parse import parse
+from capqr.runtime.verifier import API_FUNCS, CUDA_API_FUNCS, MATH_FUNCS, verify
 
 OK_KERNEL = "KERNEL void ok(cap_t x) { cap_store_f64(x, 0, 1.0); }\n"
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRELUDE = r"""
 import gc as pygc, json, sys
 import numpy as np
-import capabilities, runtime
+from capqr import capabilities, runtime
 
 FILL = runtime.compile('''
 KERNEL void fill(cap_t x, int64_t n, double v)
@@ -193,7 +193,7 @@ def test_torch_without_a_cxx_compiler_checks_the_storage_at_each_use() -> None:
     # faults "freed" instead of writing into the released one
     r = _run(r"""
 import os, torch
-from runtime import CapabilityFault
+from capqr.runtime import CapabilityFault
 os.environ["CXX"] = "false"
 n = 1 << 16
 u = torch.zeros(n)

@@ -242,7 +242,7 @@ class _Compiled(dict):
         self.checked = checked
 
     def __missing__(self, kind: str) -> Any:
-        from runtime import cuda
+        from ...runtime import cuda
 
         source, name, options = _kernel_spec(kind)
         kernel = self[kind] = cuda.compile(source, name, checked=self.checked, options=options)
@@ -319,7 +319,7 @@ class Workspace:
         """Device buffers (``alloc(size, dtype, name=...)``, default
         runtime.cuda.alloc_device) sized for either plan."""
         if alloc is None:
-            from runtime import cuda
+            from ...runtime import cuda
 
             alloc = cuda.alloc_device
         f32 = np.float32
@@ -349,7 +349,7 @@ class Workspace:
 
 def device_smem() -> int:
     """Shared memory one block of the current device may opt into (bytes)."""
-    from runtime.cuda import lane
+    from ...runtime.cuda import lane
 
     return int(lane.drv.device().max_smem_optin)
 
@@ -370,7 +370,7 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
     One launch sequence, synced at the end (``timeout``: for the whole sequence;
     a sequence the caller left pending is synced with it).
     """
-    from runtime import cuda
+    from ...runtime import cuda
 
     batch = A.nbytes // (4 * n * n)
     ks = blocked_kernels(checked)
@@ -396,7 +396,7 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
     H[b] holds R on/above the diagonal and the Householder vectors below it in
     the same orientation as ``scipy.linalg.qr(a[b], mode='raw')[0]``.
     """
-    from runtime import cuda
+    from ...runtime import cuda
 
     a = np.ascontiguousarray(a, dtype=np.float32)
     batch, n, _ = a.shape
@@ -429,7 +429,7 @@ def qr_device(A: Any, *, checked: bool = True, timeout: float | None = None) -> 
     dtype, factored in float32).  Returns ``(H, tau)`` of the same kind
     (new buffers; ``A`` is not modified).
     """
-    from runtime import cuda
+    from ...runtime import cuda
 
     is_torch = type(A).__module__.startswith("torch")
     shape = tuple(A.shape)
@@ -448,11 +448,11 @@ def qr_device(A: Any, *, checked: bool = True, timeout: float | None = None) -> 
         if np.dtype(A.dtype) != np.float32:
             raise TypeError(f"device QR needs float32, got {A.dtype}")
         if A.freed:
-            from runtime.errors import CapabilityFault
+            from ...runtime.errors import CapabilityFault
 
             raise CapabilityFault("freed", buffer=A.name, access="load")
         H = cuda.alloc_device(shape, np.float32, name="qr.a")
-        from runtime.cuda import driver as drv
+        from ...runtime.cuda import driver as drv
 
         drv.check(drv.lib().cuMemcpyDtoD_v2(H.ptr, A.ptr, A.nbytes), "cuMemcpyDtoD")
         T = cuda.alloc_device(shape[:-1], np.float32, name="qr.tau")

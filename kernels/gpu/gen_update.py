@@ -1,4 +1,5 @@
-"""Writes kernels/gpu/update.c (``python -m kernels.gpu.gen_update``); edit this, not update.c.
+"""Writes kernels/gpu/update.c (``python -m capqr.kernels.gpu.gen_update``); edit this,
+not update.c.
 
 The update kernels hold register tiles in named scalars (z00 .. z33, a00 .. a73):
 the instrumenter then versions the loops around them (one range check per
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels.gpu import CHUNK, STRIP
-from kernels.gpu import UPDATE_BLOCK as THREADS
-from kernels.gpu import ZP_SIZE as ZP
+from ...kernels.gpu import CHUNK, STRIP
+from ...kernels.gpu import UPDATE_BLOCK as THREADS
+from ...kernels.gpu import ZP_SIZE as ZP
 
 V_LD = 36          # row stride of V in shared memory (row-major, as copied)
 VT_LD = 68         # row stride of V^T in shared memory

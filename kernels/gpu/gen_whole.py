@@ -1,6 +1,6 @@
 """The one-launch GPU QR kernel, gpu_qr_whole, for each size class.
 
-``python -m kernels.gpu.gen_whole`` writes kernels/gpu/whole.c (the largest class, for
+``python -m capqr.kernels.gpu.gen_whole`` writes kernels/gpu/whole.c (the largest class, for
 reading and review); :func:`source` gives the text of any class, which is what
 kernels.gpu compiles.  Edit this file, not whole.c.
 

@@ -11,9 +11,9 @@ compile checked -> run on fresh random and stress inputs -> ``kernels.check``
 (:mod:`.inputs`).  Evaluation runs on dask.distributed (:mod:`.backends`),
 each candidate in its own child process.
 
-    python -m kernels.search --shape 640x512 --batch 8 --budget 200
-    python -m kernels.search report [--db PATH]
-    python -m kernels.search submit FILE [--name KERNEL]
+    python -m capqr.kernels.search --shape 640x512 --batch 8 --budget 200
+    python -m capqr.kernels.search report [--db PATH]
+    python -m capqr.kernels.search submit FILE [--name KERNEL]
 
 The kernel contract (seeds, candidates, submissions) is documented in
 :mod:`kernels.search.evaluate`.

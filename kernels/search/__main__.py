@@ -1,4 +1,4 @@
-"""Command line of kernels.search (``python -m kernels.search --help``)."""
+"""Command line of kernels.search (``python -m capqr.kernels.search --help``)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def _shape(s: str) -> tuple[int, int]:
 
 def _search_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m kernels.search",
+        prog="python -m capqr.kernels.search",
         description="Search QR kernel variants (also: `report`, `submit FILE`; see "
-                    "`python -m kernels.search submit --help`).",
+                    "`python -m capqr.kernels.search submit --help`).",
         epilog=CONTRACT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", type=_shape, default=(640, 512), help="MxN (default 640x512)")
     p.add_argument("--batch", type=int, default=8, help="matrices per launch (default 8)")
@@ -63,7 +63,7 @@ def _search_parser() -> argparse.ArgumentParser:
 
 
 def _report_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels.search report",
+    p = argparse.ArgumentParser(prog="python -m capqr.kernels.search report",
                                 description="Print the leaderboard of a run; write the plot.")
     p.add_argument("--db", default="search.db", help="sqlite results file (default search.db)")
     p.add_argument("--run", type=int, default=None, help="run id (default: the newest)")
@@ -74,7 +74,7 @@ def _report_parser() -> argparse.ArgumentParser:
 
 def _submit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m kernels.search submit",
+        prog="python -m capqr.kernels.search submit",
         description="Run the search gate (and the held-out re-check) on a kernel source file "
                     "and print a verdict; exit status 0 on PASS, 1 on FAIL.",
         epilog=CONTRACT, formatter_class=argparse.RawDescriptionHelpFormatter)

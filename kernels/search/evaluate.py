@@ -10,7 +10,7 @@ one-line ``reason``:
 
 ``run_gate`` runs in the calling process (used by ``--no-dask`` and inside
 the isolated worker); ``evaluate_isolated`` runs it in a fresh child process
-(``python -m kernels.search.evaluate``), so a hard crash (a signal, a
+(``python -m capqr.kernels.search.evaluate``), so a hard crash (a signal, a
 compiler blow-up, an out-of-memory kill) becomes a ``crash`` record instead
 of taking the search down.
 
@@ -45,9 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.mutate import storage_of
-from kernels.qr import work_size
-
+from ...kernels.mutate import storage_of
+from ...kernels.qr import work_size
 from . import inputs as inputs_mod
 
 STATUSES = ("ok", "verify_error", "compile_error", "fault", "timeout", "check_failed", "crash")
@@ -82,7 +81,7 @@ def run_gate(task: dict) -> dict:
 
 
 def _gate(task: dict) -> dict:
-    import runtime
+    from ... import runtime
 
     src, entry = task["source"], task["entry"]
     try:
@@ -196,7 +195,7 @@ def _signature_problem(kern: Any) -> str | None:
 
 
 def _buffers(kern: Any, task: dict, a: np.ndarray) -> tuple:
-    import capabilities
+    from ... import capabilities
 
     batch, m, n = a.shape
     half = task["storage"] == "f16"
@@ -214,7 +213,7 @@ def _launch(kern: Any, task: dict, a: np.ndarray, footprint: bool = False) -> An
     """Run once on ``a``: (H, tau), or with ``footprint`` the number of workspace
     elements the launch wrote (the workspace holds _MARK before it); or a
     fault/timeout result dict."""
-    import runtime
+    from ... import runtime
 
     h, tau, caps, args = _buffers(kern, task, a)
     work = caps[2].numpy().view(np.uint32) if footprint else None
@@ -236,7 +235,7 @@ def _launch(kern: Any, task: dict, a: np.ndarray, footprint: bool = False) -> An
 
 def _time(kern: Any, task: dict, a: np.ndarray) -> Any:
     """Launch times (seconds) on ``a``; inputs are restored outside the timed region."""
-    import runtime
+    from ... import runtime
 
     h, tau, caps, args = _buffers(kern, task, a)
     src = h.copy()
@@ -270,7 +269,7 @@ def _fault_detail(e: Any, task: dict) -> dict:
 
 
 def _check(a: np.ndarray, h: np.ndarray, tau: np.ndarray) -> Any:
-    import kernels
+    from ... import kernels
 
     return kernels.check(a, h, tau)
 
@@ -325,7 +324,7 @@ def _run_child(task: dict) -> dict:
     if task.get("threads"):
         env["CAPQR_THREADS"] = str(task["threads"])
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "kernels.search.evaluate"]
+    cmd = [sys.executable, "-m", "capqr.kernels.search.evaluate"]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, text=True,

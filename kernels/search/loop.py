@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kernels import mutate as mut
-
+from ...kernels import mutate as mut
 from .backends import Dask, InProcess
 from .evaluate import default_task
 from .population import Member, Population
@@ -223,9 +222,9 @@ def main_summary(res: SearchResult) -> str:
     if res.finalists:
         lines.append(f"held-out: {len(res.finalists)} finalists, {len(fast)} faster than the "
                      f"seed, {len(bad)} of those fail held-out inputs")
-    lines.append(f"results in {res.db}; `python -m kernels.search report --db {res.db}`")
+    lines.append(f"results in {res.db}; `python -m capqr.kernels.search report --db {res.db}`")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use python -m kernels.search")
+    sys.exit("use python -m capqr.kernels.search")

@@ -58,8 +58,7 @@ from dataclasses import dataclass, field
 
 from pycparser import c_ast
 
-from capabilities import abi
-
+from ...capabilities import abi
 from ..astutil import (
     Generator,
     mangle,

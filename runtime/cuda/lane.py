@@ -43,9 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from capabilities import abi
-from capabilities.protocol import RecordedAttributes
-
+from ...capabilities import abi
+from ...capabilities.protocol import RecordedAttributes
 from .. import core, heap, records
 from ..argcheck import (
     check_counts,
@@ -173,7 +172,7 @@ def _pace() -> None:
 
 
 def _drain_all() -> None:
-    from capabilities.handle import drain_releases
+    from ...capabilities.handle import drain_releases
 
     drain_device_releases()
     drain_releases()
@@ -209,6 +208,7 @@ class DeviceCapability(RecordedAttributes):
         self._nbytes = int(np.prod(self._shape, dtype=np.int64)) * self._dtype.itemsize
         self._ptr = int(ptr)
         self._freed = False
+        self._export_pin: Any = None  # set by __cuda_array_interface__: see there
         self._lock = threading.Lock()
         code = _DT_CODES[self._dtype.name]
         bits = abi.PERM_R | (abi.PERM_W if "w" in self._perms else 0)
@@ -228,7 +228,7 @@ class DeviceCapability(RecordedAttributes):
         if owned:
             _OWNED.add(self._id)
         elif keepalive is not None:
-            from capabilities.handle import keep_external
+            from ...capabilities.handle import keep_external
 
             keep_external(self._id, keepalive)
 
@@ -266,6 +266,31 @@ class DeviceCapability(RecordedAttributes):
         """Device address of the payload (raises CapabilityFault("freed") after free())."""
         self._check_live("load")
         return self._ptr
+
+    # -- zero-copy export (torch, cupy, numba: CUDA array interface and DLPack) ---------
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA array interface (``torch.as_tensor(cap, device="cuda")``).  A consumer
+        keeps this handle, so the handle keeps a pin of its own from here on, which free()
+        does not drop: free() revokes the capability for kernels, and the memory outlives
+        every exported tensor."""
+        ptr = self.ptr
+        self._export_pin = self._pin
+        return {"shape": self._shape, "typestr": self._dtype.str,
+                "data": (ptr, self._perms == "r"), "version": 3, "strides": None,
+                "stream": None}
+
+    def __dlpack__(self, *, stream: Any = None, **kw: Any) -> Any:
+        """DLPack export through torch (``torch.from_dlpack(cap)``), zero-copy."""
+        try:
+            import torch
+        except ImportError:
+            raise BufferError("DLPack export of a device buffer needs torch; use "
+                              "__cuda_array_interface__") from None
+        return torch.as_tensor(self, device="cuda").__dlpack__(stream=stream, **kw)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, drv.device().ordinal)  # kDLCUDA
 
     def __repr__(self) -> str:
         st = " freed" if self._freed else ""
@@ -412,6 +437,11 @@ class CudaKernel:
     param_block: Any = field(default=None, repr=False, compare=False)  # see _ParamBlock
     resident: dict = field(default_factory=dict, repr=False, compare=False)  # see max_group
     dynamic_smem: int = 0  # bytes every launch adds to shared_bytes (its smem_ arrays)
+
+    def __repr__(self) -> str:
+        # One line: the generated CUDA is self.cuda.text, the dialect source self.source.
+        return (f"<capqr.runtime.cuda.CudaKernel {self.info.text()} target=cuda "
+                f"mode={'checked' if self.checked else 'raw'} cubin={self.cubin_bytes} B>")
 
     def registers(self) -> int:
         """Registers per thread of the compiled kernel."""

@@ -1,6 +1,6 @@
 """capqr demo: a checked QR kernel, its exact check, then a buggy kernel caught.
 
-Run: ``python -m runtime.demo`` (CPU only; embedded inputs, no server).
+Run: ``python -m capqr.demo`` (CPU only; embedded inputs, no server).
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import time
 
 import numpy as np
 
-import capabilities
-import runtime
+from . import capabilities, runtime
 
 # A "generated" kernel with the classic bug: the store index is off by one
 # (``j + 1``), so each row is written one element to the right and the last
@@ -29,14 +28,14 @@ KERNEL void scale_rows(cap_t src, cap_t dst, int64_t m, int64_t n, float s)
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns a process exit code (0: everything behaved)."""
-    ap = argparse.ArgumentParser(prog="python -m runtime.demo", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m capqr.demo", description=__doc__)
     ap.add_argument("--m", type=int, default=512, help="rows of each matrix (default 512)")
     ap.add_argument("--n", type=int, default=384, help="columns of each matrix (default 384)")
     ap.add_argument("--batch", type=int, default=4, help="matrices in the batch (default 4)")
     ap.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     opts = ap.parse_args(argv)
 
-    import kernels
+    from . import kernels
 
     rng = np.random.default_rng(opts.seed)
     A = rng.standard_normal((opts.batch, opts.m, opts.n)).astype(np.float32)
