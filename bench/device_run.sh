@@ -2,11 +2,11 @@
 # One session on a GPU machine (H100, 16 cores), under 9 minutes in all, each part under its
 # own `timeout`, logs and JSON flat in $OUT (8 files):
 #   machine.txt                 nvidia-smi, nproc, uptime, python and torch versions
-#   gpu-tests.txt               pytest -m gpu on the GPU test files            (TESTS_S, 120 s)
+#   gpu-tests.txt               pytest -m gpu on the GPU test files            (TESTS_S, 200 s)
 #   gpu-bench.{json,txt,log}    bench.gpu_bench, peers torch.geqrf and
-#                               cublasSgeqrfBatched                        (GPU_BENCH_S, 180 s)
+#                               cublasSgeqrfBatched                        (GPU_BENCH_S, 170 s)
 #   cpu-parallel-*.{json,txt},  bench.cpu_peers on all cores: capqr vs scipy sgeqrf and
-#   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 210 s)
+#   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 200 s)
 # Usage: OUT=/some/dir bash bench/device_run.sh, with PYTHONPATH naming the installed wheels
 # and the repository root.  The fake-driver tests (tests/test_launch_sequence.py,
 # tests/test_gc_device.py) are not run here: they swap the driver module under a process
@@ -23,9 +23,15 @@
 # and on the device, before this script:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #     --target /tmp/site .whl/*.whl
-#   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+#   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# (the script itself puts the checkout on the path as the package capqr)
 set -u
 OUT=${OUT:-bench-results/device}
+# The checkout's root is the package capqr: import it as such without installing.
+if ! python3 -c "import capqr" 2>/dev/null; then
+    mkdir -p /tmp/capqr-path && ln -sfn "$PWD" /tmp/capqr-path/capqr
+    export PYTHONPATH="/tmp/capqr-path${PYTHONPATH:+:$PYTHONPATH}"
+fi
 mkdir -p "$OUT"
 missing=$(python3 - <<'EOF'
 import importlib.util
@@ -42,19 +48,19 @@ fi
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nproc; uptime
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
 } > "$OUT/machine.txt" 2>&1
-timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_gpu_async.py tests/test_gpu_qr.py tests/test_gpu_builtins.py tests/test_gpu.py \
     tests/test_gpu_group.py tests/test_conformance.py > "$OUT/gpu-tests.txt" 2>&1
 echo "rc=$?" >> "$OUT/gpu-tests.txt"
 tail -3 "$OUT/gpu-tests.txt"
 # cublasSgeqrfBatched: one run where a run exceeds PEER_BUDGET_S; (8,2048) and (2,4096)
 # are skipped (19.6 s and unfinished on the 2026-12-06 H100 run, bench/gpu_peers.py)
-timeout "${GPU_BENCH_S:-180}" python3 -m bench.gpu_bench --repeat "${REPEAT:-5}" \
+timeout "${GPU_BENCH_S:-170}" python3 -m capqr.bench.gpu_bench --repeat "${REPEAT:-5}" \
     --repeat-large "${REPEAT_LARGE:-3}" --peer-budget-s "${PEER_BUDGET_S:-5}" \
     --out "$OUT/gpu-bench.json" > "$OUT/gpu-bench.log" 2>&1
 echo "rc=$?" >> "$OUT/gpu-bench.log"
 tail -14 "$OUT/gpu-bench.log"
-timeout "${CPU_BENCH_S:-210}" python3 -m bench.cpu_peers --threads "$(nproc)" \
-    --max-seconds "${CPU_BUDGET_S:-180}" --out "$OUT" > "$OUT/cpu-peers.log" 2>&1
+timeout "${CPU_BENCH_S:-200}" python3 -m capqr.bench.cpu_peers --threads "$(nproc)" \
+    --max-seconds "${CPU_BUDGET_S:-170}" --out "$OUT" > "$OUT/cpu-peers.log" 2>&1
 echo "rc=$?" >> "$OUT/cpu-peers.log"
 tail -20 "$OUT/cpu-peers.log"

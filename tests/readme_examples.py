@@ -15,15 +15,15 @@ def python_blocks(page: Path) -> list[str]:
 
 
 def run_readme_example(heading: str, index: int = 0) -> None:
-    """Execute the ``index``-th ```python block of the section (of README.md or a docs
-    page) whose heading starts with ``## heading`` (AssertionError if it is missing)."""
+    """Execute the ``index``-th ```python block of the first section (of README.md or a
+    docs page) whose heading starts with ``heading`` and that has that many blocks
+    (AssertionError if there is none).  A section runs to the next ``## `` heading."""
+    found = []
     for page in PAGES:
-        parts = re.split(rf"(?m)^#+ {re.escape(heading)}", page.read_text(), maxsplit=1)
-        if len(parts) == 2:
-            break
-    else:
-        raise AssertionError(f"no page has a section '{heading}'")
-    section = re.split(r"(?m)^#{1,2} ", parts[1], maxsplit=1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) > index, f"section '{heading}' of {page.name} has {len(blocks)} blocks"
-    exec(compile(blocks[index], f"{page.name}-{heading}-{index}", "exec"), {})
+        for part in re.split(rf"(?m)^#+ {re.escape(heading)}", page.read_text())[1:]:
+            blocks = re.findall(r"```python\n(.*?)```", part.split("\n## ", 1)[0], re.S)
+            found.append(f"{page.name}: {len(blocks)}")
+            if len(blocks) > index:
+                exec(compile(blocks[index], f"{page.name}-{heading}-{index}", "exec"), {})
+                return
+    raise AssertionError(f"no section '{heading}' with {index + 1} python blocks ({found})")

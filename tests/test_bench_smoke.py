@@ -256,11 +256,12 @@ def test_tile_ceiling_measures_a_ratio() -> None:
 
 #: Every command line of the benchmarks and tools: ``python -m <module> [subcommand] --help``.
 HELP_COMMANDS = [
-    ["bench"], ["bench.report"], ["bench.gc_bench"], ["bench.peers"], ["bench.gpu_bench"],
-    ["bench.qr_parallel"], ["bench.overhead"], ["bench.gpu_mma"], ["bench.gpu_steps"],
-    ["bench.cpu_peers"], ["bench.machine"], ["runtime.demo"], ["kernels.search"],
-    ["kernels.search", "report"], ["kernels.search", "submit"],
-]
+    [f"capqr.{m}"] for m in ("bench", "bench.report", "bench.gc_bench", "bench.peers",
+                             "bench.gpu_bench", "bench.qr_parallel", "bench.overhead",
+                             "bench.gpu_mma", "bench.gpu_steps", "bench.cpu_peers",
+                             "bench.machine", "demo", "kernels.search")
+] + [["capqr"], ["capqr", "warmup"], ["capqr.kernels.search", "report"],
+     ["capqr.kernels.search", "submit"]]
 _SECTIONS = ("options:", "optional arguments:", "positional arguments:")
 
 

@@ -530,7 +530,7 @@ WHOLE_SHAPES = [(3, 1), (2, 2), (2, 31), (20, 32), (2, 33), (3, 100), (2, 128), 
 def test_whole_path(batch: int, n: int) -> None:
     """One launch per problem: the checker passes, checked equals raw bit for bit, and the
     result is the blocked plan's compact form up to rounding."""
-    assert g.launch_plan(batch, n, smem=g.device_smem())[0].kernel.startswith("whole")
+    assert g.launch_plan(batch, n, whole=True, smem=g.device_smem())[0].kernel.startswith("whole")
     a = np.random.default_rng(n + 1).standard_normal((batch, n, n)).astype(np.float32)
     _check_both(a, whole=True)
     H, tau = g.qr(a, whole=True)

@@ -645,7 +645,7 @@ def test_cap_table_bytes_cannot_forge_a_capability(src):
 
 def test_demo_catches_its_off_by_one_store(capsys: pytest.CaptureFixture) -> None:
     """`python -m capqr.demo` tells of an off-by-one store: the fault it shows is that store."""
-    from capqr.runtime import demo
+    from capqr import demo
 
     assert demo.main(["--m", "24", "--n", "16", "--batch", "1"]) == 0
     out = capsys.readouterr().out
