@@ -42,6 +42,16 @@ ELEM_SIZE: dict[str, int] = {d.suffix: d.size for d in DTYPES}
 SCALAR_SUFFIXES: tuple[str, ...] = ("f16", "f32", "f64", "i32", "i64")
 CAP_DT_CODE = DT_BY_SUFFIX["cap"].code
 
+#: rt_api.abi_version: a kernel module built against another layout refuses to run
+#: (bump it with any change to a struct below or to rt_api).
+RT_ABI_VERSION = 5
+#: Bytes of a buffer name in rt_obj.name and rt_fault_rec.buffer, the NUL included:
+#: the host truncates names to NAME_MAX - 1 bytes before they reach the collector.
+NAME_MAX = 48
+#: Shadow slots of one rt_frame: cap_t params + locals + call spills of a kernel
+#: function (the verifier refuses a function that needs more).
+FRAME_SLOTS_MAX = 64
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -356,6 +366,10 @@ struct rt_obj;
 {acc}/* rt_obj.flags (meanings: capabilities/abi.py OBJ_FLAGS) */
 {objf}/* Collector payloads start on a multiple of this many bytes (a cache line). */
 #define RT_PAYLOAD_ALIGN {PAYLOAD_ALIGN}
+/* rt_api.abi_version; name bytes in rt_obj / rt_fault_rec; shadow slots per frame */
+#define RT_ABI_VERSION {RT_ABI_VERSION}
+#define RT_NAME_MAX {NAME_MAX}
+#define RT_FRAME_SLOTS_MAX {FRAME_SLOTS_MAX}
 
 /* A capability as a kernel holds it: {CAP_BYTES} bytes, by value.  p is the current
  * origin (what cap_to_int returns), lo the object start, rlen/wlen the

@@ -54,9 +54,8 @@ extern "C" {
 #endif
 
 
-/* rt_obj.flags bits RT_OBJ_*: cap_abi.h (capabilities/abi.py) */
-
-#define RT_NAME_MAX 48
+/* rt_obj.flags bits RT_OBJ_*, RT_NAME_MAX, RT_FRAME_SLOTS_MAX, RT_ABI_VERSION:
+ * cap_abi.h (capabilities/abi.py) */
 
 /* The object header.  Owned by the collector (gc/), never moves. */
 typedef struct rt_obj {
@@ -106,8 +105,6 @@ typedef struct rt_fault_rec {
 } rt_fault_rec;
 
 /* ---- blocks, frames, the runtime function table ------------------------ */
-#define RT_FRAME_SLOTS_MAX 64
-
 typedef struct rt_frame {
     struct rt_frame *up;
     struct rt_block *blk;
@@ -140,8 +137,6 @@ typedef struct rt_api {
     /* rt_group_sync: wait for the launch's group blocks (faults outside a group) */
     void (*group_sync)(struct rt_block *b, int32_t line);
 } rt_api;
-
-#define RT_ABI_VERSION 5
 
 typedef struct rt_block {
     int64_t block_idx;

@@ -25,6 +25,10 @@ enum { RT_ACC_LOAD = 1, RT_ACC_STORE = 2 };
 enum { RT_OBJ_FREED = 1, RT_OBJ_EXTERNAL = 2, RT_OBJ_PAYLOAD_GONE = 4, RT_OBJ_DEVICE = 8 };
 /* Collector payloads start on a multiple of this many bytes (a cache line). */
 #define RT_PAYLOAD_ALIGN 64
+/* rt_api.abi_version; name bytes in rt_obj / rt_fault_rec; shadow slots per frame */
+#define RT_ABI_VERSION 5
+#define RT_NAME_MAX 48
+#define RT_FRAME_SLOTS_MAX 64
 
 /* A capability as a kernel holds it: 40 bytes, by value.  p is the current
  * origin (what cap_to_int returns), lo the object start, rlen/wlen the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from ..capabilities import abi
 from .build import CAP_INCLUDE, CSRC, GC_DIR, build_module, compiler_id, content_hash
 
 CDEF = r"""
@@ -23,7 +24,7 @@ typedef struct rt_obj {
     int32_t pins;
     int32_t holds;
     uint64_t id;
-    char name[48];
+    char name[RT_NAME_MAX];
     ...;
 } rt_obj;
 
@@ -40,7 +41,7 @@ typedef struct {
     int32_t line;
     int32_t thread;
     uint64_t obj_id;
-    char buffer[48];
+    char buffer[RT_NAME_MAX];
 } rt_fault_rec;
 
 typedef struct {
@@ -95,7 +96,7 @@ void gc_set_threshold(double ratio, uint64_t floor_bytes);
 void gc_get_stats(gc_stats_t *out);
 int gc_is_live_id(uint64_t id);
 uint64_t gc_count_objects(void);
-"""
+""".replace("RT_NAME_MAX", str(abi.NAME_MAX))  # cffi's cdef takes no macros
 
 CDEF_EXTRA_FILE = GC_DIR / "gc_cdef.h"  # optional: extra declarations the collector exports
 

@@ -31,11 +31,12 @@ from typing import NoReturn
 
 from pycparser import c_ast
 
+from ..capabilities import abi
 from .astutil import INC_DEC, CapTyping, callees, int_literal, pure_lvalue, reaching
 from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
-_ELEM = ("f16", "f32", "f64", "i32", "i64")
+_ELEM = abi.SCALAR_SUFFIXES
 
 # name -> (argument kinds, result kind); kinds: "cap", "num", "void".
 _API_SIGS: dict[str, tuple[tuple[str, ...], str]] = {}
@@ -126,8 +127,8 @@ MATH_FUNCS: frozenset[str] = frozenset(_MATH_SIGS)
 #: Threads per block on every CUDA device since sm_20 (the lane refuses more).
 CUDA_MAX_BLOCK = 1024
 
-#: cap_t params + locals per function: one shadow slot each (RT_FRAME_SLOTS_MAX in cap.h).
-MAX_CAP_LOCALS = 64
+#: cap_t params + locals per function: one shadow slot each (an rt_frame's slots).
+MAX_CAP_LOCALS = abi.FRAME_SLOTS_MAX
 MAX_ARRAY_ELEMS = 1 << 20
 MAX_ARRAY_DIMS = 3
 
