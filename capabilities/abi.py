@@ -42,6 +42,16 @@ ELEM_SIZE: dict[str, int] = {d.suffix: d.size for d in DTYPES}
 SCALAR_SUFFIXES: tuple[str, ...] = ("f16", "f32", "f64", "i32", "i64")
 CAP_DT_CODE = DT_BY_SUFFIX["cap"].code
 
+#: rt_api.abi_version: a kernel module built against another layout refuses to run
+#: (bump it with any change to a struct below or to rt_api).
+RT_ABI_VERSION = 5
+#: Bytes of a buffer name in rt_obj.name and rt_fault_rec.buffer, the NUL included:
+#: the host truncates names to NAME_MAX - 1 bytes before they reach the collector.
+NAME_MAX = 48
+#: Shadow slots of one rt_frame: cap_t params + locals + call spills of a kernel
+#: function (the verifier refuses a function that needs more).
+FRAME_SLOTS_MAX = 64
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -102,6 +112,132 @@ LINE_MAX_SPAN = 16
 CAP_WORDS: tuple[str, ...] = ("p", "lo", "rlen", "wlen", "owner")
 CAP_BYTES = 8 * len(CAP_WORDS)
 GPU_TAG_FREED = 1 << 32
+
+@dataclass(frozen=True)
+class Field:
+    """One member of a struct shared by C and cffi: C type, name (with any array
+    extent, spelled with the RT_ macro), comment (C only)."""
+
+    ctype: str
+    name: str
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class Struct:
+    """A struct (or union) layout the C sources and runtime/core.py's cffi cdef both
+    declare; ``tag`` is the struct tag and typedef name."""
+
+    tag: str
+    doc: str
+    fields: tuple[Field, ...]
+    kind: str = "struct"
+
+
+#: Host-lane layouts, written once: cap_abi.h typedefs them for cap.h and gc.h, and
+#: runtime/core.py declares them to cffi from the same lists (cffi_structs), so the
+#: Python side reads the fields the C side writes.
+STRUCTS: tuple[Struct, ...] = (
+    Struct("rt_obj", "The object header.  Owned by the collector (gc/), never moves.", (
+        Field("char *", "base", "payload start"),
+        Field("uint64_t", "nbytes", "payload size as allocated"),
+        Field("uint64_t", "rlen", "readable bytes from base; 0 once freed"),
+        Field("uint64_t", "wlen", "writable bytes from base; 0 if read-only or freed"),
+        Field("uint32_t", "dtype", "RT_DT_* of the elements"),
+        Field("uint32_t", "perms", "RT_PERM_*"),
+        Field("uint32_t", "flags", "RT_OBJ_* (atomic updates)"),
+        Field("uint32_t", "mark", "collector mark epoch (atomic)"),
+        Field("int32_t", "pins", "Python handles holding it (atomic)"),
+        Field("int32_t", "holds", "running launches holding it as an argument (atomic)"),
+        Field("uint64_t", "id", "allocation serial number (debugging, stats)"),
+        Field("struct rt_obj *", "next", "collector's list of all objects"),
+        Field("char", "name[RT_NAME_MAX]", "buffer name shown in faults"),
+    )),
+    Struct("rt_arg", "Kernel arguments as the launcher passes them.", (
+        Field("cap_t", "cap"),
+        Field("int64_t", "i64"),
+        Field("double", "f64"),
+        Field("float", "f32"),
+    ), kind="union"),
+    Struct("rt_fault_rec", "A fault as the runtime records it (the first of a launch).", (
+        Field("int32_t", "kind", "RT_FAULT_* (0: none)"),
+        Field("int32_t", "access", "RT_ACC_*"),
+        Field("int64_t", "block", "block index that faulted"),
+        Field("int64_t", "index", "element index of the access"),
+        Field("int64_t", "elsize", "element size of the access"),
+        Field("int64_t", "offset", "byte offset of the origin from the object start"),
+        Field("int32_t", "line", "kernel source line"),
+        Field("int32_t", "thread", "GPU lane: thread index; CPU: -1"),
+        Field("uint64_t", "obj_id"),
+        Field("char", "buffer[RT_NAME_MAX]", "buffer name (or local array name)"),
+    )),
+    Struct("gc_stats_t", "Collector statistics (gc_get_stats, gc/stats.c).", (
+        Field("uint64_t", "cycles"),
+        Field("uint64_t", "objects_live"),
+        Field("uint64_t", "bytes_live"),
+        Field("uint64_t", "objects_freed_total", "headers reclaimed"),
+        Field("uint64_t", "bytes_freed_total", "payload bytes released"),
+        Field("uint64_t", "bytes_allocated_total"),
+        Field("uint64_t", "objects_allocated_total"),
+        Field("uint64_t", "handshakes"),
+        Field("double", "handshake_p50_us"),
+        Field("double", "handshake_p99_us"),
+        Field("double", "handshake_max_us"),
+        Field("double", "mark_seconds_total"),
+        Field("double", "sweep_seconds_total"),
+        Field("uint64_t", "threshold_bytes", "heap size that triggers the next cycle"),
+        Field("int32_t", "stw", "CAPQR_GC_STW mode"),
+        Field("int32_t", "verify", "CAPQR_GC_VERIFY mode"),
+        Field("uint64_t", "verify_failures"),
+        Field("int32_t", "running", "a cycle is in progress"),
+        Field("int32_t", "enabled"),
+    )),
+    Struct("gc_release_rec", "One deferred release (gc_drain_*_releases, gc/heap.c).", (
+        Field("uint64_t", "id", "the object's serial (rt_obj.id)"),
+        Field("uint64_t", "handle", "payload address (host pointer or device address)"),
+        Field("uint64_t", "nbytes"),
+    )),
+)
+STRUCT: dict[str, Struct] = {st.tag: st for st in STRUCTS}
+#: The macros array extents use, with their values (cffi's cdef takes no macros).
+_EXTENTS: dict[str, int] = {"RT_NAME_MAX": NAME_MAX}
+
+
+def _decl(f: Field) -> str:
+    sep = "" if f.ctype.endswith("*") else " "
+    return f"{f.ctype}{sep}{f.name};"
+
+
+def _c_struct(st: Struct) -> str:
+    lines = [f"/* {st.doc} */", f"typedef {st.kind} {st.tag} {{"]
+    for f in st.fields:
+        d = _decl(f)
+        lines.append(f"    {d:<27} /* {f.comment} */" if f.comment else f"    {d}")
+    lines.append(f"}} {st.tag};")
+    return "\n".join(lines) + "\n"
+
+
+def c_structs() -> str:
+    """The host-lane typedefs of STRUCTS (cap_abi.h)."""
+    return "\n".join(_c_struct(st) for st in STRUCTS)
+
+
+def cffi_structs(*tags: str) -> str:
+    """cffi cdef declarations of the named STRUCTS, from the same field lists as the C
+    typedefs; complete (no ``...``), so cffi also checks every offset against the
+    compiled C at build time."""
+    out = []
+    for tag in tags:
+        st = STRUCT[tag]
+        body = []
+        for f in st.fields:
+            d = _decl(f)
+            for macro, value in _EXTENTS.items():
+                d = d.replace(macro, str(value))
+            body.append(f"    {d}")
+        out.append(f"typedef {st.kind} {st.tag} {{\n" + "\n".join(body) + f"\n}} {st.tag};\n")
+    return "".join(out)
+
 
 _GUARDS_C = r"""/* ---- loop-versioning guards (runtime/hoist.py), the same on both lanes ---- */
 /* Overflow-checked int64 arithmetic: gcc's builtins on the host; on the device
@@ -356,6 +492,10 @@ struct rt_obj;
 {acc}/* rt_obj.flags (meanings: capabilities/abi.py OBJ_FLAGS) */
 {objf}/* Collector payloads start on a multiple of this many bytes (a cache line). */
 #define RT_PAYLOAD_ALIGN {PAYLOAD_ALIGN}
+/* rt_api.abi_version; name bytes in rt_obj / rt_fault_rec; shadow slots per frame */
+#define RT_ABI_VERSION {RT_ABI_VERSION}
+#define RT_NAME_MAX {NAME_MAX}
+#define RT_FRAME_SLOTS_MAX {FRAME_SLOTS_MAX}
 
 /* A capability as a kernel holds it: {CAP_BYTES} bytes, by value.  p is the current
  * origin (what cap_to_int returns), lo the object start, rlen/wlen the
@@ -391,6 +531,10 @@ typedef struct cap_t {{
      RT_LIKELY(RT_OFF(c, i, S) < (LEN)) && RT_LIKELY(RT_OFF(c, i, S) + (S) <= (LEN)))
 /* An origin moved by an absurd k keeps zero bounds (every access refused). */
 #define RT_OFFSET_SANE(k) ((((rt_u64)(k)) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT)
+
+#ifndef RT_DEVICE_LANE
+/* ---- host-lane layouts (also declared to cffi by runtime/core.py) ---- */
+{c_structs()}#endif
 
 {_GUARDS_C}
 {_TILES_C}

@@ -54,27 +54,10 @@ extern "C" {
 #endif
 
 
-/* rt_obj.flags bits RT_OBJ_*: cap_abi.h (capabilities/abi.py) */
+/* rt_obj.flags bits RT_OBJ_*, RT_NAME_MAX, RT_FRAME_SLOTS_MAX, RT_ABI_VERSION:
+ * cap_abi.h (capabilities/abi.py) */
 
-#define RT_NAME_MAX 48
-
-/* The object header.  Owned by the collector (gc/), never moves. */
-typedef struct rt_obj {
-    char *base;                 /* payload start */
-    uint64_t nbytes;            /* payload size as allocated */
-    uint64_t rlen;              /* readable bytes from base; 0 once freed */
-    uint64_t wlen;              /* writable bytes from base; 0 if read-only or freed */
-    uint32_t dtype;             /* RT_DT_* of the elements */
-    uint32_t perms;             /* RT_PERM_* */
-    uint32_t flags;             /* RT_OBJ_* (atomic updates) */
-    uint32_t mark;              /* collector mark epoch (atomic) */
-    int32_t pins;               /* Python handles holding it (atomic) */
-    int32_t holds;              /* running launches holding it as an argument (atomic) */
-    uint64_t id;                /* allocation serial number (debugging, stats) */
-    struct rt_obj *next;        /* collector's list of all objects */
-    char name[RT_NAME_MAX];     /* buffer name shown in faults */
-} rt_obj;
-
+/* rt_obj, rt_arg, rt_fault_rec: cap_abi.h (layouts in capabilities/abi.py STRUCTS). */
 
 /* One element of a cap table (dtype RT_DT_CAP). */
 typedef struct rt_capslot {
@@ -82,32 +65,7 @@ typedef struct rt_capslot {
     rt_obj *obj;
 } rt_capslot;
 
-/* Kernel arguments as the launcher passes them. */
-typedef union rt_arg {
-    cap_t cap;
-    int64_t i64;
-    double f64;
-    float f32;
-} rt_arg;
-
-
-/* ---- faults ------------------------------------------------------------ */
-typedef struct rt_fault_rec {
-    int32_t kind;               /* RT_FAULT_* (0: none) */
-    int32_t access;             /* RT_ACC_* */
-    int64_t block;              /* block index that faulted */
-    int64_t index;              /* element index of the access */
-    int64_t elsize;             /* element size of the access */
-    int64_t offset;             /* byte offset of the origin from the object start */
-    int32_t line;               /* kernel source line */
-    int32_t thread;             /* GPU lane: thread index; CPU: -1 */
-    uint64_t obj_id;
-    char buffer[RT_NAME_MAX];   /* buffer name (or local array name) */
-} rt_fault_rec;
-
 /* ---- blocks, frames, the runtime function table ------------------------ */
-#define RT_FRAME_SLOTS_MAX 64
-
 typedef struct rt_frame {
     struct rt_frame *up;
     struct rt_block *blk;
@@ -140,8 +98,6 @@ typedef struct rt_api {
     /* rt_group_sync: wait for the launch's group blocks (faults outside a group) */
     void (*group_sync)(struct rt_block *b, int32_t line);
 } rt_api;
-
-#define RT_ABI_VERSION 5
 
 typedef struct rt_block {
     int64_t block_idx;

@@ -25,6 +25,10 @@ enum { RT_ACC_LOAD = 1, RT_ACC_STORE = 2 };
 enum { RT_OBJ_FREED = 1, RT_OBJ_EXTERNAL = 2, RT_OBJ_PAYLOAD_GONE = 4, RT_OBJ_DEVICE = 8 };
 /* Collector payloads start on a multiple of this many bytes (a cache line). */
 #define RT_PAYLOAD_ALIGN 64
+/* rt_api.abi_version; name bytes in rt_obj / rt_fault_rec; shadow slots per frame */
+#define RT_ABI_VERSION 5
+#define RT_NAME_MAX 48
+#define RT_FRAME_SLOTS_MAX 64
 
 /* A capability as a kernel holds it: 40 bytes, by value.  p is the current
  * origin (what cap_to_int returns), lo the object start, rlen/wlen the
@@ -60,6 +64,78 @@ typedef struct cap_t {
      RT_LIKELY(RT_OFF(c, i, S) < (LEN)) && RT_LIKELY(RT_OFF(c, i, S) + (S) <= (LEN)))
 /* An origin moved by an absurd k keeps zero bounds (every access refused). */
 #define RT_OFFSET_SANE(k) ((((rt_u64)(k)) + RT_IDX_LIMIT) < 2 * RT_IDX_LIMIT)
+
+#ifndef RT_DEVICE_LANE
+/* ---- host-lane layouts (also declared to cffi by runtime/core.py) ---- */
+/* The object header.  Owned by the collector (gc/), never moves. */
+typedef struct rt_obj {
+    char *base;                 /* payload start */
+    uint64_t nbytes;            /* payload size as allocated */
+    uint64_t rlen;              /* readable bytes from base; 0 once freed */
+    uint64_t wlen;              /* writable bytes from base; 0 if read-only or freed */
+    uint32_t dtype;             /* RT_DT_* of the elements */
+    uint32_t perms;             /* RT_PERM_* */
+    uint32_t flags;             /* RT_OBJ_* (atomic updates) */
+    uint32_t mark;              /* collector mark epoch (atomic) */
+    int32_t pins;               /* Python handles holding it (atomic) */
+    int32_t holds;              /* running launches holding it as an argument (atomic) */
+    uint64_t id;                /* allocation serial number (debugging, stats) */
+    struct rt_obj *next;        /* collector's list of all objects */
+    char name[RT_NAME_MAX];     /* buffer name shown in faults */
+} rt_obj;
+
+/* Kernel arguments as the launcher passes them. */
+typedef union rt_arg {
+    cap_t cap;
+    int64_t i64;
+    double f64;
+    float f32;
+} rt_arg;
+
+/* A fault as the runtime records it (the first of a launch). */
+typedef struct rt_fault_rec {
+    int32_t kind;               /* RT_FAULT_* (0: none) */
+    int32_t access;             /* RT_ACC_* */
+    int64_t block;              /* block index that faulted */
+    int64_t index;              /* element index of the access */
+    int64_t elsize;             /* element size of the access */
+    int64_t offset;             /* byte offset of the origin from the object start */
+    int32_t line;               /* kernel source line */
+    int32_t thread;             /* GPU lane: thread index; CPU: -1 */
+    uint64_t obj_id;
+    char buffer[RT_NAME_MAX];   /* buffer name (or local array name) */
+} rt_fault_rec;
+
+/* Collector statistics (gc_get_stats, gc/stats.c). */
+typedef struct gc_stats_t {
+    uint64_t cycles;
+    uint64_t objects_live;
+    uint64_t bytes_live;
+    uint64_t objects_freed_total; /* headers reclaimed */
+    uint64_t bytes_freed_total; /* payload bytes released */
+    uint64_t bytes_allocated_total;
+    uint64_t objects_allocated_total;
+    uint64_t handshakes;
+    double handshake_p50_us;
+    double handshake_p99_us;
+    double handshake_max_us;
+    double mark_seconds_total;
+    double sweep_seconds_total;
+    uint64_t threshold_bytes;   /* heap size that triggers the next cycle */
+    int32_t stw;                /* CAPQR_GC_STW mode */
+    int32_t verify;             /* CAPQR_GC_VERIFY mode */
+    uint64_t verify_failures;
+    int32_t running;            /* a cycle is in progress */
+    int32_t enabled;
+} gc_stats_t;
+
+/* One deferred release (gc_drain_*_releases, gc/heap.c). */
+typedef struct gc_release_rec {
+    uint64_t id;                /* the object's serial (rt_obj.id) */
+    uint64_t handle;            /* payload address (host pointer or device address) */
+    uint64_t nbytes;
+} gc_release_rec;
+#endif
 
 /* ---- loop-versioning guards (runtime/hoist.py), the same on both lanes ---- */
 /* Overflow-checked int64 arithmetic: gcc's builtins on the host; on the device

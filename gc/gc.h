@@ -44,27 +44,22 @@ typedef struct rt_thread {
     int32_t pace_debt;             /* allocated past the heap goal: wait at the next pollcheck */
 } rt_thread;
 
-typedef struct gc_stats_t {
-    uint64_t cycles;
-    uint64_t objects_live;
-    uint64_t bytes_live;
-    uint64_t objects_freed_total;  /* headers reclaimed */
-    uint64_t bytes_freed_total;    /* payload bytes released */
-    uint64_t bytes_allocated_total;
-    uint64_t objects_allocated_total;
-    uint64_t handshakes;
-    double handshake_p50_us;
-    double handshake_p99_us;
-    double handshake_max_us;
-    double mark_seconds_total;
-    double sweep_seconds_total;
-    uint64_t threshold_bytes;      /* heap size that triggers the next cycle */
-    int32_t stw;                   /* CAPQR_GC_STW mode */
-    int32_t verify;                /* CAPQR_GC_VERIFY mode */
-    uint64_t verify_failures;
-    int32_t running;               /* a cycle is in progress */
-    int32_t enabled;
-} gc_stats_t;
+/* gc_stats_t and gc_release_rec: cap_abi.h (layouts in capabilities/abi.py STRUCTS,
+ * shared with the cffi cdef). */
+
+/* mutator threads (the runtime's workers) */
+void gc_thread_register(rt_thread *t);
+void gc_thread_unregister(rt_thread *t);
+void gc_enter(rt_thread *t);       /* about to run kernel code */
+void gc_exit(rt_thread *t);        /* left kernel code */
+void gc_handshake_poll(rt_thread *t); /* pollcheck slow path: answer a pending handshake,
+                                        * pay allocation debt (any RT_POLL_GC bit) */
+void gc_store_barrier(rt_obj *target); /* Dijkstra barrier for cap-table stores */
+
+/* ==== host API begin ====
+ * Every prototype from here to "host API end" is declared to cffi as written:
+ * runtime/core.py reads them from this file (host_api_cdef), so the Python host
+ * calls exactly these signatures.  Only gc_* function prototypes in this part. */
 
 /* lifetime */
 int gc_init(void);                 /* idempotent; starts the collector thread */
@@ -77,15 +72,6 @@ void gc_pin(rt_obj *o);            /* a Python handle holds it */
 void gc_unpin(rt_obj *o);
 void gc_hold(rt_obj *o);           /* a running launch holds it as an argument */
 void gc_unhold(rt_obj *o);
-
-/* mutator threads (the runtime's workers) */
-void gc_thread_register(rt_thread *t);
-void gc_thread_unregister(rt_thread *t);
-void gc_enter(rt_thread *t);       /* about to run kernel code */
-void gc_exit(rt_thread *t);        /* left kernel code */
-void gc_handshake_poll(rt_thread *t); /* pollcheck slow path: answer a pending handshake,
-                                        * pay allocation debt (any RT_POLL_GC bit) */
-void gc_store_barrier(rt_obj *target); /* Dijkstra barrier for cap-table stores */
 
 /* control and observation */
 void gc_collect(void);             /* run one full cycle and wait for it */
@@ -130,11 +116,6 @@ void gc_handshake_observed_us(double out[3]); /* p50/p99/max incl. collector wak
  * sweep finds such an object unreachable (or freed and no longer reachable
  * by any running block) it queues one record; the host drains the queue
  * from its own threads and drops the Python reference / calls cuMemFree. */
-typedef struct gc_release_rec {
-    uint64_t id;                /* the object's serial (rt_obj.id) */
-    uint64_t handle;            /* payload address (host pointer or device address) */
-    uint64_t nbytes;
-} gc_release_rec;
 int64_t gc_drain_external_releases(gc_release_rec *out, int64_t max); /* records taken */
 int64_t gc_drain_device_releases(gc_release_rec *out, int64_t max);
 int64_t gc_pending_releases(void);       /* records queued now (both queues) */
@@ -148,5 +129,6 @@ uint64_t gc_heap_trigger(void);
 uint64_t gc_free_list_bytes(void);
 void gc_pace_stats(double out[2]);
 uint64_t gc_heap_peak(int reset);        /* high-water occupancy + parked blocks (heap.c) */
+/* ==== host API end ==== */
 
 #endif

@@ -7,65 +7,16 @@ hash (see build.py); importing this module starts the worker pool.
 from __future__ import annotations
 
 import os
+import re
 
+from ..capabilities import abi
 from .build import CAP_INCLUDE, CSRC, GC_DIR, build_module, compiler_id, content_hash
 
-CDEF = r"""
-typedef struct rt_obj {
-    char *base;
-    uint64_t nbytes;
-    uint64_t rlen;
-    uint64_t wlen;
-    uint32_t dtype;
-    uint32_t perms;
-    uint32_t flags;
-    uint32_t mark;
-    int32_t pins;
-    int32_t holds;
-    uint64_t id;
-    char name[48];
-    ...;
-} rt_obj;
-
+# The shared layouts come from capabilities/abi.py, which also generates their C
+# typedefs (cap_abi.h); cap_t stays partial: its owner word differs per lane.
+CDEF = abi.cffi_structs("rt_obj") + """
 typedef struct { char *p; ...; } cap_t;
-typedef union { cap_t cap; int64_t i64; double f64; float f32; } rt_arg;
-
-typedef struct {
-    int32_t kind;
-    int32_t access;
-    int64_t block;
-    int64_t index;
-    int64_t elsize;
-    int64_t offset;
-    int32_t line;
-    int32_t thread;
-    uint64_t obj_id;
-    char buffer[48];
-} rt_fault_rec;
-
-typedef struct {
-    uint64_t cycles;
-    uint64_t objects_live;
-    uint64_t bytes_live;
-    uint64_t objects_freed_total;
-    uint64_t bytes_freed_total;
-    uint64_t bytes_allocated_total;
-    uint64_t objects_allocated_total;
-    uint64_t handshakes;
-    double handshake_p50_us;
-    double handshake_p99_us;
-    double handshake_max_us;
-    double mark_seconds_total;
-    double sweep_seconds_total;
-    uint64_t threshold_bytes;
-    int32_t stw;
-    int32_t verify;
-    uint64_t verify_failures;
-    int32_t running;
-    int32_t enabled;
-    ...;
-} gc_stats_t;
-
+""" + abi.cffi_structs("rt_arg", "rt_fault_rec", "gc_stats_t", "gc_release_rec") + r"""
 typedef struct rt_launch rt_launch;
 
 int rt_core_init(int threads);
@@ -81,23 +32,26 @@ void rt_launch_free(rt_launch *L);
 void rt_arg_set_cap(rt_arg *a, rt_obj *o, int64_t offset_bytes);
 void rt_arg_set_nobounds(rt_arg *a, int64_t addr);
 
-int gc_init(void);
-rt_obj *gc_alloc(uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name);
-rt_obj *gc_wrap(void *payload, uint64_t nbytes, uint32_t dtype, uint32_t perms, const char *name);
-int gc_free(rt_obj *o);
-void gc_pin(rt_obj *o);
-void gc_unpin(rt_obj *o);
-void gc_hold(rt_obj *o);
-void gc_unhold(rt_obj *o);
-void gc_collect(void);
-void gc_set_enabled(int enabled);
-void gc_set_threshold(double ratio, uint64_t floor_bytes);
-void gc_get_stats(gc_stats_t *out);
-int gc_is_live_id(uint64_t id);
-uint64_t gc_count_objects(void);
 """
 
-CDEF_EXTRA_FILE = GC_DIR / "gc_cdef.h"  # optional: extra declarations the collector exports
+_HOST_API = re.compile(r"/\* ==== host API begin ====.*?\*/(.*)/\* ==== host API end ==== \*/",
+                       re.S)
+_PROTOTYPE = re.compile(r"[\w\s*]+?\bgc_\w+\s*\([^;]*\)")
+
+
+def host_api_cdef(header: str) -> str:
+    """The collector's host API, declared once in gc/gc.h between its "host API"
+    markers, as cffi cdef text: the prototypes, comments dropped, one a line.  Anything
+    else in that part is an error, so a typedef or macro cannot slip in unparsed."""
+    m = _HOST_API.search(header)
+    if m is None:
+        raise RuntimeError("gc/gc.h: no host API markers")
+    body = re.sub(r"/\*.*?\*/", " ", m.group(1), flags=re.S)
+    decls = [" ".join(d.split()) for d in body.split(";") if d.strip()]
+    bad = [d for d in decls if not _PROTOTYPE.fullmatch(d)]
+    if bad:
+        raise RuntimeError(f"gc/gc.h host API: not a gc_* prototype: {bad[0]!r}")
+    return "".join(d + ";\n" for d in decls)
 
 
 def _sources() -> list:
@@ -111,9 +65,7 @@ def _headers() -> list:
 
 def _load():
     srcs = _sources()
-    cdef = CDEF
-    if CDEF_EXTRA_FILE.exists():
-        cdef += CDEF_EXTRA_FILE.read_text()
+    cdef = CDEF + host_api_cdef((GC_DIR / "gc.h").read_text())
     flags = ["-O2", "-pthread", "-std=gnu11", "-fno-strict-aliasing", "-Wno-unused-function"]
     key = content_hash(
         cdef, compiler_id(), " ".join(flags),

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pycparser import c_ast
 
 from .astutil import INC_DEC, write_target
+from .dialect_api import TILE_FUNCS, WARP_FUNCS
 from .errors import VerifyError
-from .verifier import TILE_FUNCS, WARP_FUNCS
 
 #: Calls whose result differs between the threads of a block by definition.
 VARYING_SOURCES = frozenset({"rt_thread_idx", "rt_lane_idx"})

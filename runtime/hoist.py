@@ -73,8 +73,8 @@ from .astutil import (
     reaching,
     write_counts,
 )
+from .dialect_api import MATH_FUNCS, TILE_FUNCS, WARP_FUNCS
 from .lines import line_hull
-from .verifier import TILE_FUNCS, WARP_FUNCS
 
 _ACCESS_PREFIX = ("cap_load_", "cap_store_")
 _ELEM = abi.SCALAR_SUFFIXES
@@ -1027,7 +1027,6 @@ def _then_poll(quiet: c_ast.Node) -> c_ast.Compound:
 
 def _leaf_body(node: c_ast.Node) -> bool:
     """Only checked accesses, pure dialect calls and math: nothing that can block."""
-    from .verifier import MATH_FUNCS
 
     class V(c_ast.NodeVisitor):
         ok = True

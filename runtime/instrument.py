@@ -45,6 +45,7 @@ from .astutil import (
     tile_call,
     user_names,
 )
+from .dialect_api import TILE_FUNCS
 from .hoist import (
     QUIET_LOOPS,
     PollPoint,
@@ -57,7 +58,7 @@ from .hoist import (
 )
 from .parse import is_user_node
 from .ranges import builtin_ranges, prove_subscripts
-from .verifier import TILE_FUNCS, KernelSig, VerifiedSource
+from .verifier import KernelSig, VerifiedSource
 
 SIZES = abi.ELEM_SIZE
 DT_CODES = {d.suffix: f"RT_DT_{d.suffix.upper()}" for d in abi.DTYPES}

@@ -307,6 +307,38 @@ def test_generated_header_is_current() -> None:
         "run python -m capqr.capabilities.abi to regenerate cap_abi.h"
 
 
+def test_layouts_are_written_once() -> None:
+    """abi.STRUCTS is the one declaration of the shared layouts: the headers keep no
+    copy of their own, and cffi knows every field (its complete declarations are
+    checked against the compiled C when the core builds)."""
+    ffi = runtime.core.ffi
+    own = (REPO / "capabilities/cap.h").read_text() + (REPO / "gc/gc.h").read_text()
+    for st in abi.STRUCTS:
+        assert f"{st.kind} {st.tag} {{" not in own, st.tag
+        for f in st.fields:
+            ffi.offsetof(st.tag, f.name.split("[")[0])
+    assert ffi.sizeof(ffi.typeof("rt_obj").fields[-1][1].type) == abi.NAME_MAX
+    assert not (REPO / "gc/gc_cdef.h").exists()
+
+
+def test_collector_api_is_declared_once() -> None:
+    """The host calls exactly the prototypes of gc.h's host API part (core.py reads
+    them from there), and nothing else in gc.h that the host would need is left out."""
+    from capqr.runtime.core import host_api_cdef
+
+    header = (REPO / "gc/gc.h").read_text()
+    cdef = host_api_cdef(header)
+    names = re.findall(r"\b(gc_\w+)\s*\(", cdef)
+    assert len(names) == len(set(names)) > 30
+    for name in names:
+        assert hasattr(runtime.core.lib, name), name
+    # outside the host part: only the mutator-thread entry points the workers call
+    code = re.sub(r"/\*.*?\*/", " ", header, flags=re.S)
+    outside = set(re.findall(r"\b(gc_\w+)\s*\(", code)) - set(names)
+    assert outside == {"gc_thread_register", "gc_thread_unregister", "gc_enter", "gc_exit",
+                       "gc_handshake_poll", "gc_store_barrier"}
+
+
 def test_python_constants_agree_with_the_abi() -> None:
     import sys
 

@@ -67,6 +67,7 @@ from ..astutil import (
     tile_call,
     user_names,
 )
+from ..dialect_api import MMA_ARRAY_ARGS, MMA_FUNCS, TILE_FUNCS, WARP_FUNCS
 from ..hoist import (
     GPU_BARRIERS,
     GPU_WARP_VOTE,
@@ -80,14 +81,7 @@ from ..hoist import (
 )
 from ..parse import is_user_node
 from ..ranges import builtin_ranges, prove_subscripts
-from ..verifier import (
-    MMA_ARRAY_ARGS,
-    MMA_FUNCS,
-    TILE_FUNCS,
-    WARP_FUNCS,
-    KernelSig,
-    VerifiedSource,
-)
+from ..verifier import KernelSig, VerifiedSource
 
 ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
 
