@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 from capqr import capabilities, runtime
+from capqr.runtime import cuda
 
 torch = pytest.importorskip("torch")
 
@@ -101,3 +102,22 @@ def test_read_only_capability_exports_read_only() -> None:
     assert not a.flags.writeable
     with pytest.raises(ValueError):
         a[0] = 1.0
+
+
+# Importing the lane never touches the driver: only "no libcuda / no device" skips.
+_GPU_OK, _GPU_WHY = cuda.available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_OK, reason=f"no usable GPU: {_GPU_WHY}")
+def test_device_capability_exchanges_with_torch_without_a_copy() -> None:
+    """On the GPU: torch.from_dlpack and __cuda_array_interface__ of a device capability
+    share its memory, and wrap takes a CUDA tensor through DLPack."""
+    d = cuda.alloc_device((4,), np.float32, name="d")
+    t = torch.from_dlpack(d)
+    t[1] = 3.0
+    np.testing.assert_array_equal(d.numpy(), [0, 3, 0, 0])
+    assert t.data_ptr() == d.ptr == torch.as_tensor(d, device="cuda").data_ptr()
+    u = torch.arange(5, dtype=torch.float32, device="cuda")
+    c = capabilities.wrap(u, name="u")
+    assert float(torch.as_tensor(c, device="cuda").sum()) == 10.0
