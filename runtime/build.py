@@ -100,9 +100,11 @@ def compiler_id() -> str:
                              timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
-    # The package's location too: an installed copy and a checkout never share a module.
-    return (f"{cc}|{out.splitlines()[0] if out else '?'}|{sys.version_info[:2]}"
-            f"|{PACKAGE_ROOT.resolve()}")
+    # Whether capqr runs installed or from a checkout: the two never share a module (the
+    # contents are hashed too, so checkouts of one commit do share theirs).
+    kind = "installed" if {"site-packages", "dist-packages"} & set(PACKAGE_ROOT.parts) \
+        else "checkout"
+    return f"{cc}|{out.splitlines()[0] if out else '?'}|{sys.version_info[:2]}|{kind}"
 
 
 def content_hash(*parts: str | bytes) -> str:
