@@ -299,9 +299,8 @@ def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | No
     return Capability(obj, shape, dtype, perms, name)
 
 
-#: torch dtype name -> numpy dtype, for the dtypes capqr buffers hold
-_TORCH_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64,
-                 "int32": np.int32, "int64": np.int64, "uint8": np.uint8}
+#: The dtype names capqr buffers hold, as torch spells them too (abi.DTYPES' numpy names)
+_TORCH_DTYPES = frozenset(d.name for d in DTYPE_CODES)
 
 
 def supported_dtypes() -> str:

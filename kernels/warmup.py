@@ -10,56 +10,60 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
-from . import sources
-
-#: (family, entry names by dtype suffix) of what kernels.qr's default variant launches:
-#: the per-matrix kernel and the panel steps, the group look-ahead panel (float32, many
-#: workers) and the copy that checks the input.
-_DEFAULT = (("qrt", ("qrt_{s}", "qrt_step_{s}")), ("qrt_group", ("qrt_gstep_{s}",)),
-            ("copy", ("copy_{s}",)))
+DTYPES = ("float32", "float64")
 
 
-def default_kernels(dtypes: list[str] | tuple[str, ...] = ("float32", "float64"),
-                    raw: bool = False) -> list[tuple[str, str, bool]]:
-    """(source, entry, checked) of every kernel :func:`precompile` builds."""
-    out = []
+def _getters(dtypes: list[str] | tuple[str, ...], raw: bool
+             ) -> list[tuple[str, Callable[[], Any]]]:
+    """(label, getter) for each group of kernels kernels.qr's default variant launches:
+    the very functions it gets them through (the per-matrix kernel and the panel steps,
+    the group look-ahead panel, the copy that checks the input), so that what is built
+    ahead is what it runs, and its in-process caches hold them afterwards."""
+    from . import parallel
+    from .qr import _kernel  # the module: the package's `qr` is the function
+
+    out: list[tuple[str, Callable[[], Any]]] = []
     for dtype in dtypes:
-        if dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be float32 or float64, not {dtype!r}")
-        s = "f64" if dtype == "float64" else "f32"
-        for family, names in _DEFAULT:
-            src = sources.source(family, dtype)
-            for checked in (True, False) if raw else (True,):
-                out.extend((src, n.format(s=s), checked) for n in names)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, not {dtype!r}")
+        for checked in (True, False) if raw else (True,):
+            mode = "checked" if checked else "raw"
+            out.append((f"qrt, qrt_step {dtype} {mode}",
+                        partial(parallel.kernels_for, dtype, checked)))
+            out.append((f"qrt_gstep {dtype} {mode}",
+                        partial(parallel.group_kernel_for, dtype, checked)))
+        out.append((f"copy {dtype} checked", partial(_kernel, "copy", dtype, True)))
     return out
 
 
-def precompile(dtypes: list[str] | tuple[str, ...] = ("float32", "float64"), *,
+def precompile(dtypes: list[str] | tuple[str, ...] = DTYPES, *,
                raw: bool = False, jobs: int | None = None, progress: bool = False
                ) -> list[Any]:
     """Compile the kernels ``kernels.qr`` uses by default for ``dtypes`` (and their raw
     baselines with ``raw``) into the cache, ``jobs`` compilers at once (default: the
-    cores); the compiled kernels.  ``progress`` prints a line per kernel to stderr."""
+    cores); the compiled kernels.  ``progress`` prints a line per group to stderr."""
     from .. import runtime
 
-    todo = default_kernels(dtypes, raw)
+    todo = _getters(dtypes, raw)
     jobs = max(1, jobs or os.cpu_count() or 1)
     t0 = time.monotonic()
     if progress:
         runtime.build.cold_start_said()
-        print(f"capqr: building {len(todo)} kernels on {jobs} compilers, cached in "
+        print(f"capqr: building {len(todo)} groups of kernels on {jobs} compilers, cached in "
               f"{runtime.build.cache_dir()}", file=sys.stderr, flush=True)
 
-    def build(job: tuple[str, str, bool]) -> Any:
-        src, name, checked = job
-        k = runtime.compile(src, name, checked=checked)
+    def build(job: tuple[str, Callable[[], Any]]) -> tuple[Any, ...]:
+        label, get = job
+        got = get()
         if progress:
-            print(f"  {name} ({'checked' if checked else 'raw'}) ready after "
-                  f"{time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
-        return k
+            print(f"  {label} ready after {time.monotonic() - t0:.1f} s", file=sys.stderr,
+                  flush=True)
+        return got if isinstance(got, tuple) else (got,)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(build, todo))
+        return [k for group in pool.map(build, todo) for k in group]

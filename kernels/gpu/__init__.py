@@ -107,10 +107,11 @@ WHOLE_SMEM = 232448
 def whole_class(n: int, smem: int | None = None) -> tuple[int, int] | None:
     """(capacity, threads) of the smallest gpu_qr_whole class that holds an n x n
     matrix within ``smem`` bytes of shared memory (None: WHOLE_SMEM); None if none."""
+    from ...runtime.cuda.instrument_cuda import PRELUDE_SMEM  # the prelude's __shared__
+
     limit = WHOLE_SMEM if smem is None else smem
     for cap, threads in gen_whole.CLASSES:
-        # the prelude's own __shared__ variables take a few more bytes
-        if n <= cap and gen_whole.shared_bytes(cap, threads) + 256 <= limit:
+        if n <= cap and gen_whole.shared_bytes(cap, threads) + PRELUDE_SMEM <= limit:
             return cap, threads
     return None
 

@@ -20,8 +20,9 @@ What the transformation does (pycparser AST in, CGenerator text out):
   the ``__global__`` wrapper and passed by reference (``rt_pc_t``) as every
   device function's hidden first parameter, so ticks add up across calls.
 * A ``KERNEL`` becomes an ``extern "C" __global__`` wrapper that initialises
-  the block's fault flag and calls the body, emitted as a device function so
-  that kernels may also be called as helpers.  In checked mode the wrapper has
+  the block's fault flag and calls the body, emitted as a device function (no
+  other function calls a KERNEL: the verifier refuses it, since a launch
+  contract holds only for the launched kernel).  In checked mode the wrapper has
   two hidden trailing parameters, the sequence record (``rt_gpu_fault *``,
   capabilities/abi.py) and the launch's index in its sequence, and exits at
   entry when the record says the sequence already faulted or was cancelled.
@@ -895,26 +896,6 @@ def dynamic_shared(fn: c_ast.FuncDef, dims: dict[str, list[int]]) -> int:
     return off
 
 
-def refuse_dynamic_calls(ast: c_ast.Node, dynamic: dict[str, int]) -> None:
-    """VerifyError for a call of a kernel that uses dynamic shared memory: the caller's
-    and the callee's arrays would both start at the same buffer's offset 0."""
-    from ..errors import VerifyError
-
-    names = {k for k, v in dynamic.items() if v}
-
-    class V(c_ast.NodeVisitor):
-        def visit_FuncCall(self, n: c_ast.FuncCall) -> None:
-            if isinstance(n.name, c_ast.ID) and n.name.name in names:
-                raise VerifyError(
-                    n.coord.line if n.coord else None, f"call of kernel {n.name.name!r}",
-                    f"its shared arrays exceed {STATIC_SMEM_LIMIT} bytes and live in the "
-                    "launch's dynamic shared memory, which a caller's arrays would alias")
-            self.generic_visit(n)
-
-    if names:
-        V().visit(ast)
-
-
 class _Rewriter:
     """Rewrites one function's body in place (API calls, array subscripts, pollchecks)."""
 
@@ -1162,7 +1143,6 @@ class _Instrumenter:
                 parts.append(f"static __device__ __forceinline__ {proto};\n")
             else:
                 raise AssertionError("the verifier admits only functions at file scope")
-        refuse_dynamic_calls(self.verified.parsed.ast, self.dynamic)
         return CudaSource(squeeze_line_directives("\n".join(parts)), kernels, self.arrays,
                           self.checked, {k: v for k, v in self.dynamic.items() if v})
 
