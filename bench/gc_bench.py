@@ -272,7 +272,7 @@ def churn_report(quick: bool = False, out_dir: Path | None = None) -> Path:
     import datetime
     import platform
 
-    from ..bench.machine import cpu_model, git_commit
+    from .machine import cpu_model, git_commit
 
     load0 = os.getloadavg()
     runs = churn(quick)
@@ -285,7 +285,7 @@ def churn_report(quick: bool = False, out_dir: Path | None = None) -> Path:
            "gc_ratio": float(os.environ.get("CAPQR_GC_RATIO", "1.25")),
            "runs": runs,
            "bound_peak_over_live_le_3": all(r["peak_over_live_rss"] <= 3.0 for r in runs)}
-    from ..bench.outdir import default_out
+    from .outdir import default_out
 
     out_dir = out_dir or default_out()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> Path | None:
 
 
 def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
-    from ..bench.machine import git_commit, host, source_digest
     from ..runtime.cuda import nvrtc
+    from .machine import git_commit, host, source_digest
 
     res = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -155,7 +155,7 @@ def torch_blas() -> dict[str, Any] | None:
 def compiler() -> dict[str, Any]:
     """Kernel compiler identity and flags (identical for checked and raw builds)."""
     from ..runtime.build import compiler_id
-    from ..runtime.kernel import cflags
+    from ..runtime.cpu.kernel import cflags
 
     return {"cc": compiler_id(), "kernel_cflags": cflags(),
             "CAPQR_CFLAGS": os.environ.get("CAPQR_CFLAGS")}

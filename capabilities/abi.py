@@ -2,7 +2,7 @@
 
 Both lanes include the C text this module generates: capabilities/cap_abi.h
 (included by cap.h, for cffi-built kernels and the runtime core) and the
-CUDA device prelude (runtime/cuda/instrument_cuda.py embeds the same text).
+CUDA device prelude (runtime/cuda/lower.py embeds the same text).
 Python code takes its constants from here.  A fix to the bounds predicate,
 a new fault code or dtype therefore lands in both lanes by construction.
 
@@ -103,7 +103,7 @@ IDX_LIMIT_LOG2 = 58
 
 #: A hull guard takes a line of first indices A + l*q, l in [0, D], by its two
 #: ends when D <= LINE_MAX_SPAN and |q| < 2**IDX_LIMIT_LOG2 (rt_line_ok), so that
-#: |A + l*q| < 2**63: every member is exact and between the ends (runtime/lines.py).
+#: |A + l*q| < 2**63: every member is exact and between the ends (runtime/compiler/lines.py).
 LINE_MAX_SPAN = 16
 
 #: cap_t words in order; the last one is the owner: the object header on the
@@ -239,7 +239,7 @@ def cffi_structs(*tags: str) -> str:
     return "".join(out)
 
 
-_GUARDS_C = r"""/* ---- loop-versioning guards (runtime/hoist.py), the same on both lanes ---- */
+_GUARDS_C = r"""/* ---- loop-versioning guards (runtime/compiler/hoist.py), both lanes ---- */
 /* Overflow-checked int64 arithmetic: gcc's builtins on the host; on the device
  * the same results from wrapping arithmetic and the high product word. */
 #ifdef RT_DEVICE_LANE
@@ -387,7 +387,7 @@ RT_ABI_FN int rt_lrange_hull_ok(rt_i64 lo, rt_i64 hi, rt_i64 d, rt_i64 span, rt_
     return rt_lrange_ok(lo, d, span, dim) && rt_lrange_ok(hi, d, span, dim);
 }
 /* The step q of a line of first indices is small enough for its two ends to
- * stand for every member (runtime/lines.py): |q| < RT_IDX_LIMIT. */
+ * stand for every member (runtime/compiler/lines.py): |q| < RT_IDX_LIMIT. */
 RT_ABI_FN int rt_line_ok(rt_i64 q) { return RT_OFFSET_SANE(q); }
 RT_ABI_FN int rt_range2_hull_ok(cap_t c, rt_i64 lo, rt_i64 hi, rt_i64 di, rt_i64 si, rt_i64 dj,
                                 rt_i64 sj, rt_i64 S, int store)

@@ -137,7 +137,7 @@ typedef struct gc_release_rec {
 } gc_release_rec;
 #endif
 
-/* ---- loop-versioning guards (runtime/hoist.py), the same on both lanes ---- */
+/* ---- loop-versioning guards (runtime/compiler/hoist.py), both lanes ---- */
 /* Overflow-checked int64 arithmetic: gcc's builtins on the host; on the device
  * the same results from wrapping arithmetic and the high product word. */
 #ifdef RT_DEVICE_LANE
@@ -285,7 +285,7 @@ RT_ABI_FN int rt_lrange_hull_ok(rt_i64 lo, rt_i64 hi, rt_i64 d, rt_i64 span, rt_
     return rt_lrange_ok(lo, d, span, dim) && rt_lrange_ok(hi, d, span, dim);
 }
 /* The step q of a line of first indices is small enough for its two ends to
- * stand for every member (runtime/lines.py): |q| < RT_IDX_LIMIT. */
+ * stand for every member (runtime/compiler/lines.py): |q| < RT_IDX_LIMIT. */
 RT_ABI_FN int rt_line_ok(rt_i64 q) { return RT_OFFSET_SANE(q); }
 RT_ABI_FN int rt_range2_hull_ok(cap_t c, rt_i64 lo, rt_i64 hi, rt_i64 di, rt_i64 si, rt_i64 dj,
                                 rt_i64 sj, rt_i64 S, int store)

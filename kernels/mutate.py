@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..kernels import sources
+from . import sources
 
 # ---------------------------------------------------------------------------
 # text mutators

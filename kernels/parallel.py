@@ -56,14 +56,14 @@ def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
 
 def kernels_for(dtype: str, checked: bool) -> tuple[Any, Any]:
     """The compiled (qrt, qrt_step) pair for ``dtype`` ("float32"/"float64")."""
-    from ..runtime.kernel import cflags
+    from ..runtime.cpu.kernel import cflags
 
     return _kernels(dtype, checked, tuple(cflags()))  # type: ignore[return-value]
 
 
 def group_kernel_for(dtype: str, checked: bool) -> Any:
     """The compiled qrt_gstep for ``dtype`` (built on first use only)."""
-    from ..runtime.kernel import cflags
+    from ..runtime.cpu.kernel import cflags
 
     return _kernels(dtype, checked, tuple(cflags()), ("qrt_gstep",), "qrt_group")[0]
 

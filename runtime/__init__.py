@@ -9,9 +9,9 @@ Public API::
     runtime.gc_collect(); runtime.gc_stats()
 """
 
+from .cpu.kernel import Kernel, compile
 from .errors import CapabilityFault, CapqrError, CompileError, KernelTimeout, VerifyError
 from .heap import gc_collect, gc_set_enabled, gc_set_threshold, gc_stats
-from .kernel import Kernel, compile
 from .launch import launch, pending, sync
 
 __all__ = [

@@ -35,7 +35,7 @@ from types import ModuleType
 
 import cffi
 
-from .astutil import demangle
+from .compiler.astutil import demangle
 from .errors import CompileError
 
 #: The capqr package's root: a wheel's capqr/ folder or a checkout.  The C sources and

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from capqr.capabilities import abi
-from capqr.runtime.cuda.instrument_cuda import entry_symbol
+from capqr.runtime.cuda.lower import entry_symbol
 
 DEVICE = r"""
 #include <barrier>
@@ -362,7 +362,7 @@ _DYNAMIC = re.compile(r"^(\s*)extern __shared__ __align__\((\d+)\) unsigned char
 
 def _per_block_dynamic(text: str, nbytes: int) -> str:
     """A kernel's dynamic shared buffer (its smem_ arrays past CUDA's 48 KB static
-    limit, runtime/cuda/instrument_cuda.py dynamic_shared) as ``nbytes`` bytes per
+    limit, runtime/cuda/lower.py dynamic_shared) as ``nbytes`` bytes per
     block, the size the GPU lane passes at launch; the arrays point into it as there."""
     out = []
     for line in text.splitlines():

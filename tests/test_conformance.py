@@ -25,8 +25,8 @@ import pytest
 from capqr import capabilities, runtime
 from capqr.capabilities import abi
 from capqr.runtime import cuda
-from capqr.runtime.astutil import readable
-from capqr.runtime.cuda.instrument_cuda import device_prelude
+from capqr.runtime.compiler.astutil import readable
+from capqr.runtime.cuda.lower import device_prelude
 from capqr.runtime.errors import CapabilityFault, KernelTimeout, VerifyError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -473,8 +473,8 @@ REJECT_CASES = [
 def test_verifier_refuses_hostile_kernels(case, target) -> None:
     _, src, construct, refused_on = case
     if target not in refused_on:
-        from capqr.runtime.parse import parse
-        from capqr.runtime.verifier import verify
+        from capqr.runtime.compiler.parse import parse
+        from capqr.runtime.compiler.verifier import verify
 
         verify(parse(src), target=target)  # accepted on this target
         return
@@ -589,8 +589,8 @@ BUILTIN_REJECTS = [
                          ids=[f"{c[0]}-{t}" for c in BUILTIN_REJECTS for t in c[2]])
 def test_builtin_misuse_is_refused_with_a_reason(case, target) -> None:
     """No device needed: the verifier runs before any driver call."""
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
 
     ident, src, _, construct, reason = case
     with pytest.raises(VerifyError) as ei:
@@ -605,8 +605,8 @@ def test_a_name_reused_under_a_thread_condition_keeps_other_loops_uniform() -> N
     """The divergence analysis is flow-insensitive over names: a counter ``j`` of a
     loop under ``if (t < 32)`` made every ``j`` varying, so the collectives in the
     uniform ``j`` loop above it were refused (kernels/gpu/panel.c has this shape)."""
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
 
     src = """
 KERNEL void k(cap_t x, int64_t nb)
@@ -627,8 +627,8 @@ KERNEL void k(cap_t x, int64_t nb)
 
 
 def test_tile_into_a_per_thread_array_is_fine_on_the_cpu() -> None:
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
 
     verify(parse("KERNEL void k(cap_t x) { float a[64]; " + _TILE_CALL.format(arr="a") + " }"))
 
@@ -636,8 +636,8 @@ def test_tile_into_a_per_thread_array_is_fine_on_the_cpu() -> None:
 def test_uniform_collectives_are_accepted_on_the_gpu() -> None:
     """The divergence rule refuses only what can diverge: uniform loops, branches on
     launch arguments or block index, and thread-dependent values (not branches) pass."""
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
 
     verify(parse(WARP_SRC), target="cuda")
     # a switch's own breaks end at the switch: after it, the block is together again
@@ -970,11 +970,11 @@ def test_gpu_scalar_args_checked_without_a_device() -> None:
     and each parameter pointer handed to the driver reads back the packed value."""
     from types import SimpleNamespace
 
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
     from capqr.runtime.cuda import DeviceCapability
     from capqr.runtime.cuda import driver as drv
     from capqr.runtime.cuda.lane import _ParamBlock
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
 
     sig = verify(parse(ARGS_SRC), target="cuda").kernels["put"]
     k = SimpleNamespace(info=sig, name="put", checked=True)

@@ -5,7 +5,7 @@ harmless (the compiler refuses it).
 
 The one that matters most: C++ takes ``c ? a : b``, ``(x, a)``, ``a = b``, ``a += b``
 and ``++a`` as lvalues where C does not.  ``++(1 ? off : off)`` then changes ``off``,
-which every analysis that decides "this variable is unchanged" (runtime.astutil
+which every analysis that decides "this variable is unchanged" (runtime.compiler.astutil
 write_counts: loop versioning, range proofs, divergence) missed, so a versioned loop
 ran its fast copy with indices its guard never checked.
 
@@ -18,11 +18,11 @@ import shutil
 
 import numpy as np
 import pytest
-from capqr.runtime.astutil import write_counts
+from capqr.runtime.compiler.astutil import write_counts
+from capqr.runtime.compiler.parse import parse
+from capqr.runtime.compiler.ranges import prove_subscripts
+from capqr.runtime.compiler.verifier import verify
 from capqr.runtime.errors import VerifyError
-from capqr.runtime.parse import parse
-from capqr.runtime.ranges import prove_subscripts
-from capqr.runtime.verifier import verify
 
 TARGETS = ("cpu", "cuda")
 

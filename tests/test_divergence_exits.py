@@ -1,4 +1,4 @@
-"""Early exits inside loops (runtime/divergence.py): a thread that leaves a loop
+"""Early exits inside loops (runtime/compiler/divergence.py): a thread that leaves a loop
 (return, break, continue) under thread-dependent control is not at the next
 iteration's collective, so everything the loop runs after such an exit, in this
 iteration or the next, is under divergent control.  Before, only break and
@@ -8,9 +8,9 @@ continue re-walked the loop as divergent: a return inside a loop did not.
 from __future__ import annotations
 
 import pytest
+from capqr.runtime.compiler.parse import parse
+from capqr.runtime.compiler.verifier import verify
 from capqr.runtime.errors import VerifyError
-from capqr.runtime.parse import parse
-from capqr.runtime.verifier import verify
 
 # Lane 0 returns from the helper while lanes 1-31 go round and wait in the shuffle
 # for it: a deadlock on the GPU.

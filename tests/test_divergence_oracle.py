@@ -5,7 +5,7 @@ derived from the thread index or not, warp collectives and a helper around
 one) are run by a Python interpreter for every thread of a block.  Whenever
 the verifier accepts a kernel for the GPU, every thread must have executed the
 same sequence of collective calls (else some lanes would wait at a shuffle the
-others never reach).  The interpreter shares nothing with runtime/divergence.py:
+others never reach).  The interpreter shares nothing with runtime/compiler/divergence.py:
 it computes concrete values, not facts.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from capqr.runtime.compiler.parse import parse
+from capqr.runtime.compiler.verifier import verify
 from capqr.runtime.errors import VerifyError
-from capqr.runtime.parse import parse
-from capqr.runtime.verifier import verify
 
 N_ARG = 3      # the kernel's scalar argument n
 THREADS = 40   # one full and one partial warp

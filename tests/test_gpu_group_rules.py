@@ -5,7 +5,7 @@ tests/test_gpu_group.py)."""
 from __future__ import annotations
 
 import pytest
-from capqr.runtime.astutil import readable
+from capqr.runtime.compiler.astutil import readable
 from capqr.runtime.cuda import translate
 from capqr.runtime.errors import VerifyError
 

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 from capqr import capabilities, runtime
-from capqr.runtime.parse import parse
-from capqr.runtime.verifier import verify
+from capqr.runtime.compiler.parse import parse
+from capqr.runtime.compiler.verifier import verify
 from readme_examples import run_readme_example
 
 ROUNDS = """

@@ -1,6 +1,6 @@
 """Kernel names never meet the C preprocessor, C++ keywords or the host's headers.
 
-A name the verifier admits is printed with a reserved prefix (runtime/astutil.py
+A name the verifier admits is printed with a reserved prefix (runtime/compiler/astutil.py
 USER_PREFIX) in the generated C and CUDA, and the CPU kernel is compiled in a
 translation unit of its own (no Python.h).  The tests list every macro the exact
 kernel translation unit of each lane defines (``gcc -dM -E`` / ``g++ -dM -E`` on
@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from capqr import capabilities, runtime
 from capqr.runtime import build
-from capqr.runtime.astutil import USER_PREFIX, readable
+from capqr.runtime.compiler.astutil import USER_PREFIX, readable
+from capqr.runtime.compiler.parse import parse
+from capqr.runtime.compiler.verifier import verify
+from capqr.runtime.cpu.kernel import cc_command
 from capqr.runtime.errors import CompileError, VerifyError
-from capqr.runtime.kernel import cc_command
-from capqr.runtime.parse import parse
-from capqr.runtime.verifier import verify
 
 REPO = Path(__file__).resolve().parent.parent
 

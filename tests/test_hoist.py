@@ -1,4 +1,4 @@
-"""Loop versioning (runtime/hoist.py) never changes what a kernel does.
+"""Loop versioning (runtime/compiler/hoist.py) never changes what a kernel does.
 
 The hoisted build and the build with every access checked must agree on
 every input: same fault (reason, index, block) or none, and byte-identical
@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 from capqr import capabilities, runtime
-from capqr.runtime.astutil import readable
+from capqr.runtime.compiler.astutil import readable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -237,9 +237,9 @@ def test_short_nests_poll_once_after_the_nest(nest_builds) -> None:
     # the side table of the pass says which loops poll once after themselves
     import copy
 
-    from capqr.runtime.hoist import hoist_function
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.hoist import hoist_function
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
 
     v = verify(parse(NEST_SRC))
     fn = copy.deepcopy(v.parsed.funcs["nest"])
@@ -281,9 +281,9 @@ def test_nest_over_a_short_runtime_width_polls_once_after_itself(rows_builds) ->
     span is short and the inner one at most INNER_CONST_TRIP iterations."""
     import copy
 
-    from capqr.runtime.hoist import INNER_CONST_TRIP, hoist_function
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.hoist import INNER_CONST_TRIP, hoist_function
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
 
     v = verify(parse(ROWS_SRC))
     fn = copy.deepcopy(v.parsed.funcs["fill_rows"])
@@ -637,9 +637,9 @@ def test_nests_get_one_interval_guard(nest_guard_builds) -> None:
     # the side table lists the nest with its guard terms and covered accesses
     import copy
 
-    from capqr.runtime.hoist import hoist_function
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.hoist import hoist_function
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
 
     v = verify(parse(_per_loop(NEST_GUARD_SRC)))
     fn = copy.deepcopy(v.parsed.funcs["tri_min"])

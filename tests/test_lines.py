@@ -1,4 +1,4 @@
-"""Line hulls (runtime/lines.py): an unrolled loop's first indices enter the hull
+"""Line hulls (runtime/compiler/lines.py): an unrolled loop's first indices enter the hull
 guard by each line's two extremes, guarded by rt_line_ok on the line's step.
 
 The oracle for soundness is the fully checked build (hoist=False): the same
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from capqr import capabilities, runtime
-from capqr.runtime.astutil import readable
+from capqr.runtime.compiler.astutil import readable
+from capqr.runtime.compiler.lines import line_hull
 from capqr.runtime.errors import CapabilityFault
-from capqr.runtime.lines import line_hull
 from pycparser import c_ast, c_parser
 
 UNROLLED = """

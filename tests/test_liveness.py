@@ -4,7 +4,7 @@ A DAG of loop-free helpers (h1 calls h0 twice, h2 calls h1 twice, ..., 40 deep)
 makes 2^40 calls, hours of work, without a single loop.  With pollchecks on loop
 back-edges only it never polled: a timeout, a cancel (Ctrl-C, a fault in another
 block) or a collector handshake waited for the whole run.  Every function that
-calls a same-source function now polls at its entry (runtime/hoist.py,
+calls a same-source function now polls at its entry (runtime/compiler/hoist.py,
 entry_polls, for the CPU and the GPU lowering).
 
 The launches run in subprocesses with a hard wall limit, so that a kernel that
@@ -107,10 +107,10 @@ from capqr import capabilities, runtime
 
 
 def _c_source(src: str, name: str, mode: str) -> str:
-    from capqr.runtime.astutil import readable
-    from capqr.runtime.instrument import instrument
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.astutil import readable
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
+    from capqr.runtime.cpu.lower import instrument
 
     return readable(instrument(verify(parse(src), target="cpu"), name, mode).c_source)
 
@@ -149,7 +149,7 @@ def test_entry_poll_follows_the_rooting_of_cap_parameters() -> None:
 def test_gpu_lowering_ticks_the_threads_counter_at_entry() -> None:
     """The GPU lowering: the counter is the thread's, passed by reference to every
     function; callers tick it at entry; raw builds have neither."""
-    from capqr.runtime.astutil import readable
+    from capqr.runtime.compiler.astutil import readable
     from capqr.runtime.cuda import translate
 
     checked = readable(translate(dag_source(3), checked=True).text)

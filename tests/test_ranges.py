@@ -1,4 +1,4 @@
-"""Static ranges (runtime/ranges.py): subscripts proved in range lose their check,
+"""Static ranges (runtime/compiler/ranges.py): subscripts proved in range lose their check,
 everything else keeps it, and rt_require_block_dim is checked where it is stated.
 
 The oracle for soundness is the fully checked build (hoist=False, no static
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from capqr import capabilities, runtime
-from capqr.runtime.astutil import readable
+from capqr.runtime.compiler.astutil import readable
 from capqr.runtime.cuda import lane
 from capqr.runtime.errors import CapabilityFault, VerifyError
 
@@ -134,8 +134,8 @@ def test_the_update_kernels_register_tiles_are_proved() -> None:
      "cuda", "call to 'rt_require_block_dim'", "kernel's own body"),
 ], ids=["cpu", "variable", "zero", "too-big", "twice", "in-a-branch", "in-a-helper"])
 def test_rt_require_block_dim_is_refused_with_a_reason(src, target, construct, why) -> None:
-    from capqr.runtime.parse import parse
-    from capqr.runtime.verifier import verify
+    from capqr.runtime.compiler.parse import parse
+    from capqr.runtime.compiler.verifier import verify
 
     with pytest.raises(VerifyError) as e:
         verify(parse(src), target=target)

@@ -527,7 +527,7 @@ def test_a_new_process_reuses_the_front_end_result(tmp_path, monkeypatch):
     the compiled module; a process that has not compiled the key itself (the
     in-memory cache cleared here) loads both and runs no parse, verify or
     instrument, and the kernel it gets is the same."""
-    from capqr.runtime import kernel
+    from capqr.runtime.cpu import kernel
 
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_record")
@@ -548,7 +548,7 @@ def test_a_new_process_reuses_the_front_end_result(tmp_path, monkeypatch):
 def test_an_unreadable_front_end_record_is_rebuilt(tmp_path, monkeypatch):
     """A damaged record (or one of another key) is ignored: the front end runs and
     writes it again; a source that fails to verify leaves no record."""
-    from capqr.runtime import kernel
+    from capqr.runtime.cpu import kernel
 
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_damaged")

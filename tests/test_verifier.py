@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from capqr.runtime.compiler.parse import parse
+from capqr.runtime.compiler.verifier import API_FUNCS, CUDA_API_FUNCS, MATH_FUNCS, verify
 from capqr.runtime.errors import VerifyError
-from capqr.runtime.parse import parse
-from capqr.runtime.verifier import API_FUNCS, CUDA_API_FUNCS, MATH_FUNCS, verify
 
 OK_KERNEL = "KERNEL void ok(cap_t x) { cap_store_f64(x, 0, 1.0); }\n"
 
@@ -454,7 +454,7 @@ def test_api_constants():
 
 
 # ---- a case label must not skip an initialiser, of any type ------------------------
-# The range pass (runtime/ranges.py) takes a variable's interval from its initialiser;
+# The range pass (runtime/compiler/ranges.py) takes a variable's interval from its initialiser;
 # a label that jumps past it leaves the variable uninitialised but "proved".
 SWITCH_SKIPS = [
     ("numeric-init-before-default",  # the range pass proved t[q] from q = 2

@@ -69,7 +69,7 @@ T_SIZE = NB * NB   #: floats of the T factor per matrix in the work buffer
 #: Register caps of the update kernels, the same for checked and raw builds so the
 #: overhead comparison stays like for like.  96 lets five 128-thread blocks share an
 #: SM.  update_apply's register tile is proved in range at compile time
-#: (rt_require_block_dim, runtime/ranges.py): at 96 its checked build spills 24 bytes
+#: (rt_require_block_dim, runtime/compiler/ranges.py): at 96 its checked build spills 24 bytes
 #: (was 276 with those checks), the raw build needs 91 (ptxas -v, NVRTC 13.0, sm_90);
 #: H200, checked: (2,4096) 49.8 -> 44.2 ms, (8,2048) 25.8 -> 23.8 ms against the 128
 #: cap's 4 blocks per SM, bitwise the same results
@@ -107,7 +107,7 @@ WHOLE_SMEM = 232448
 def whole_class(n: int, smem: int | None = None) -> tuple[int, int] | None:
     """(capacity, threads) of the smallest gpu_qr_whole class that holds an n x n
     matrix within ``smem`` bytes of shared memory (None: WHOLE_SMEM); None if none."""
-    from ...runtime.cuda.instrument_cuda import PRELUDE_SMEM  # the prelude's __shared__
+    from ...runtime.cuda.lower import PRELUDE_SMEM  # the prelude's __shared__
 
     limit = WHOLE_SMEM if smem is None else smem
     for cap, threads in gen_whole.CLASSES:

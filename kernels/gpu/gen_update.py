@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...kernels.gpu import CHUNK, STRIP
-from ...kernels.gpu import UPDATE_BLOCK as THREADS
-from ...kernels.gpu import ZP_SIZE as ZP
+from . import CHUNK, STRIP
+from . import UPDATE_BLOCK as THREADS
+from . import ZP_SIZE as ZP
 
 V_LD = 36          # row stride of V in shared memory (row-major, as copied)
 VT_LD = 68         # row stride of V^T in shared memory

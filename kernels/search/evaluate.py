@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from ...kernels.mutate import storage_of
-from ...kernels.qr import work_size
+from ..mutate import storage_of
+from ..qr import work_size
 from . import inputs as inputs_mod
 
 STATUSES = ("ok", "verify_error", "compile_error", "fault", "timeout", "check_failed", "crash")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...kernels import mutate as mut
+from .. import mutate as mut
 from .backends import Dask, InProcess
 from .evaluate import default_task
 from .population import Member, Population

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...kernels import mutate as mut
+from .. import mutate as mut
 from .store import Row, Store
 
 

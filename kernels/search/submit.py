@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...kernels import mutate as mut
+from .. import mutate as mut
 from .evaluate import default_task, evaluate_isolated, run_gate
 
 

@@ -17,7 +17,6 @@ it loads ``libcuda`` and raises :class:`CudaUnavailable` when there is none.
 from __future__ import annotations
 
 from .driver import CudaError, CudaUnavailable, available
-from .instrument_cuda import CudaSource, instrument
 from .lane import (
     CudaKernel,
     DeviceCapability,
@@ -32,6 +31,7 @@ from .lane import (
     translate,
     wrap_device,
 )
+from .lower import CudaSource, instrument
 
 __all__ = [
     "CudaError",

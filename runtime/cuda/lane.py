@@ -56,12 +56,12 @@ from ..argcheck import (
     scalar_arg,
 )
 from ..build import content_hash
+from ..compiler.parse import parse
+from ..compiler.verifier import KernelSig, VerifiedSource, select_kernel, verify
 from ..errors import CapabilityFault, KernelTimeout, fault_detail
-from ..parse import parse
-from ..verifier import KernelSig, VerifiedSource, select_kernel, verify
 from . import driver as drv
 from . import nvrtc
-from .instrument_cuda import FAULT_KINDS, CudaSource, entry_symbol, instrument
+from .lower import FAULT_KINDS, CudaSource, entry_symbol, instrument
 
 RECORD_CDEF = abi.GPU_FAULT_DECL + "\n"
 TAG_FREED = abi.GPU_TAG_FREED
@@ -564,7 +564,7 @@ def compile(source: str, name: str | None = None, *, checked: bool = True, hoist
 
 def opt_in_dynamic_smem(name: str, function: Any, nbytes: int, dev: Any) -> None:
     """Let ``function`` launch with ``nbytes`` of dynamic shared memory (its smem_ arrays
-    beyond CUDA's 48 KB static limit, runtime/cuda/instrument_cuda.py dynamic_shared);
+    beyond CUDA's 48 KB static limit, runtime/cuda/lower.py dynamic_shared);
     ValueError when that and its static shared data exceed the device's opt-in limit."""
     L, f = drv.lib(), drv.ffi()
     v = f.new("int *")
@@ -643,7 +643,7 @@ class _ParamBlock:
     ``time_launch`` makes its own).  Every parameter starts on an 8-byte
     boundary; the pointer array handed to the driver points at each.
     Checked kernels take two hidden trailing parameters (sequence record,
-    launch index; runtime/cuda/instrument_cuda.py).
+    launch index; runtime/cuda/lower.py).
     """
 
     def __init__(self, kernel: Any):

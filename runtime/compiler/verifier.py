@@ -20,7 +20,7 @@ Rules beyond the dialect document (all needed to keep capabilities unforgeable):
 * array sizes are plain integer literals (the instrumenter reads them back);
 * a write (=, op=, ++, --) targets a name or a local-array element only: C++, which
   the GPU lane compiles, also writes through ?:, comma, assignment and ++x lvalues,
-  which runtime.astutil.write_target (names written) could not see.
+  which runtime.compiler.astutil.write_target (names written) could not see.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import NoReturn
 
 from pycparser import c_ast
 
-from ..capabilities import abi
+from ...capabilities import abi
+from ..errors import VerifyError
 from .astutil import INC_DEC, CapTyping, callees, int_literal, pure_lvalue, reaching
 from .dialect_api import (
     _API_SIGS,
@@ -44,7 +45,6 @@ from .dialect_api import (
     TILE_FUNCS,
 )
 from .divergence import check_uniform_collectives
-from .errors import VerifyError
 from .parse import ParsedSource, is_user_node
 
 #: Threads per block on every CUDA device since sm_20 (the lane refuses more).
@@ -1130,7 +1130,7 @@ class _Verifier(c_ast.NodeVisitor):
 
     def _write_target(self, node: c_ast.Node, target: c_ast.Node, op: str) -> None:
         """The target of =, op=, ++ or --: a name or an element of a local array (the
-        ID and ArrayRef visits check what they name).  runtime.astutil.write_target,
+        ID and ArrayRef visits check what they name).  runtime.compiler.astutil.write_target,
         the one analysis of names written, relies on this."""
         if isinstance(target, (c_ast.ID, c_ast.ArrayRef)):
             return

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from pycparser import c_ast
 
-from ..capabilities import abi
-from .astutil import (
+from ...capabilities import abi
+from ..compiler.astutil import (
     CapTyping,
     Generator,
     StmtExpr,
@@ -45,8 +45,8 @@ from .astutil import (
     tile_call,
     user_names,
 )
-from .dialect_api import TILE_FUNCS
-from .hoist import (
+from ..compiler.dialect_api import TILE_FUNCS
+from ..compiler.hoist import (
     QUIET_LOOPS,
     PollPoint,
     UncheckedCall,
@@ -56,9 +56,9 @@ from .hoist import (
     hoist_function,
     waiting_helpers,
 )
-from .parse import is_user_node
-from .ranges import builtin_ranges, prove_subscripts
-from .verifier import KernelSig, VerifiedSource
+from ..compiler.parse import is_user_node
+from ..compiler.ranges import builtin_ranges, prove_subscripts
+from ..compiler.verifier import KernelSig, VerifiedSource
 
 SIZES = abi.ELEM_SIZE
 DT_CODES = {d.suffix: f"RT_DT_{d.suffix.upper()}" for d in abi.DTYPES}

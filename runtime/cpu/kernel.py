@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import core, records
-from .build import (
+from .. import core, records
+from ..build import (
     CAP_INCLUDE,
     build_module,
     cache_dir,
@@ -17,9 +17,9 @@ from .build import (
     content_hash,
     kernel_cc_command,
 )
-from .instrument import MODES, Instrumented, instrument
-from .parse import parse
-from .verifier import KernelSig
+from ..compiler.parse import parse
+from ..compiler.verifier import KernelSig
+from .lower import MODES, Instrumented, instrument
 
 #: Flags for checked and raw builds alike, so the overhead comparison is fair.
 #: -fwrapv: index arithmetic wraps instead of being undefined, so the
@@ -78,7 +78,7 @@ class Kernel:
     def launch(self, caps: Any, *, args: tuple = (), grid: int = 1,
                timeout: float | None = None, group: int | None = None) -> None:
         """Shorthand for runtime.launch(self, ...)."""
-        from .launch import launch
+        from ..launch import launch
 
         launch(self, caps, args=args, grid=grid, timeout=timeout, group=group)
 
@@ -103,7 +103,7 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if target == "cuda":
-        from . import cuda
+        from .. import cuda
 
         if mode == "raw_poll":
             raise ValueError("mode 'raw_poll' exists only for target 'cpu' (the GPU lane's "
@@ -111,14 +111,14 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
         return cuda.compile(source, name, checked=mode == "checked", hoist=hoist)
     flags = cflags()
     key = content_hash(source, str(name), mode, str(hoist), " ".join(flags), compiler_id(),
-                       records.toolchain_version())
+                       records.toolchain_version("cpu"))
     with _lock:
         if key in _compiled:
             return _compiled[key]
     record = stored = _read_record(key)
     if record is None:
         parsed = parse(source)
-        from .verifier import select_kernel, verify
+        from ..compiler.verifier import select_kernel, verify
 
         verified = verify(parsed, target="cpu")
         name = select_kernel(verified, name)

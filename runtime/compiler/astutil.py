@@ -389,7 +389,7 @@ def write_target(target: c_ast.Node) -> tuple[str, bool]:
     """(name, whole) for the target of ``=``, ``op=``, ``++`` or ``--``: the variable
     written, and whether the write replaces it (a name) or one element (``a[i]``).
 
-    The verifier admits no other target (runtime/verifier.py _write_target).  C++,
+    The verifier admits no other target (runtime/compiler/verifier.py _write_target).  C++,
     which the GPU lane compiles, would also take ``c ? a : b``, ``(x, a)``, ``a = b``,
     ``a += b`` and ``++a`` as lvalues, writes this could not attribute to a name:
     every analysis built on it would take the variable as unchanged.  So a tree the

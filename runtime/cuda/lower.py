@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pycparser import c_ast
 
 from ...capabilities import abi
-from ..astutil import (
+from ..compiler.astutil import (
     Generator,
     mangle,
     rename_user_names,
@@ -68,8 +68,8 @@ from ..astutil import (
     tile_call,
     user_names,
 )
-from ..dialect_api import MMA_ARRAY_ARGS, MMA_FUNCS, TILE_FUNCS, WARP_FUNCS
-from ..hoist import (
+from ..compiler.dialect_api import MMA_ARRAY_ARGS, MMA_FUNCS, TILE_FUNCS, WARP_FUNCS
+from ..compiler.hoist import (
     GPU_BARRIERS,
     GPU_WARP_VOTE,
     QUIET_LOOPS,
@@ -80,16 +80,16 @@ from ..hoist import (
     hoist_function,
     waiting_helpers,
 )
-from ..parse import is_user_node
-from ..ranges import builtin_ranges, prove_subscripts
-from ..verifier import KernelSig, VerifiedSource
+from ..compiler.parse import is_user_node
+from ..compiler.ranges import builtin_ranges, prove_subscripts
+from ..compiler.verifier import KernelSig, VerifiedSource
 
 ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
 
 FAULT_KINDS = abi.FAULT_REASON
 
 DEVICE_PRELUDE = r"""
-/* ---- capqr device runtime (generated; see runtime/cuda/instrument_cuda.py) ---- */
+/* ---- capqr device runtime (generated; see runtime/cuda/lower.py) ---- */
 #pragma nv_diag_suppress 177   /* unused helpers of the runtime are expected */
 #pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
 
@@ -359,7 +359,7 @@ RT_DEFINE_ACCESS(i32, int, 4, RT_ID, RT_ID)
 RT_DEFINE_ACCESS(i64, long long, 8, RT_ID, RT_ID)
 RT_DEFINE_ACCESS(f16, unsigned short, 2, rt_h2f, rt_f2h)
 
-/* Loop versioning (runtime/hoist.py): rt_range_ok, rt_lrange_ok and rt_loop_span
+/* Loop versioning (runtime/compiler/hoist.py): rt_range_ok, rt_lrange_ok and rt_loop_span
  * come from the shared ABI fragment; covered accesses use these unchecked forms. */
 template <class T> struct rt_is_sint { enum { value = 0 }; };
 template <> struct rt_is_sint<signed char> { enum { value = 1 }; };
@@ -484,7 +484,7 @@ static __device__ __forceinline__ unsigned int rt_warp_live(void)
     unsigned int n = blockDim.x - (threadIdx.x & ~31u);
     return n >= 32u ? 0xffffffffu : ((1u << n) - 1u);
 }
-/* Loop versioning's warp vote (runtime/hoist.py GPU_WARP_VOTE): the fast copy of a
+/* Loop versioning's warp vote (runtime/compiler/hoist.py GPU_WARP_VOTE): the fast copy of a
  * loop with warp collectives runs only if every live lane's guard holds. */
 static __device__ __forceinline__ int rt_warp_all(int ok)
 { return __all_sync(rt_warp_live(), ok); }

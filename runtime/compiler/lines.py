@@ -32,7 +32,7 @@ from math import gcd
 
 from pycparser import c_ast, c_generator
 
-from ..capabilities.abi import LINE_MAX_SPAN
+from ...capabilities.abi import LINE_MAX_SPAN
 from .astutil import cast_i64, int_literal, is_int64
 
 Monomial = tuple[str, ...]          # sorted atom keys (a product)

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 
 from pycparser import c_ast
 
+from ..errors import VerifyError
 from .astutil import INC_DEC, write_target
 from .dialect_api import TILE_FUNCS, WARP_FUNCS
-from .errors import VerifyError
 
 #: Calls whose result differs between the threads of a block by definition.
 VARYING_SOURCES = frozenset({"rt_thread_idx", "rt_lane_idx"})

@@ -59,7 +59,7 @@ from typing import Any
 
 from pycparser import c_ast, c_generator
 
-from ..capabilities import abi
+from ...capabilities import abi
 from .astutil import (
     INDEX_BUILTINS,
     INT_TYPES,
@@ -532,7 +532,7 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
                 idx = ref.subscript
                 if not (dims is not None and depth < len(dims) and cur.name not in changed
                         and pure_expr(idx)) or isinstance(ref, UncheckedRef):
-                    continue  # (UncheckedRef: proved in range by runtime/ranges.py)
+                    continue  # (UncheckedRef: proved in range by runtime/compiler/ranges.py)
                 idx = _expand(idx, defs)
                 if (_affine(idx, var) and not ((_ids(idx) - {var}) & changed)
                         and _narrow_parts(idx, narrow, ctx.types) is not None):
@@ -833,7 +833,7 @@ def _group_check(kind: str, term: _Term, firsts: list[c_ast.Node], strides: list
                  types: dict[str, int]) -> c_ast.Node:
     """rt_<kind>_ok (one first index) or rt_<kind>_hull_ok (min and max of several), with
     an l prefix for a local array: (cap,) first(s), strides and spans, size (, store).
-    Firsts on a line (runtime/lines.py) enter the hull by their two extremes."""
+    Firsts on a line (runtime/compiler/lines.py) enter the hull by their two extremes."""
     firsts, conds = line_hull(firsts, types) if len(firsts) > 1 else (firsts, [])
     name, lead = (f"{kind}_ok", firsts) if len(firsts) == 1 else \
         (f"{kind}_hull_ok", list(_hull(firsts)))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pycparser import c_ast, c_parser
 from pycparser.c_parser import ParseError
 
-from .errors import VerifyError
+from ..errors import VerifyError
 
 #: Names the dialect provides as types.  ``cap_t`` is opaque to the parser.
 DIALECT_TYPEDEFS = {
