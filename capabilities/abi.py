@@ -1,8 +1,9 @@
 """The capqr ABI facts, written once.
 
-Both lanes include the C text this module generates: capabilities/cap_abi.h
-(included by cap.h, for cffi-built kernels and the runtime core) and the
-CUDA device prelude (runtime/cuda/lower.py embeds the same text).
+Both lanes include the C text this module generates, capabilities/cap_abi.h:
+cap.h includes it for cffi-built kernels and the runtime core, and the CUDA
+device prelude (runtime/cuda/prelude.cuh) for the GPU.  The checks built on
+these facts are capabilities/checks.h, written once for both lanes.
 Python code takes its constants from here.  A fix to the bounds predicate,
 a new fault code or dtype therefore lands in both lanes by construction.
 
@@ -134,6 +135,20 @@ class Struct:
     kind: str = "struct"
 
 
+#: What a fault record says on either lane, in this order at the start of each lane's
+#: record (rt_fault_rec on the host, rt_gpu_fault on the device), so one field list
+#: describes a fault wherever it happened.
+FAULT_FIELDS: tuple[Field, ...] = (
+    Field("int32_t", "kind", "RT_FAULT_* (0: none)"),
+    Field("int32_t", "access", "RT_ACC_*"),
+    Field("int64_t", "block", "block index that faulted"),
+    Field("int64_t", "index", "element index of the access"),
+    Field("int64_t", "elsize", "element size of the access"),
+    Field("int64_t", "offset", "byte offset of the origin from the object start"),
+    Field("int32_t", "line", "kernel source line"),
+    Field("int32_t", "thread", "GPU lane: thread index; CPU: -1"),
+)
+
 #: Host-lane layouts, written once: cap_abi.h typedefs them for cap.h and gc.h, and
 #: runtime/core.py declares them to cffi from the same lists (cffi_structs), so the
 #: Python side reads the fields the C side writes.
@@ -159,15 +174,8 @@ STRUCTS: tuple[Struct, ...] = (
         Field("double", "f64"),
         Field("float", "f32"),
     ), kind="union"),
-    Struct("rt_fault_rec", "A fault as the runtime records it (the first of a launch).", (
-        Field("int32_t", "kind", "RT_FAULT_* (0: none)"),
-        Field("int32_t", "access", "RT_ACC_*"),
-        Field("int64_t", "block", "block index that faulted"),
-        Field("int64_t", "index", "element index of the access"),
-        Field("int64_t", "elsize", "element size of the access"),
-        Field("int64_t", "offset", "byte offset of the origin from the object start"),
-        Field("int32_t", "line", "kernel source line"),
-        Field("int32_t", "thread", "GPU lane: thread index; CPU: -1"),
+    Struct("rt_fault_rec", "A fault as the runtime records it (the first of a launch).",
+           FAULT_FIELDS + (
         Field("uint64_t", "obj_id"),
         Field("char", "buffer[RT_NAME_MAX]", "buffer name (or local array name)"),
     )),
@@ -198,7 +206,39 @@ STRUCTS: tuple[Struct, ...] = (
         Field("uint64_t", "nbytes"),
     )),
 )
-STRUCT: dict[str, Struct] = {st.tag: st for st in STRUCTS}
+#: Device-lane layouts: cap_abi.h declares them for the CUDA prelude (in the device's
+#: builtin types, DEVICE_CTYPES), cffi reads them from the same lists (GPU_FAULT_DECL).
+#:
+#: rt_gpu_fault is the GPU lane's launch-sequence record: one device allocation owned by
+#: the runtime and passed to every checked kernel (a hidden trailing parameter), so the
+#: kernels of all modules share it.  ``flag`` is set by the first refused access (or the
+#: first block that sees ``cancel``) of the sequence; the fault fields (FAULT_FIELDS, as
+#: on the host) describe that event, ``slot`` names its buffer (the argument slot, or
+#: -(id + 1) for a local array) and ``launch`` is the index of its launch in the
+#: sequence.  Every kernel exits at entry while ``flag`` or ``cancel`` is set, so nothing
+#: after the first fault runs.  ``cancel`` is written by the host when a deadline
+#: passes.  The host resets the record when a sequence starts and reads it once at the
+#: sync.  ``group`` and ``group_gen`` are the grid barrier of a cooperative launch
+#: (rt_group_sync): arrivals in the low 32 bits of ``group``, blocks that returned in the
+#: high 32, ``group_gen`` counts completed rounds; the last block to return zeroes
+#: ``group`` for the next cooperative launch of the sequence.
+DEVICE_STRUCTS: tuple[Struct, ...] = (
+    Struct("rt_gpu_fault", "The GPU lane's launch-sequence record (capabilities/abi.py).",
+           FAULT_FIELDS + (
+        Field("int32_t", "slot", "argument slot of the buffer; -(id + 1): local array id"),
+        Field("int32_t", "launch", "index of the faulting launch in its sequence"),
+        Field("int32_t", "flag", "set (atomicCAS) by the first event of the sequence"),
+        Field("int32_t", "cancel", "set by the host at a deadline"),
+        Field("uint64_t", "group", "grid barrier: arrivals | returned blocks << 32"),
+        Field("uint32_t", "group_gen", "grid barrier: completed rounds"),
+        Field("uint32_t", "group_pad"),
+    )),
+)
+STRUCT: dict[str, Struct] = {st.tag: st for st in STRUCTS + DEVICE_STRUCTS}
+#: The fixed-width types the layouts use, as the device spells them (NVRTC has no
+#: <stdint.h>); the CUDA lowering maps the dialect's typedefs with the same table.
+DEVICE_CTYPES: dict[str, str] = {"int32_t": "int", "uint32_t": "unsigned int",
+                                 "int64_t": "long long", "uint64_t": "unsigned long long"}
 #: The macros array extents use, with their values (cffi's cdef takes no macros).
 _EXTENTS: dict[str, int] = {"RT_NAME_MAX": NAME_MAX}
 
@@ -208,10 +248,10 @@ def _decl(f: Field) -> str:
     return f"{f.ctype}{sep}{f.name};"
 
 
-def _c_struct(st: Struct) -> str:
+def _c_struct(st: Struct, ctypes: dict[str, str] | None = None) -> str:
     lines = [f"/* {st.doc} */", f"typedef {st.kind} {st.tag} {{"]
     for f in st.fields:
-        d = _decl(f)
+        d = _decl(Field(ctypes.get(f.ctype, f.ctype), f.name) if ctypes else f)
         lines.append(f"    {d:<27} /* {f.comment} */" if f.comment else f"    {d}")
     lines.append(f"}} {st.tag};")
     return "\n".join(lines) + "\n"
@@ -220,6 +260,11 @@ def _c_struct(st: Struct) -> str:
 def c_structs() -> str:
     """The host-lane typedefs of STRUCTS (cap_abi.h)."""
     return "\n".join(_c_struct(st) for st in STRUCTS)
+
+
+def device_c_structs() -> str:
+    """The device-lane typedefs of DEVICE_STRUCTS (cap_abi.h), in the device's types."""
+    return "\n".join(_c_struct(st, DEVICE_CTYPES) for st in DEVICE_STRUCTS)
 
 
 def cffi_structs(*tags: str) -> str:
@@ -470,18 +515,24 @@ def c_header() -> str:
     acc = _enum("RT_ACC_", [(v.upper(), k) for k, v in ACCESS.items() if v])
     objf = _enum("RT_OBJ_", list(OBJ_FLAGS))
     return f"""/* Generated by capabilities/abi.py (python -m capqr.capabilities.abi): do not edit.
- * The ABI facts shared by the CPU lane (cap.h) and the GPU lane (device prelude). */
+ * The ABI facts shared by the CPU lane (cap.h) and the GPU lane (runtime/cuda/prelude.cuh). */
 #ifndef CAPQR_CAP_ABI_H
 #define CAPQR_CAP_ABI_H
 
 #ifdef RT_DEVICE_LANE
 typedef unsigned long long rt_u64;
 typedef long long rt_i64;
+typedef int rt_i32;
+typedef unsigned short rt_u16;
 #define RT_CAP_OWNER unsigned long long tag;  /* slot + 1 | freed << 32 */
+#define RT_TAG_SLOT_MASK 0x{GPU_TAG_FREED - 1:x}ull   /* the tag's argument slot + 1 */
+#define RT_TAG_FREED 0x{GPU_TAG_FREED:x}ull       /* the tag's "freed" bit */
 #define RT_ABI_FN static __device__ __forceinline__
 #else
 typedef uint64_t rt_u64;
 typedef int64_t rt_i64;
+typedef int32_t rt_i32;
+typedef uint16_t rt_u16;
 struct rt_obj;
 #define RT_CAP_OWNER struct rt_obj *obj;      /* NULL for a cap made from an integer */
 #define RT_ABI_FN static inline __attribute__((always_inline))
@@ -496,6 +547,8 @@ struct rt_obj;
 #define RT_ABI_VERSION {RT_ABI_VERSION}
 #define RT_NAME_MAX {NAME_MAX}
 #define RT_FRAME_SLOTS_MAX {FRAME_SLOTS_MAX}
+/* Bytes of one cap-table slot (rt_capslot {{p, obj}}): the element size of RT_DT_CAP. */
+#define RT_SLOT_BYTES {DT_BY_SUFFIX["cap"].size}
 
 /* A capability as a kernel holds it: {CAP_BYTES} bytes, by value.  p is the current
  * origin (what cap_to_int returns), lo the object start, rlen/wlen the
@@ -534,7 +587,9 @@ typedef struct cap_t {{
 
 #ifndef RT_DEVICE_LANE
 /* ---- host-lane layouts (also declared to cffi by runtime/core.py) ---- */
-{c_structs()}#endif
+{c_structs()}#else
+/* ---- device-lane layouts (also declared to cffi by runtime/cuda/lane.py) ---- */
+{device_c_structs()}#endif
 
 {_GUARDS_C}
 {_TILES_C}
@@ -542,24 +597,8 @@ typedef struct cap_t {{
 """
 
 
-#: The GPU lane's launch-sequence record: one device allocation owned by the
-#: runtime and passed to every checked kernel (a hidden trailing parameter), so
-#: the kernels of all modules share it.  ``flag`` is set by the first refused
-#: access (or the first block that sees ``cancel``) of the sequence; the other
-#: fields describe that event, ``launch`` being the index of its launch in the
-#: sequence.  Every kernel exits at entry while ``flag`` or ``cancel`` is set,
-#: so nothing after the first fault runs.  ``cancel`` is written by the host
-#: when a deadline passes.  The host resets the record when a sequence starts
-#: and reads it once at the sync (C and C++, and a cffi cdef).  ``group`` and
-#: ``group_gen`` are the grid barrier of a cooperative launch (rt_group_sync):
-#: arrivals in the low 32 bits of ``group``, blocks that returned in the high 32,
-#: ``group_gen`` counts completed rounds; the last block to return zeroes ``group``
-#: for the next cooperative launch of the sequence.
-GPU_FAULT_DECL = ("typedef struct rt_gpu_fault { int flag; int kind; int access; int line; "
-                  "long long block; long long index; long long elsize; long long offset; "
-                  "int thread; int slot; int launch; int cancel; "
-                  "unsigned long long group; unsigned int group_gen; unsigned int group_pad; "
-                  "} rt_gpu_fault;")
+#: cffi's declaration of the GPU lane's sequence record (lane.py, tests/emulate_cuda.py).
+GPU_FAULT_DECL = cffi_structs("rt_gpu_fault")
 
 
 def write_header() -> None:

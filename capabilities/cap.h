@@ -11,7 +11,7 @@
  * InvisiCaps, flattened): the address plus a by-value snapshot of the bounds
  * and a pointer to the owning object.  Kernel source can never name the
  * fields (the verifier rejects member access on cap_t), so the only ways to
- * touch memory are the checked accessors below.  cap_from_int() builds a cap
+ * touch memory are the checked accessors (checks.h, included below).  cap_from_int() builds a cap
  * with obj == NULL and zero bounds: every access through it faults.
  *
  * Cap tables.  Buffers of dtype RT_DT_CAP hold rt_capslot {p, obj} pairs.
@@ -133,101 +133,32 @@ RT_INLINE uint16_t rt_float_to_half(float f)
 }
 
 
-__attribute__((noinline, cold, noreturn)) static void rt_fail_local(rt_block *b, const char *a,
-                                                                    int64_t i, int32_t line)
+/* ---- the CPU lane's side of checks.h (capabilities/checks.h says what each is) */
+#define RT_CTX rt_block *b,
+#define RT_CTX_ARG b,
+typedef const char *rt_array_ref;  /* a local array, by the name its fault reports */
+/* The failure paths: out of line and cold, so the hot loop keeps only a
+ * compare and a never-taken branch. */
+#define RT_COLD_FN __attribute__((noinline, cold, noreturn)) static
+RT_COLD_FN void rt_fail_local(rt_block *b, const char *a, int64_t i, int32_t line)
 {
     b->api->fault_local(b, a, i, line);
 }
-/* The failure paths: out of line and cold, so the hot loop keeps only a
- * compare and a never-taken branch. */
-__attribute__((noinline, cold, noreturn)) static void rt_fail(rt_block *b, cap_t c, int64_t i,
-                                                              int32_t S, int32_t access,
-                                                              int32_t line)
+RT_COLD_FN void rt_fail(rt_block *b, cap_t c, int64_t i, int32_t S, int32_t access, int32_t line)
 {
     b->api->fault(b, c, i, S, access, line);
 }
-
-/* Unchecked accessors, used only where rt_range_ok covered the access. */
-#define rt_uload_f32(c, i) (((const float *)((c).p))[i])
-#define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
-#define rt_uload_f64(c, i) (((const double *)((c).p))[i])
-#define rt_ustore_f64(c, i, v) (((double *)((c).p))[i] = (v))
-#define rt_uload_i32(c, i) (((const int32_t *)((c).p))[i])
-#define rt_ustore_i32(c, i, v) (((int32_t *)((c).p))[i] = (v))
-#define rt_uload_i64(c, i) (((const int64_t *)((c).p))[i])
-#define rt_ustore_i64(c, i, v) (((int64_t *)((c).p))[i] = (v))
-#define rt_uload_f16(c, i) rt_half_to_float(((const uint16_t *)((c).p))[i])
-#define rt_ustore_f16(c, i, v) (((uint16_t *)((c).p))[i] = rt_float_to_half(v))
-
-RT_INLINE int64_t rt_len(cap_t c, int64_t S)
-{
-    int64_t off = (int64_t)(c.p - c.lo);
-    int64_t n = ((int64_t)c.rlen - off) / S;
-    return (off < 0 || n < 0) ? 0 : n;
-}
-
-RT_INLINE int64_t rt_cap_to_int(cap_t c) { return (int64_t)(uintptr_t)c.p; }
-
-RT_INLINE cap_t rt_cap_from_int(int64_t x)
-{
-    cap_t c;
-    c.p = (char *)(uintptr_t)x;
-    c.lo = c.p;
-    c.rlen = 0;
-    c.wlen = 0;
-    c.obj = 0;
-    return c;
-}
+#define RT_FAULT_CAP(c, i, S, acc, line) rt_fail(b, c, i, S, acc, line)
+#define RT_FAULT_LOCAL(a, i, line) rt_fail_local(b, a, i, line)
+#define RT_FAULT_DIV(line) b->api->fault_div(b, line)
+#if defined(RT_RAW) || defined(RT_RAW_POLL)
+#define RT_UNCHECKED 1
+#endif
+#include "checks.h"   /* accessors, rt_len/rt_offset, local-array, tile and division checks */
 
 
-#if !defined(RT_RAW) && !defined(RT_RAW_POLL)
+#ifndef RT_UNCHECKED
 /* ====================== checked mode ===================================== */
-
-
-#define RT_DEFINE_ACCESS(T, CT, S)                                                \
-    RT_INLINE CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
-    {                                                                            \
-        if (!RT_INB(c, i, S, c.rlen)) rt_fail(b, c, i, S, RT_ACC_LOAD, line); \
-        return ((const CT *)(c.p))[i];                                           \
-    }                                                                            \
-    RT_INLINE void rt_store_##T(rt_block *b, cap_t c, int64_t i, CT v, int32_t line) \
-    {                                                                            \
-        if (!RT_INB(c, i, S, c.wlen)) rt_fail(b, c, i, S, RT_ACC_STORE, line); \
-        ((CT *)(c.p))[i] = v;                                                    \
-    }
-
-RT_DEFINE_ACCESS(f32, float, 4)
-RT_DEFINE_ACCESS(f64, double, 8)
-RT_DEFINE_ACCESS(i32, int32_t, 4)
-RT_DEFINE_ACCESS(i64, int64_t, 8)
-
-RT_INLINE float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
-{
-    if (!RT_INB(c, i, 2, c.rlen)) rt_fail(b, c, i, 2, RT_ACC_LOAD, line);
-    return rt_half_to_float(((const uint16_t *)(c.p))[i]);
-}
-RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
-{
-    if (!RT_INB(c, i, 2, c.wlen)) rt_fail(b, c, i, 2, RT_ACC_STORE, line);
-    ((uint16_t *)(c.p))[i] = rt_float_to_half(v);
-}
-
-
-RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S)
-{
-    /* Moving the origin is always allowed; checks stay relative to the object.
-     * Wrapping arithmetic: an absurd k yields an origin every access rejects. */
-    c.p = (char *)((uint64_t)c.p + (uint64_t)k * (uint64_t)S);
-    if (!RT_OFFSET_SANE(k)) { c.rlen = 0; c.wlen = 0; }
-    return c;
-}
-
-RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name,
-                                   int32_t line)
-{
-    if (RT_UNLIKELY((uint64_t)i >= (uint64_t)n)) rt_fail_local(b, name, i, line);
-    return i;
-}
 
 /* A pollcheck is a safepoint: the host, the collector or another block may
  * have written memory, so it is also a compiler barrier (a loop that waits
@@ -246,8 +177,8 @@ RT_INLINE cap_t rt_alloc(rt_block *b, int64_t n, int32_t dt, int32_t line)
 
 /* Cap tables: the snapshot in a table's cap_t has zero numeric bounds (so
  * cap_load_i64 & co. can never read or forge the raw slot bytes); slot
- * accesses check the header's current bounds, the dtype, and 16-byte slot
- * alignment (a misaligned origin would read p as obj). */
+ * accesses check the header's current bounds, the dtype, and slot alignment
+ * (a misaligned origin would read p as obj). */
 RT_INLINE int rt_slot_ok(cap_t t, int64_t i, int store)
 {
     rt_obj *o = t.obj;
@@ -255,16 +186,16 @@ RT_INLINE int rt_slot_ok(cap_t t, int64_t i, int store)
     if (!o || o->dtype != RT_DT_CAP) return 0;
     len = store ? __atomic_load_n(&o->wlen, __ATOMIC_ACQUIRE)
                 : __atomic_load_n(&o->rlen, __ATOMIC_ACQUIRE);
-    return RT_INB(t, i, 16, len) && (RT_OFF(t, i, 16) & 15) == 0;
+    return RT_INB(t, i, RT_SLOT_BYTES, len) && (RT_OFF(t, i, RT_SLOT_BYTES) % RT_SLOT_BYTES) == 0;
 }
 RT_INLINE cap_t rt_load_cap(rt_block *b, cap_t t, int64_t i, int32_t line)
 {
-    if (!rt_slot_ok(t, i, 0)) rt_fail(b, t, i, 16, RT_ACC_LOAD, line);
+    if (!rt_slot_ok(t, i, 0)) rt_fail(b, t, i, RT_SLOT_BYTES, RT_ACC_LOAD, line);
     return b->api->load_cap(b, &((const rt_capslot *)(t.p))[i]);
 }
 RT_INLINE void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t line)
 {
-    if (!rt_slot_ok(t, i, 1)) rt_fail(b, t, i, 16, RT_ACC_STORE, line);
+    if (!rt_slot_ok(t, i, 1)) rt_fail(b, t, i, RT_SLOT_BYTES, RT_ACC_STORE, line);
     b->api->store_cap(b, &((rt_capslot *)(t.p))[i], v);
 }
 
@@ -279,24 +210,8 @@ RT_INLINE cap_t rt_root(rt_frame *f, int32_t k, cap_t v)
 /* ====================== raw mode (baseline) ============================= */
 /* The same kernel with raw pointers and no checks.  Only for benchmarks and
  * for demonstrating what an unchecked bug does (in a subprocess). */
-#define RT_DEFINE_RAW(T, CT)                                                     \
-    RT_INLINE CT rt_load_##T(rt_block *b, cap_t c, int64_t i, int32_t line)  \
-    { (void)b; (void)line; return ((const CT *)(c.p))[i]; }                      \
-    RT_INLINE void rt_store_##T(rt_block *b, cap_t c, int64_t i, CT v, int32_t line) \
-    { (void)b; (void)line; ((CT *)(c.p))[i] = v; }
-RT_DEFINE_RAW(f32, float)
-RT_DEFINE_RAW(f64, double)
-RT_DEFINE_RAW(i32, int32_t)
-RT_DEFINE_RAW(i64, int64_t)
-RT_INLINE float rt_load_f16(rt_block *b, cap_t c, int64_t i, int32_t line)
-{ (void)b; (void)line; return rt_half_to_float(((const uint16_t *)(c.p))[i]); }
-RT_INLINE void rt_store_f16(rt_block *b, cap_t c, int64_t i, float v, int32_t line)
-{ (void)b; (void)line; ((uint16_t *)(c.p))[i] = rt_float_to_half(v); }
 #define rt_range_ok(c, e0, d, span, S, st) 1
 #define rt_range2_ok(c, e00, di, si, dj, sj, S, st) 1
-RT_INLINE cap_t rt_offset(cap_t c, int64_t k, int64_t S) { c.p += k * S; return c; }
-RT_INLINE int64_t rt_local_idx(rt_block *b, int64_t i, int64_t n, const char *name, int32_t line)
-{ (void)b; (void)n; (void)name; (void)line; return i; }
 #ifdef RT_RAW_POLL
 RT_INLINE void rt_pollcheck(rt_block *b)
 {
@@ -314,43 +229,6 @@ RT_INLINE void rt_store_cap(rt_block *b, cap_t t, int64_t i, cap_t v, int32_t li
 { (void)line; b->api->store_cap(b, &((rt_capslot *)(t.p))[i], v); }
 RT_INLINE cap_t rt_root(rt_frame *f, int32_t k, cap_t v) { f->slots[k] = v.obj; return v; }
 #endif
-
-/* Whether an expression has a signed integer type of at most 64 bits. */
-#define RT_IS_INT(e) _Generic((e), long: 1, long long: 1, int: 1, short: 1, signed char: 1, \
-                              default: 0)
-
-/* Integer division that cannot trap: x86 raises SIGFPE for a zero divisor and
- * for INT64_MIN / -1, which would kill the host.  Zero faults; -1 negates
- * (wrapping).  The instrumenter routes every `/` and `%` through RT_DIV/RT_MOD,
- * which pick these only for integer operands (_Generic on the result type). */
-RT_INLINE int64_t rt_idiv(rt_block *b, int64_t x, int64_t y, int32_t line)
-{
-    if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
-    if (RT_UNLIKELY(y == -1)) return (int64_t)(0 - (uint64_t)x);
-    return x / y;
-}
-RT_INLINE int64_t rt_imod(rt_block *b, int64_t x, int64_t y, int32_t line)
-{
-    if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
-    if (RT_UNLIKELY(y == -1)) return 0;
-    return x % y;
-}
-RT_INLINE uint64_t rt_udiv(rt_block *b, uint64_t x, uint64_t y, int32_t line)
-{
-    if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
-    return x / y;
-}
-RT_INLINE uint64_t rt_umod(rt_block *b, uint64_t x, uint64_t y, int32_t line)
-{
-    if (RT_UNLIKELY(y == 0)) b->api->fault_div(b, line);
-    return x % y;
-}
-#define RT_DIV(b, x, y, line) _Generic((x) / (y), double: (x) / (y), float: (x) / (y), \
-    unsigned long: rt_udiv(b, (x), (y), line), unsigned int: (unsigned int)rt_udiv(b, (x), (y), line), \
-    int: (int)rt_idiv(b, (x), (y), line), default: rt_idiv(b, (x), (y), line))
-#define RT_MOD(b, x, y, line) _Generic((x) % (y), \
-    unsigned long: rt_umod(b, (x), (y), line), unsigned int: (unsigned int)rt_umod(b, (x), (y), line), \
-    int: (int)rt_imod(b, (x), (y), line), default: rt_imod(b, (x), (y), line))
 
 /* Both modes: blocks 0 .. group-1 of a launch made with group= wait here for
  * each other (runtime/csrc/launch.c: group barrier).  A call through the api
@@ -373,6 +251,42 @@ RT_INLINE void rt_frame_cleanup(rt_frame *f)
 {
     __atomic_store_n(&f->blk->frames, f->up, __ATOMIC_RELEASE);
 }
+
+
+/* Tile copies between a cap and a local array (cap_tile_load_T / _store_T):
+ * RT_TILE_CHECK (checks.h) first, then a row at a time, with one pollcheck per
+ * row: the cap is a variable, so it stays rooted. */
+#define RT_DEFINE_TILE(T, CT)                                                         \
+    RT_INLINE void rt_tile_load_##T(rt_block *b, cap_t c, int64_t off, int64_t ld,      \
+                                    int64_t rows, int64_t cols, void *arr, int64_t n,   \
+                                    rt_array_ref a, int64_t aoff, int64_t ald,          \
+                                    int32_t line)                                       \
+    {                                                                                 \
+        int64_t r, k;                                                                 \
+        RT_TILE_CHECK((int32_t)sizeof(CT), 0);                                        \
+        for (r = 0; r < rows; r++) {                                                  \
+            const CT *src = (const CT *)c.p + (off + r * ld);                         \
+            CT *dst = (CT *)arr + (aoff + r * ald);                                   \
+            for (k = 0; k < cols; k++) dst[k] = src[k];                               \
+            rt_pollcheck(b);                                                          \
+        }                                                                             \
+    }                                                                                 \
+    RT_INLINE void rt_tile_store_##T(rt_block *b, cap_t c, int64_t off, int64_t ld,     \
+                                     int64_t rows, int64_t cols, void *arr, int64_t n,  \
+                                     rt_array_ref a, int64_t aoff, int64_t ald,         \
+                                     int32_t line)                                      \
+    {                                                                                 \
+        int64_t r, k;                                                                 \
+        RT_TILE_CHECK((int32_t)sizeof(CT), 1);                                        \
+        for (r = 0; r < rows; r++) {                                                  \
+            CT *dst = (CT *)c.p + (off + r * ld);                                     \
+            const CT *src = (const CT *)arr + (aoff + r * ald);                       \
+            for (k = 0; k < cols; k++) dst[k] = src[k];                               \
+            rt_pollcheck(b);                                                          \
+        }                                                                             \
+    }
+RT_DEFINE_TILE(f32, float)
+RT_DEFINE_TILE(f64, double)
 
 #ifdef __cplusplus
 }

@@ -60,7 +60,7 @@ def _sources() -> list:
 
 def _headers() -> list:
     return (sorted(CSRC.glob("*.h")) + sorted(GC_DIR.glob("*.h"))
-            + [CAP_INCLUDE / "cap.h", CAP_INCLUDE / "cap_abi.h"])
+            + sorted(CAP_INCLUDE.glob("*.h")))
 
 
 def _load():

@@ -25,15 +25,16 @@ RUNTIME = Path(__file__).resolve().parent
 
 @cache
 def toolchain_version(lane_dir: str) -> str:
-    """Hash of cap.h, cap_abi.h, capabilities/abi.py, every module of runtime/ and
-    runtime/compiler/ (a list of the passes would miss the next one) and of the lane's
-    ``lane_dir`` (relative to runtime/), so changing any invalidates what was built with
-    it.  Read once per process and lane: compile() runs on every kernels.qr call."""
+    """Hash of the headers of capabilities/ (cap.h, cap_abi.h, checks.h),
+    capabilities/abi.py, every module of runtime/ and runtime/compiler/ (a list of the
+    passes would miss the next one) and of the lane's ``lane_dir`` (relative to
+    runtime/, its device prelude among them), so changing any invalidates what was built
+    with it.  Read once per process and lane: compile() runs on every kernels.qr call."""
     modules = [p for d in (".", "compiler", lane_dir) for p in sorted((RUNTIME / d).glob("*.py"))]
-    return content_hash((CAP_INCLUDE / "cap.h").read_text(),
-                        (CAP_INCLUDE / "cap_abi.h").read_text(),
+    lane_c = sorted((RUNTIME / lane_dir).glob("*.cuh"))
+    return content_hash(*[p.read_text() for p in sorted(CAP_INCLUDE.glob("*.h"))],
                         (CAP_INCLUDE / "abi.py").read_text(),
-                        *[p.read_text() for p in modules])
+                        *[p.read_text() for p in modules + lane_c])
 
 
 def signature_json(sig: KernelSig) -> dict[str, Any]:

@@ -93,7 +93,7 @@ KERNEL void owner(cap_t x)
 
 def _owner_checks(decl: str) -> int:
     text = readable(lane.translate(TILE_OWNER.replace("{decl}", decl)).text)
-    return text.split("__rtk_owner(", 1)[1].count("rt_lidx(")
+    return text.split("__rtk_owner(", 1)[1].count("rt_local_idx(")
 
 
 def test_a_stated_block_size_bounds_the_thread_index() -> None:
@@ -113,7 +113,8 @@ def test_the_update_kernels_register_tiles_are_proved() -> None:
     apply = text.split("void __rtk_gpu_qr_update_apply(", 1)[1].split("void __rtk_", 1)[0]
     # the 8 x 4 register tile's loads, stores and operands (rg < 8, cg < 16, q < 32)
     assert "smem_c[((((rg * 8) + 0) * 64) + (cg * 4)) + 0]" in apply
-    for checked in ("smem_c[rt_lidx(((((rg", "smem_vt[rt_lidx(", "smem_w[rt_lidx(((q"):
+    for checked in ("smem_c[rt_local_idx(((((rg", "smem_vt[rt_local_idx(",
+                    "smem_w[rt_local_idx(((q"):
         assert checked not in apply
 
 

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 from pycparser import c_ast
 
-from ...capabilities import abi
 from ..compiler.astutil import (
     CapTyping,
     Generator,
@@ -45,7 +44,7 @@ from ..compiler.astutil import (
     tile_call,
     user_names,
 )
-from ..compiler.dialect_api import TILE_FUNCS
+from ..compiler.dialect_api import BUILTINS
 from ..compiler.hoist import (
     QUIET_LOOPS,
     PollPoint,
@@ -60,8 +59,6 @@ from ..compiler.parse import is_user_node
 from ..compiler.ranges import builtin_ranges, prove_subscripts
 from ..compiler.verifier import KernelSig, VerifiedSource
 
-SIZES = abi.ELEM_SIZE
-DT_CODES = {d.suffix: f"RT_DT_{d.suffix.upper()}" for d in abi.DTYPES}
 ARG_FIELD = {"cap": "cap", "int64": "i64", "double": "f64", "float": "f32"}
 
 MODES = ("checked", "raw", "raw_poll")
@@ -220,48 +217,32 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
 
     def _lower_call(self, node: c_ast.FuncCall, args: list[c_ast.Node]) -> c_ast.Node:
         name = node.name.name if isinstance(node.name, c_ast.ID) else None
-        line = _line(node)
-        rt = _id("__rt")
         if name is None:
             return node
         if name in self.funcs:
-            return c_ast.FuncCall(_id(name), c_ast.ExprList([rt] + args), node.coord)
-        if name in TILE_FUNCS:
-            return self._lower_tile(name, args, line)
-        if name.startswith(("cap_load_", "cap_store_", "cap_len_", "cap_offset_", "cap_alloc_")):
-            op, t = name[4:].rsplit("_", 1)
-            if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
-                return _call(f"rt_u{op}_{t}", *args)
-            if op == "load":
-                return _call(f"rt_load_{t}", rt, args[0], args[1], line)
-            if op == "store":
-                return _call(f"rt_store_{t}", rt, args[0], args[1], args[2], line)
-            if op == "len":
-                return _call("rt_len", args[0], _const(SIZES[t]))
-            if op == "offset":
-                return _call("rt_offset", args[0], args[1], _const(SIZES[t]))
-            if op == "alloc":
-                return _call("rt_alloc", rt, args[0], _id(DT_CODES[t]), line)
-        if name == "cap_to_int":
-            return _call("rt_cap_to_int", *args)
-        if name == "cap_from_int":
-            return _call("rt_cap_from_int", *args)
-        if name == "rt_block_idx":
-            return c_ast.StructRef(rt, "->", _id("block_idx"))
-        if name == "rt_grid_dim":
-            return c_ast.StructRef(rt, "->", _id("grid_dim"))
-        if name == "rt_group_sync":
-            return _call("rt_group_sync", rt, line)
-        node.args = c_ast.ExprList(args) if node.args else None
-        return node
-
-
-    def _lower_tile(self, name: str, args: list[c_ast.Node], line: c_ast.Node) -> c_ast.Node:
-        """cap_tile_OP_T(c, off, ld, rows, cols, arr, aoff, ald) -> rt_tile_OP_T with the
-        array's flat length and name (its bounds check and fault report)."""
-        tc = tile_call(name, args, self.arrays)
-        return _call(f"rt_tile_{tc.op}_{tc.dtype}", _id("__rt"), *args[:6], _const(tc.flat_len),
-                     c_ast.Constant("string", f'"{tc.array}"'), args[6], args[7], line)
+            return c_ast.FuncCall(_id(name), c_ast.ExprList([_id("__rt")] + args), node.coord)
+        builtin = BUILTINS.get(name)
+        if builtin is None:  # a loop guard's helper (hoist.py), as cap_abi.h spells it
+            node.args = c_ast.ExprList(args) if node.args else None
+            return node
+        low = builtin.lowering("cpu")
+        assert low is not None, f"the verifier refuses {name} for target cpu"
+        if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
+            assert low.unchecked is not None
+            return _call(low.unchecked, *args)
+        if low.form == "field":
+            return c_ast.StructRef(_id("__rt"), "->", _id(low.call))
+        if low.form == "tile":
+            # the array's flat length and name (its bounds check and fault report)
+            tc = tile_call(name, args, self.arrays)
+            args = args[:6] + [_const(tc.flat_len), c_ast.Constant("string", f'"{tc.array}"')
+                               ] + args[6:]
+        if low.call == name and not (low.ctx or low.extra or low.line):
+            node.args = c_ast.ExprList(args) if node.args else None
+            return node
+        extra = [_const(x) if isinstance(x, int) else _id(x) for x in low.extra]
+        return _call(low.call, *([_id("__rt")] if low.ctx else []), *args, *extra,
+                     *([_line(node)] if low.line else []))
 
 
 def _creates_objects(ast: c_ast.FileAST) -> bool:
@@ -284,58 +265,6 @@ PREAMBLE = """\
 #include <math.h>
 #define RT_FRAME(K) rt_frame __fr __attribute__((cleanup(rt_frame_cleanup))); \\
     rt_frame_push(__rt, &__fr, K)
-""" + r"""
-/* Tile copies between a cap and a local array (cap_tile_load_T / _store_T):
- * one range check per tile (rt_tile_ok, capabilities/abi.py); a refused tile
- * faults, before anything is copied, at the element the equivalent loop would
- * fault on.  One pollcheck per row: the cap is a variable, so it stays rooted. */
-#if !defined(RT_RAW) && !defined(RT_RAW_POLL)
-__attribute__((noinline, cold, noreturn)) static void rt_tile_fail(
-    rt_block *b, cap_t c, int64_t off, int64_t ld, int32_t S, int store, int64_t n,
-    const char *name, int64_t aoff, int64_t ald, int64_t rows, int64_t cols, int32_t line)
-{
-    int64_t idx = 0;
-    if (rt_tile_first_fault(c, off, ld, S, store, n, aoff, ald, rows, cols, &idx) == 2)
-        rt_fail_local(b, name, idx, line);
-    rt_fail(b, c, idx, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
-}
-#define RT_TILE_CHECK(S, st)                                                          \
-    if (RT_UNLIKELY(!rt_tile_ok(c, off, ld, S, st, n, aoff, ald, rows, cols)))         \
-        rt_tile_fail(b, c, off, ld, S, st, n, name, aoff, ald, rows, cols, line)
-#else
-#define RT_TILE_CHECK(S, st) (void)n; (void)name; (void)line
-#endif
-#define RT_DEFINE_TILE(T, CT)                                                         \
-    RT_INLINE void rt_tile_load_##T(rt_block *b, cap_t c, int64_t off, int64_t ld,      \
-                                    int64_t rows, int64_t cols, void *arr, int64_t n,   \
-                                    const char *name, int64_t aoff, int64_t ald,        \
-                                    int32_t line)                                       \
-    {                                                                                 \
-        int64_t r, k;                                                                 \
-        RT_TILE_CHECK((int32_t)sizeof(CT), 0);                                        \
-        for (r = 0; r < rows; r++) {                                                  \
-            const CT *src = (const CT *)c.p + (off + r * ld);                         \
-            CT *dst = (CT *)arr + (aoff + r * ald);                                   \
-            for (k = 0; k < cols; k++) dst[k] = src[k];                               \
-            rt_pollcheck(b);                                                          \
-        }                                                                             \
-    }                                                                                 \
-    RT_INLINE void rt_tile_store_##T(rt_block *b, cap_t c, int64_t off, int64_t ld,     \
-                                     int64_t rows, int64_t cols, void *arr, int64_t n,  \
-                                     const char *name, int64_t aoff, int64_t ald,       \
-                                     int32_t line)                                      \
-    {                                                                                 \
-        int64_t r, k;                                                                 \
-        RT_TILE_CHECK((int32_t)sizeof(CT), 1);                                        \
-        for (r = 0; r < rows; r++) {                                                  \
-            CT *dst = (CT *)c.p + (off + r * ld);                                     \
-            const CT *src = (const CT *)arr + (aoff + r * ald);                       \
-            for (k = 0; k < cols; k++) dst[k] = src[k];                               \
-            rt_pollcheck(b);                                                          \
-        }                                                                             \
-    }
-RT_DEFINE_TILE(f32, float)
-RT_DEFINE_TILE(f64, double)
 """
 
 

@@ -126,8 +126,9 @@ __attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t c, int64_t i
     r.access = access;
     r.elsize = elsize;
     r.offset = (int64_t)(c.p - c.lo);
+    /* what rt_fault_kind (capabilities/checks.h, the device's classification too) needs */
+    int freed = 0, wrong_type = 0, in_object = 0, may_write = 0;
     if (!c.obj) {
-        r.kind = RT_FAULT_NOBOUNDS;
         strcpy(r.buffer, "<int-derived>");
     } else {
         rt_obj *o = c.obj;
@@ -135,20 +136,14 @@ __attribute__((noreturn)) static void fault_impl(rt_block *b, cap_t c, int64_t i
         memcpy(r.buffer, o->name, RT_NAME_MAX);
         r.buffer[RT_NAME_MAX - 1] = 0;
         r.obj_id = o->id;
+        freed = (fl & RT_OBJ_FREED) != 0;
+        wrong_type = rt_wrong_type(o->dtype == RT_DT_CAP, elsize, (uint64_t)r.offset);
         /* the same test as the access, against the object's full size */
-        int in_object = RT_INB(c, index, (uint64_t)elsize, o->nbytes);
-        if (fl & RT_OBJ_FREED)
-            r.kind = RT_FAULT_FREED;
-        else if ((o->dtype == RT_DT_CAP) != (elsize == 16))
-            r.kind = RT_FAULT_TYPE;   /* numbers from a cap table, or slots of a number buffer */
-        else if (elsize == 16 && (((uint64_t)(c.p - c.lo)) & 15) != 0)
-            r.kind = RT_FAULT_TYPE;   /* a slot access at an origin cap_offset moved off a slot
-                                         (docs/dialect.md): no index makes it a slot */
-        else if (access == RT_ACC_STORE && in_object && !(o->perms & RT_PERM_W))
-            r.kind = RT_FAULT_READONLY;
-        else
-            r.kind = RT_FAULT_OOB;
+        in_object = RT_INB(c, index, (uint64_t)elsize, o->nbytes);
+        may_write = (o->perms & RT_PERM_W) != 0;
     }
+    r.kind = rt_fault_kind(c.obj != 0, freed, wrong_type, access == RT_ACC_STORE, in_object,
+                           may_write);
     raise_fault(b, &r);
 }
 

@@ -9,7 +9,7 @@ What the transformation does (pycparser AST in, CGenerator text out):
   ``cap_to_int``, ``cap_from_int`` and the ``rt_*`` intrinsics map to inline
   helpers; the element size is folded in at generation time.
 * Subscripts of local arrays (``smem_*`` arrays live in ``__shared__``
-  memory, the others per thread) are wrapped in ``rt_lidx(i, N, ID, LINE)``.
+  memory, the others per thread) are wrapped in ``rt_local_idx(i, N, ID, LINE)``.
 * Each loop condition gets an amortised pollcheck ``RT_POLL(__rt_pc)`` (one
   add, one test per iteration; the sequence record's cancel and fault flags
   are read every 1024th tick), so a launch past its deadline can be
@@ -55,11 +55,14 @@ no pollchecks, no entry check and no hidden parameters, and a plain
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 from pycparser import c_ast
 
-from ...capabilities import abi
+from ...capabilities import INCLUDE_DIR, abi
 from ..compiler.astutil import (
     Generator,
     mangle,
@@ -68,7 +71,7 @@ from ..compiler.astutil import (
     tile_call,
     user_names,
 )
-from ..compiler.dialect_api import MMA_ARRAY_ARGS, MMA_FUNCS, TILE_FUNCS, WARP_FUNCS
+from ..compiler.dialect_api import BUILTINS, MMA_ARRAY_ARGS, MMA_FUNCS
 from ..compiler.hoist import (
     GPU_BARRIERS,
     GPU_WARP_VOTE,
@@ -84,651 +87,23 @@ from ..compiler.parse import is_user_node
 from ..compiler.ranges import builtin_ranges, prove_subscripts
 from ..compiler.verifier import KernelSig, VerifiedSource
 
-ELEM = {t: abi.ELEM_SIZE[t] for t in abi.SCALAR_SUFFIXES}
-
 FAULT_KINDS = abi.FAULT_REASON
 
-DEVICE_PRELUDE = r"""
-/* ---- capqr device runtime (generated; see runtime/cuda/lower.py) ---- */
-#pragma nv_diag_suppress 177   /* unused helpers of the runtime are expected */
-#pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
-
-/* cap_t, fault/dtype codes, RT_INB and rt_gpu_fault come from capabilities/abi.py. */
-__shared__ volatile int __rt_bfault;         /* this block: a thread faulted / cancelled */
-__shared__ rt_gpu_fault *__rt_bseq;          /* the sequence record (hidden kernel parameter) */
-__shared__ int __rt_blaunch;                 /* this launch's index in its sequence */
-
-static __device__ __forceinline__ float rt_h2f(unsigned short h)
-{ float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-static __device__ __forceinline__ unsigned short rt_f2h(float f)
-{ unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-
-static __device__ __forceinline__ long long rt_block_idx(void) { return (long long)blockIdx.x; }
-static __device__ __forceinline__ long long rt_grid_dim(void) { return (long long)gridDim.x; }
-static __device__ __forceinline__ long long rt_thread_idx(void) { return (long long)threadIdx.x; }
-/* The launch refuses any other block size (lane.check_block): nothing left to do here. */
-#define rt_require_block_dim(n) ((void)0)
-static __device__ __forceinline__ long long rt_block_dim(void) { return (long long)blockDim.x; }
-/* The thread's pollcheck counter, the hidden first parameter of every device
- * function in checked mode: one count across calls (after inlining, a register). */
-typedef unsigned int &rt_pc_t;
-
-static __device__ __forceinline__ long long rt_len(cap_t c, long long S)
-{
-    long long off = (long long)(c.p - c.lo);
-    long long n = ((long long)c.rlen - off) / S;
-    return (off < 0 || n < 0) ? 0 : n;
-}
-static __device__ __forceinline__ cap_t rt_offset(cap_t c, long long k, long long S)
-{
-    c.p = (char *)((unsigned long long)c.p + (unsigned long long)k * (unsigned long long)S);
-#ifndef RT_RAW
-    if (!RT_OFFSET_SANE(k)) { c.rlen = 0; c.wlen = 0; }
-#endif
-    return c;
-}
-static __device__ __forceinline__ long long rt_cap_to_int(cap_t c) { return (long long)c.p; }
-static __device__ __forceinline__ cap_t rt_cap_from_int(long long x)
-{ cap_t c; c.p = (char *)x; c.lo = c.p; c.rlen = 0; c.wlen = 0; c.tag = 0; return c; }
-
-#ifndef RT_RAW
-/* ============================ checked mode ============================ */
-/* The fault paths are inlined, not calls: a call's argument set-up and ABI kept
- * the caller's values in registers around every check site (NVRTC 13, sm_90:
- * the former gpu_qr_steps_column, 218 registers checked vs 56 raw as calls, 64
- * inlined). */
-static __device__ __forceinline__ void rt_exit_block(int why)
-{
-    __rt_bfault = why;          /* survivors leave after their next barrier */
-    __threadfence_block();
-    asm volatile("exit;");     /* PTX: exited threads never hold up a barrier */
-}
-static __device__ __forceinline__ void rt_record(int kind, int acc, int line, long long idx,
-                                                  long long S, long long off, int slot)
-{
-    rt_gpu_fault *r = __rt_bseq;
-    if (atomicCAS(&r->flag, 0, 1) == 0) {   /* first event of the whole sequence wins */
-        r->kind = kind; r->access = acc; r->line = line;
-        r->block = (long long)blockIdx.x; r->thread = (int)threadIdx.x;
-        r->index = idx; r->elsize = S; r->offset = off;
-        r->slot = slot; r->launch = __rt_blaunch;
-        __threadfence();
-    }
-}
-static __device__ __forceinline__ void rt_fault_cap(cap_t c, long long i, int S, int acc, int line)
-{
-    unsigned long long tag = c.tag;
-    int slot = (int)(tag & 0xffffffffull);
-    int kind;
-    if (slot == 0) kind = RT_FAULT_NOBOUNDS;
-    else if ((tag >> 32) & 1ull) kind = RT_FAULT_FREED;
-    else if (acc == RT_ACC_STORE && RT_INB(c, i, (unsigned long long)S, c.rlen))
-        kind = RT_FAULT_READONLY;
-    else kind = RT_FAULT_OOB;
-    rt_record(kind, acc, line, i, S, (long long)(c.p - c.lo), slot - 1);
-    rt_exit_block(1);
-}
-static __device__ __forceinline__ void rt_fault_local(long long i, int id, int line)
-{
-    rt_record(RT_FAULT_LOCAL, 0, line, i, 0, 0, -(id + 1));
-    rt_exit_block(1);
-}
-static __device__ __forceinline__ void rt_poll_slow(void)
-{
-    rt_gpu_fault *r = __rt_bseq;
-    if (*(volatile int *)&r->cancel) {      /* deadline: record which launch was running */
-        rt_record(RT_FAULT_TIMEOUT, 0, 0, 0, 0, 0, -1);
-        rt_exit_block(2);
-    }
-    if (*(volatile int *)&r->flag) rt_exit_block(2);   /* another block faulted */
-}
-#define RT_POLL(pc) ((((pc) += 1u) & 1023u) == 0u ? rt_poll_slow() : (void)0)
-#define RT_POLL_NOW() rt_poll_slow()      /* after a quiet (versioned, short) loop */
-/* Kernel entry: a launch whose sequence already faulted or was cancelled exits
- * before touching memory (the record is sticky until the host resets it). */
-#define RT_PROLOGUE(seq, launch) do {                                                \
-        if (threadIdx.x == 0) {                                                      \
-            __rt_bseq = (seq);                                                       \
-            __rt_blaunch = (launch);                                                 \
-            __rt_bfault = *(volatile int *)&(seq)->flag | *(volatile int *)&(seq)->cancel; \
-        }                                                                            \
-        __syncthreads();                                                             \
-        if (__rt_bfault) return;                                                     \
-    } while (0)
-
-static __device__ __forceinline__ void rt_sync_threads(void)
-{
-    __syncthreads();
-    if (__rt_bfault) asm volatile("exit;");   /* a thread of this block faulted */
-}
-/* The grid barrier's words live in the sequence record (reset with it). */
-#define RT_GROUP_WORDS() (&__rt_bseq->group)
-#define RT_GROUP_GEN() (&__rt_bseq->group_gen)
-#define RT_GROUP_POLL() rt_poll_slow()
-static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
-{
-    if ((unsigned long long)i >= (unsigned long long)n) {
-        rt_fault_local(i, id, line);
-        __builtin_unreachable();
-    }
-    return i;
-}
-#define RT_DEFINE_ACCESS(T, CT, S, LD, ST)                                            \
-    static __device__ __forceinline__ float_or_##T rt_load_##T(cap_t c, long long i, int line) \
-    {                                                                                \
-        if (!RT_INB(c, i, S, c.rlen)) {                                              \
-            rt_fault_cap(c, i, S, RT_ACC_LOAD, line);                               \
-            __builtin_unreachable();                                                 \
-        }                                                                            \
-        return LD(((const CT *)c.p)[i]);                                             \
-    }                                                                                \
-    static __device__ __forceinline__ void rt_store_##T(cap_t c, long long i, float_or_##T v, \
-                                                        int line)                    \
-    {                                                                                \
-        if (!RT_INB(c, i, S, c.wlen)) {                                              \
-            rt_fault_cap(c, i, S, RT_ACC_STORE, line);                               \
-            __builtin_unreachable();                                                 \
-        }                                                                            \
-        ((CT *)c.p)[i] = ST(v);                                                      \
-    }
-#else
-/* ============================ raw mode (baseline) ============================ */
-#define RT_POLL(pc) ((void)0)
-#define RT_POLL_NOW() ((void)0)
-static __device__ __forceinline__ void rt_sync_threads(void) { __syncthreads(); }
-static __device__ __forceinline__ long long rt_lidx(long long i, long long n, int id, int line)
-{ return i; }
-/* Raw kernels have no sequence record: the grid barrier's words are module globals
- * (zero at load; the last block of each cooperative launch zeroes them again). */
-__device__ unsigned long long __rt_group_words;
-__device__ unsigned int __rt_group_gen;
-#define RT_GROUP_WORDS() (&__rt_group_words)
-#define RT_GROUP_GEN() (&__rt_group_gen)
-#define RT_GROUP_POLL() ((void)0)
-#define RT_DEFINE_ACCESS(T, CT, S, LD, ST)                                            \
-    static __device__ __forceinline__ float_or_##T rt_load_##T(cap_t c, long long i, int line) \
-    { return LD(((const CT *)c.p)[i]); }                                             \
-    static __device__ __forceinline__ void rt_store_##T(cap_t c, long long i, float_or_##T v, \
-                                                        int line)                    \
-    { ((CT *)c.p)[i] = ST(v); }
-#endif
-/* rt_group_sync(): a barrier over every block of a cooperative launch (the lane
- * launches kernels that call it with cuLaunchCooperativeKernel after checking
- * that the whole grid fits on the device at once, so every block runs).
- * Thread 0 of each block arrives for its block; the round's last arrival
- * releases it by bumping the generation.  Why it cannot hang:
- *  - a block that returns leaves the group (rt_group_leave, run by the kernel
- *    wrapper after the body), and a round counts leavers as arrived;
- *  - a fault (or the host's cancel) sets the sequence record's flag, and the
- *    waiters poll it (RT_GROUP_POLL: exit, after recording a cancel);
- *  - the verifier admits the call only under block-uniform control flow, as
- *    rt_sync_threads, so every thread of a block reaches the block barriers.
- * The __threadfence before arriving and after leaving makes the block's writes
- * of this round visible to every block after the barrier (the pattern of
- * cooperative groups' grid sync). */
-static __device__ __forceinline__ void rt_group_release(unsigned long long *w, unsigned int *gen,
-                                                        unsigned int arrived)
-{
-    atomicAdd(w, 0ull - (unsigned long long)arrived);   /* next round starts at 0 */
-    __threadfence();
-    atomicAdd(gen, 1u);
-}
-static __device__ __forceinline__ unsigned int rt_group_size(void)
-{ return gridDim.x * gridDim.y * gridDim.z; }
-static __device__ __forceinline__ void rt_group_sync(void)
-{
-    rt_sync_threads();
-    if (threadIdx.x == 0) {
-        unsigned long long *w = RT_GROUP_WORDS();
-        unsigned int *gen = RT_GROUP_GEN();
-        unsigned int g = *(volatile unsigned int *)gen;   /* before arriving: see above */
-        __threadfence();
-        unsigned long long old = atomicAdd(w, 1ull);
-        unsigned int arrived = (unsigned int)old + 1u, left = (unsigned int)(old >> 32);
-        if (arrived + left == rt_group_size()) {
-            rt_group_release(w, gen, arrived);
-        } else {
-            /* the record's flags every 64th spin: a poll per spin made a round of 128
-             * blocks 2.08 us instead of 1.80 (H200, gpu-barrier-2026-12-03.txt) */
-            for (unsigned int spins = 1u; *(volatile unsigned int *)gen == g; spins++) {
-                if ((spins & 63u) == 0u)
-                    RT_GROUP_POLL();
-                __nanosleep(32);
-            }
-        }
-        __threadfence();
-    }
-    rt_sync_threads();
-}
-static __device__ __forceinline__ void rt_group_leave(void)
-{
-    __syncthreads();   /* every thread of the block still running has returned */
-    if (threadIdx.x == 0) {
-        unsigned long long *w = RT_GROUP_WORDS();
-        __threadfence();
-        unsigned long long old = atomicAdd(w, 1ull << 32);
-        unsigned int arrived = (unsigned int)old, left = (unsigned int)(old >> 32) + 1u;
-        if (left == rt_group_size())
-            atomicExch(w, 0ull);   /* the launch's last block: clean for the next launch */
-        else if (arrived != 0u && arrived + left == rt_group_size())
-            rt_group_release(w, RT_GROUP_GEN(), arrived);   /* the rest were waiting for us */
-    }
-}
-/* Integer division and remainder: a zero divisor faults "division-by-zero" with
- * its line (as on the CPU); floating-point division is left alone. */
-template <class T> struct rt_is_int { enum { value = 0 }; };
-template <> struct rt_is_int<int> { enum { value = 1 }; };
-template <> struct rt_is_int<unsigned int> { enum { value = 1 }; };
-template <> struct rt_is_int<long> { enum { value = 1 }; };
-template <> struct rt_is_int<unsigned long> { enum { value = 1 }; };
-template <> struct rt_is_int<long long> { enum { value = 1 }; };
-template <> struct rt_is_int<unsigned long long> { enum { value = 1 }; };
-#ifndef RT_RAW
-static __device__ __forceinline__ void rt_fault_div(int line)
-{
-    rt_record(RT_FAULT_DIVZERO, 0, line, 0, 0, 0, -1);
-    rt_exit_block(1);
-}
-#define RT_DIV_CHECK(T, y, line)                                                      \
-    if (rt_is_int<T>::value && (y) == 0) { rt_fault_div(line); __builtin_unreachable(); }
-#else
-#define RT_DIV_CHECK(T, y, line)
-#endif
-template <class A, class B>
-static __device__ __forceinline__ auto rt_div(A x, B y, int line) -> decltype(x / y)
-{
-    RT_DIV_CHECK(decltype(x / y), y, line)
-    return x / y;
-}
-template <class A, class B>
-static __device__ __forceinline__ auto rt_mod(A x, B y, int line) -> decltype(x % y)
-{
-    RT_DIV_CHECK(decltype(x % y), y, line)
-    return x % y;
-}
-
-typedef float float_or_f16;
-typedef float float_or_f32;
-typedef double float_or_f64;
-typedef int float_or_i32;
-typedef long long float_or_i64;
-#define RT_ID(x) (x)
-RT_DEFINE_ACCESS(f32, float, 4, RT_ID, RT_ID)
-RT_DEFINE_ACCESS(f64, double, 8, RT_ID, RT_ID)
-RT_DEFINE_ACCESS(i32, int, 4, RT_ID, RT_ID)
-RT_DEFINE_ACCESS(i64, long long, 8, RT_ID, RT_ID)
-RT_DEFINE_ACCESS(f16, unsigned short, 2, rt_h2f, rt_f2h)
-
-/* Loop versioning (runtime/compiler/hoist.py): rt_range_ok, rt_lrange_ok and rt_loop_span
- * come from the shared ABI fragment; covered accesses use these unchecked forms. */
-template <class T> struct rt_is_sint { enum { value = 0 }; };
-template <> struct rt_is_sint<signed char> { enum { value = 1 }; };
-template <> struct rt_is_sint<short> { enum { value = 1 }; };
-template <> struct rt_is_sint<int> { enum { value = 1 }; };
-template <> struct rt_is_sint<long> { enum { value = 1 }; };
-template <> struct rt_is_sint<long long> { enum { value = 1 }; };
-#define RT_IS_INT(e) ((int)rt_is_sint<decltype(e)>::value)
-#define rt_uload_f32(c, i) (((const float *)(c).p)[i])
-#define rt_uload_f64(c, i) (((const double *)(c).p)[i])
-#define rt_uload_i32(c, i) (((const int *)(c).p)[i])
-#define rt_uload_i64(c, i) (((const long long *)(c).p)[i])
-#define rt_uload_f16(c, i) rt_h2f(((const unsigned short *)(c).p)[i])
-#define rt_ustore_f32(c, i, v) (((float *)(c).p)[i] = (v))
-#define rt_ustore_f64(c, i, v) (((double *)(c).p)[i] = (v))
-#define rt_ustore_i32(c, i, v) (((int *)(c).p)[i] = (v))
-#define rt_ustore_i64(c, i, v) (((long long *)(c).p)[i] = (v))
-#define rt_ustore_f16(c, i, v) (((unsigned short *)(c).p)[i] = rt_f2h(v))
-
-/* ---- cooperative tile copies (cap_tile_load_T / cap_tile_store_T) ----
- * One range check per tile (rt_tile_ok, the shared ABI fragment), by every
- * thread on its own arguments; a refused tile faults, before anything is
- * copied, at the element the equivalent loop would fault on.  Then a barrier
- * (earlier uses of the array are done), the copy spread over the block
- * (consecutive threads take consecutive columns; 16-byte vectors when both
- * addresses, both strides and cols allow), and a barrier (the tile is there
- * for every thread).  Both barriers are rt_sync_threads: survivors of a fault
- * elsewhere in the block leave there. */
-#ifndef RT_RAW
-static __device__ __forceinline__ void rt_tile_fault(cap_t c, long long off, long long ld, int S,
-                                                  int store, long long n, int id,
-                                                  long long aoff, long long ald,
-                                                  long long rows, long long cols, int line)
-{
-    long long idx = 0;
-    if (rt_tile_first_fault(c, off, ld, S, store, n, aoff, ald, rows, cols, &idx) == 2)
-        rt_fault_local(idx, id, line);
-    else
-        rt_fault_cap(c, idx, S, store ? RT_ACC_STORE : RT_ACC_LOAD, line);
-}
-#define RT_TILE_CHECK(S, st)                                                          \
-    if (!rt_tile_ok(c, off, ld, S, st, n, aoff, ald, rows, cols)) {                   \
-        rt_tile_fault(c, off, ld, S, st, n, id, aoff, ald, rows, cols, line);         \
-        __builtin_unreachable();                                                      \
-    }
-#else
-#define RT_TILE_CHECK(S, st)
-#endif
-/* dst[r*dld + k] = src[r*sld + k] for the rows x cols tile, spread over the block. */
-template <class T, class V>
-static __device__ __forceinline__ void rt_tile_copy(const T *src, long long sld, T *dst,
-                                                    long long dld, long long rows,
-                                                    long long cols)
-{
-    const long long W = (long long)(sizeof(V) / sizeof(T));
-    unsigned int pc = 0u;
-    (void)pc;
-    if (rows <= 0 || cols <= 0) return;
-    if ((((unsigned long long)src | (unsigned long long)dst) % sizeof(V)) == 0
-            && sld % W == 0 && dld % W == 0 && cols % W == 0) {
-        unsigned long long cw = (unsigned long long)(cols / W), nt = blockDim.x;
-        unsigned long long r = threadIdx.x / cw, k = threadIdx.x % cw;
-        unsigned long long dr = nt / cw, dk = nt % cw;
-        while (r < (unsigned long long)rows) {
-            *(V *)(dst + (long long)r * dld + (long long)k * W) =
-                *(const V *)(src + (long long)r * sld + (long long)k * W);
-            RT_POLL(pc);
-            k += dk; r += dr;
-            if (k >= cw) { k -= cw; r += 1; }
-        }
-    } else {
-        unsigned long long cw = (unsigned long long)cols, nt = blockDim.x;
-        unsigned long long r = threadIdx.x / cw, k = threadIdx.x % cw;
-        unsigned long long dr = nt / cw, dk = nt % cw;
-        while (r < (unsigned long long)rows) {
-            dst[(long long)r * dld + (long long)k] = src[(long long)r * sld + (long long)k];
-            RT_POLL(pc);
-            k += dk; r += dr;
-            if (k >= cw) { k -= cw; r += 1; }
-        }
-    }
-}
-#define RT_DEFINE_TILE(T, CT, V)                                                      \
-    static __device__ __forceinline__ void rt_tile_load_##T(                          \
-        cap_t c, long long off, long long ld, long long rows, long long cols, void *arr, \
-        long long n, int id, long long aoff, long long ald, int line)                 \
-    {                                                                                 \
-        RT_TILE_CHECK((int)sizeof(CT), 0)                                             \
-        rt_sync_threads();                                                            \
-        if (rows > 0 && cols > 0)                                                     \
-            rt_tile_copy<CT, V>((const CT *)c.p + off, ld, (CT *)arr + aoff, ald,     \
-                                rows, cols);                                          \
-        rt_sync_threads();                                                            \
-    }                                                                                 \
-    static __device__ __forceinline__ void rt_tile_store_##T(                         \
-        cap_t c, long long off, long long ld, long long rows, long long cols, void *arr, \
-        long long n, int id, long long aoff, long long ald, int line)                 \
-    {                                                                                 \
-        RT_TILE_CHECK((int)sizeof(CT), 1)                                             \
-        rt_sync_threads();                                                            \
-        if (rows > 0 && cols > 0)                                                     \
-            rt_tile_copy<CT, V>((const CT *)arr + aoff, ald, (CT *)c.p + off, ld,     \
-                                rows, cols);                                          \
-        rt_sync_threads();                                                            \
-    }
-RT_DEFINE_TILE(f32, float, float4)
-RT_DEFINE_TILE(f64, double, double2)
-
-/* ---- warp shuffles and reductions ----
- * Lanes are threadIdx.x & 31; the mask of a shuffle names the lanes of this
- * warp that exist (a block whose size is not a multiple of 32 has a partial
- * last warp), so no shuffle waits for a thread that is not there.  A partner
- * lane that does not exist gives back the caller's own value.  The verifier
- * admits these only under block-uniform control flow (docs/dialect.md). */
-static __device__ __forceinline__ long long rt_lane_idx(void)
-{ return (long long)(threadIdx.x & 31u); }
-/* The second grid dimension (1 and 0 for a one-dimensional launch). */
-static __device__ __forceinline__ long long rt_block_idx_y(void) { return (long long)blockIdx.y; }
-static __device__ __forceinline__ long long rt_grid_dim_y(void) { return (long long)gridDim.y; }
-static __device__ __forceinline__ unsigned int rt_warp_live(void)
-{
-    unsigned int n = blockDim.x - (threadIdx.x & ~31u);
-    return n >= 32u ? 0xffffffffu : ((1u << n) - 1u);
-}
-/* Loop versioning's warp vote (runtime/compiler/hoist.py GPU_WARP_VOTE): the fast copy of a
- * loop with warp collectives runs only if every live lane's guard holds. */
-static __device__ __forceinline__ int rt_warp_all(int ok)
-{ return __all_sync(rt_warp_live(), ok); }
-#define RT_DEFINE_SHUFFLE(T, CT)                                                      \
-    static __device__ __forceinline__ CT rt_shfl_xor_##T(CT v, int m)                 \
-    {                                                                                 \
-        unsigned int live = rt_warp_live();                                           \
-        CT o = __shfl_xor_sync(live, v, m);                                           \
-        return ((live >> ((threadIdx.x & 31u) ^ (unsigned int)m)) & 1u) ? o : v;      \
-    }
-/* Broadcast: lane src's value (src taken mod 32; a lane past the block's end has
- * no value, so the caller keeps its own). */
-#define RT_DEFINE_SHUFFLE_IDX(T, CT)                                                  \
-    static __device__ __forceinline__ CT rt_shfl_idx_##T(CT v, long long src)         \
-    {                                                                                 \
-        unsigned int live = rt_warp_live(), s = (unsigned int)src & 31u;              \
-        CT o = __shfl_sync(live, v, (int)s);                                          \
-        return ((live >> s) & 1u) ? o : v;                                            \
-    }
-RT_DEFINE_SHUFFLE(f32, float)
-RT_DEFINE_SHUFFLE(f64, double)
-RT_DEFINE_SHUFFLE(i64, long long)
-RT_DEFINE_SHUFFLE_IDX(f32, float)
-RT_DEFINE_SHUFFLE_IDX(f64, double)
-RT_DEFINE_SHUFFLE_IDX(i64, long long)
-/* Sum over the warp's lanes, the same value in every lane.  Butterfly from
- * stride 16 down; a missing partner adds nothing.  Lane 0's partners at each
- * stride carry classes that either exist or are entirely missing, so lane 0's
- * sum is always complete; a partial warp takes it from lane 0. */
-#define RT_DEFINE_WARP_SUM(T, CT)                                                     \
-    static __device__ __forceinline__ CT rt_warp_sum_##T(CT v)                        \
-    {                                                                                 \
-        unsigned int live = rt_warp_live(), lane = threadIdx.x & 31u;                 \
-        for (unsigned int m = 16u; m > 0u; m >>= 1) {                                 \
-            CT o = __shfl_xor_sync(live, v, (int)m);                                  \
-            if ((live >> (lane ^ m)) & 1u) v += o;                                    \
-        }                                                                             \
-        if (live != 0xffffffffu) v = __shfl_sync(live, v, 0);                         \
-        return v;                                                                     \
-    }
-RT_DEFINE_WARP_SUM(f32, float)
-RT_DEFINE_WARP_SUM(f64, double)
-/* ---- warp MMA on shared float tiles (rt_warp_mma_tf32, rt_warp_mma_f32) ----
- * C[16x16] += A[16xk] B[kx16], row-major tiles (element (r, c) at off + r*ld + c
- * of its array), fp32 sums, in steps of 8 through PTX wmma m16n16k8 (fragments
- * are loaded and stored by the same instructions: their layout never matters
- * here), the accumulator in registers over k.  tf32 (k = 8): A and B rounded to
- * tf32 (cvt.rna).  f32: each operand split as x = hi + lo, both tf32, and
- * hi*hi + hi*lo + lo*hi accumulated (the dropped lo*lo is below fp32 rounding):
- * fp32-accurate products on tensor cores.  Checked, by every lane and the same
- * way in each: a full warp (32 live lanes), every lane passing lane 0's offsets,
- * strides and k, k a positive multiple of 8 (below 2^20), each offset a multiple
- * of 8 floats and each stride a multiple of 4 and at least its tile's width
- * (wmma's 32-byte alignment; the arrays are 32-byte aligned), else an
- * "argument" fault whose index is the argument's position (0: the warp is not
- * full); then every element of each tile inside its array, else a local-array
- * fault at the tile's first element outside it (rows, then columns), before
- * anything is computed.  Lane 0 records; the whole warp leaves.  The common
- * case costs seven match.all and a few compares (rt_mma_tile_fast); anything
- * else takes the exact path (rt_mma_slow), which names the fault. */
-#ifndef RT_RAW
-static __device__ __forceinline__ void rt_mma_fault(int kind, long long idx, int id, int line)
-{
-    if ((threadIdx.x & 31u) == 0u)
-        rt_record(kind, 0, line, idx, 0, 0, kind == RT_FAULT_LOCAL ? -(id + 1) : -1);
-    rt_exit_block(1);
-}
-static __device__ __forceinline__ long long rt_mma_first_out(long long off, long long ld,
-                                                          long long rows, long long cols,
-                                                          long long n)
-{
-    for (long long r = 0; r < rows; r++)
-        for (long long c = 0; c < cols; c++) {
-            long long i;
-            if (!rt_tile_index(off, ld, r, c, &i) || i < 0 || i >= n) return i;
-        }
-    return off;
-}
-/* argument position of the first contract violation of one tile (0 if none) */
-static __device__ __forceinline__ int rt_mma_contract(long long off, long long ld,
-                                                      long long cols, int pos)
-{
-    if (off & 7) return pos;
-    if ((ld & 3) || ld < cols) return pos + 1;
-    return 0;
-}
-static __device__ __forceinline__ int rt_imin(int a, int b) { return a < b ? a : b; }
-/* pos if this lane's v differs from lane 0's, else 100; every lane must call it
- * (a shuffle of the full warp), so the comparisons are never short-circuited */
-static __device__ __forceinline__ int rt_mma_agree(long long v, int pos)
-{
-    return __shfl_sync(0xffffffffu, v, 0) != v ? pos : 100;
-}
-/* The common case in a few instructions: offset and stride in [0, 2^20) (so
- * nothing below overflows), the tile's last element inside the array (its
- * first is off >= 0, and ld >= cols makes off + (rows-1)*ld + cols - 1 the
- * largest), the alignment contract met. */
-static __device__ __forceinline__ int rt_mma_tile_fast(long long off, long long ld,
-                                                       long long rows, long long cols,
-                                                       long long n)
-{
-    return (unsigned long long)off < (1ull << 20) && (unsigned long long)ld < (1ull << 20)
-        && off + (rows - 1) * ld + cols <= n && !(off & 7) && !(ld & 3) && ld >= cols;
-}
-/* The exact checks, in the order that names the fault; returns if none fails. */
-static __device__ __forceinline__ void rt_mma_slow(
-    long long c_off, long long ldc, long long a_off, long long lda, long long b_off,
-    long long ldb, long long k, int a_t, long long nc, int idc, long long na, int ida,
-    long long nb, int idb, int line)
-{
-    int bad = rt_imin(rt_imin(rt_imin(rt_mma_agree(c_off, 2), rt_mma_agree(ldc, 3)),
-                              rt_imin(rt_mma_agree(a_off, 5), rt_mma_agree(lda, 6))),
-                      rt_imin(rt_imin(rt_mma_agree(b_off, 8), rt_mma_agree(ldb, 9)),
-                              rt_mma_agree(k, 10)));
-    bad = (int)__reduce_min_sync(0xffffffffu, (unsigned int)bad);
-    if (bad != 100) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
-    /* from here every lane holds lane 0's arguments: every lane decides alike */
-    if (k <= 0 || (k & 7) || k >= (1ll << 20)) rt_mma_fault(RT_FAULT_ARG, 10, 0, line);
-    if (!rt_lrange2_ok(c_off, ldc, 15, 1, 15, nc))
-        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(c_off, ldc, 16, 16, nc), idc, line);
-    long long ar = a_t ? k : 16, ac = a_t ? 16 : k;   /* A's tile as stored */
-    if (!rt_lrange2_ok(a_off, lda, ar - 1, 1, ac - 1, na))
-        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(a_off, lda, ar, ac, na), ida, line);
-    if (!rt_lrange2_ok(b_off, ldb, k - 1, 1, 15, nb))
-        rt_mma_fault(RT_FAULT_LOCAL, rt_mma_first_out(b_off, ldb, k, 16, nb), idb, line);
-    bad = rt_mma_contract(c_off, ldc, 16, 2);
-    if (!bad) bad = rt_mma_contract(a_off, lda, ac, 5);
-    if (!bad) bad = rt_mma_contract(b_off, ldb, 16, 8);
-    if (bad) rt_mma_fault(RT_FAULT_ARG, bad, 0, line);
-}
-#endif
-/* The tensor-core part of rt_mma, on tiles its checks passed: pc, pa, pb point at
- * the tiles' first elements.  tests/emulate_cuda.py defines RT_EMU_TENSOR_CORES
- * and models this part on the CPU; the checks it runs are these. */
-#ifndef RT_EMU_TENSOR_CORES
-static __device__ __forceinline__ unsigned int rt_tf32(float x)
-{
-    unsigned int y;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
-    return y;
-}
-template <int A_COL>
-static __device__ __forceinline__ void rt_wmma_step(float *d, const unsigned int *a,
-                                                    const unsigned int *b)
-{
-    if (A_COL)
-        asm volatile("wmma.mma.sync.aligned.col.row.m16n16k8.f32.tf32.tf32.f32 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
-                     "{%12, %13, %14, %15}, {%0, %1, %2, %3, %4, %5, %6, %7};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
-                       "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                       "r"(b[2]), "r"(b[3]));
-    else
-    asm volatile("wmma.mma.sync.aligned.row.row.m16n16k8.f32.tf32.tf32.f32 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
-                 "{%12, %13, %14, %15}, {%0, %1, %2, %3, %4, %5, %6, %7};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "r"(b[2]), "r"(b[3]));
-}
-template <int SPLIT, int A_T>
-static __device__ __forceinline__ void rt_mma_tiles(float *pc, long long ldc, const float *pa,
-                                                    long long lda, const float *pb,
-                                                    long long ldb, long long k)
-{
-    float d[8];
-    __syncwarp();
-    asm volatile("wmma.load.c.sync.aligned.row.m16n16k8.f32 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
-                   "=f"(d[6]), "=f"(d[7]) : "l"(pc), "r"((int)ldc) : "memory");
-    for (long long kk = 0; kk < k; kk += 8) {
-        unsigned int a[4], b[4], ah[4], bh[4], al[4], bl[4];   /* fp32 bits as loaded */
-        if (A_T)    /* A^T row-major = A column-major: step k moves down A^T's rows */
-            asm volatile("wmma.load.a.sync.aligned.col.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
-                         : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "l"(pa + kk * lda),
-                           "r"((int)lda) : "memory");
-        else
-            asm volatile("wmma.load.a.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
-                         : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "l"(pa + kk),
-                           "r"((int)lda) : "memory");
-        asm volatile("wmma.load.b.sync.aligned.row.m16n16k8.tf32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "l"(pb + kk * ldb),
-                       "r"((int)ldb) : "memory");
-        for (int i = 0; i < 4; i++) {
-            float x = __uint_as_float(a[i]), y = __uint_as_float(b[i]);
-            ah[i] = rt_tf32(x);
-            bh[i] = rt_tf32(y);
-            al[i] = rt_tf32(x - __uint_as_float(ah[i]));
-            bl[i] = rt_tf32(y - __uint_as_float(bh[i]));
-        }
-        if (SPLIT) {            /* small terms first */
-            rt_wmma_step<A_T>(d, al, bh);
-            rt_wmma_step<A_T>(d, ah, bl);
-        }
-        rt_wmma_step<A_T>(d, ah, bh);
-    }
-    asm volatile("wmma.store.d.sync.aligned.row.m16n16k8.f32 "
-                 "[%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
-                 :: "l"(pc), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]),
-                    "f"(d[6]), "f"(d[7]), "r"((int)ldc) : "memory");
-    __syncwarp();
-}
-#endif
-/* a_t: A is given transposed (A^T, k x 16, row-major), i.e. A column-major */
-template <int SPLIT, int A_T>
-static __device__ __forceinline__ void rt_mma(
-    float *C, long long c_off, long long ldc, const float *A, long long a_off, long long lda,
-    const float *B, long long b_off, long long ldb, long long k, long long nc,
-    int idc, long long na, int ida, long long nb, int idb, int line)
-{
-#ifndef RT_RAW
-    /* rt_warp_live() is the same in every lane of a warp: a partial warp faults whole */
-    if (rt_warp_live() != 0xffffffffu) rt_mma_fault(RT_FAULT_ARG, 0, 0, line);
-    int s0, s1, s2, s3, s4, s5, s6;
-    __match_all_sync(0xffffffffu, c_off, &s0);
-    __match_all_sync(0xffffffffu, ldc, &s1);
-    __match_all_sync(0xffffffffu, a_off, &s2);
-    __match_all_sync(0xffffffffu, lda, &s3);
-    __match_all_sync(0xffffffffu, b_off, &s4);
-    __match_all_sync(0xffffffffu, ldb, &s5);
-    __match_all_sync(0xffffffffu, k, &s6);
-    /* warp-uniform: the lanes agree, so they test the same tiles */
-    if (!(s0 && s1 && s2 && s3 && s4 && s5 && s6 && k > 0 && !(k & 7) && k < (1ll << 20)
-          && rt_mma_tile_fast(c_off, ldc, 16, 16, nc)
-          && rt_mma_tile_fast(a_off, lda, A_T ? k : 16, A_T ? 16 : k, na)
-          && rt_mma_tile_fast(b_off, ldb, k, 16, nb)))
-        rt_mma_slow(c_off, ldc, a_off, lda, b_off, ldb, k, A_T, nc, idc, na, ida, nb, idb,
-                    line);
-#else
-    (void)nc; (void)idc; (void)na; (void)ida; (void)nb; (void)idb; (void)line;
-#endif
-    rt_mma_tiles<SPLIT, A_T>(C + c_off, ldc, A + a_off, lda, B + b_off, ldb, k);
-}
-/* ---- end of the device runtime; kernel source follows ---- */
-"""
+#: The device runtime (package data): its #include "..." lines name headers of
+#: capabilities/ (cap_abi.h, checks.h), which device_prelude() inlines.
+PRELUDE_PATH = Path(__file__).with_name("prelude.cuh")
+_INCLUDE = re.compile(r'^#include "([\w.]+)".*$', re.M)
 
 
+@cache
 def device_prelude() -> str:
-    """The device runtime: the shared ABI fragment, then the device helpers."""
-    return ("#define RT_DEVICE_LANE 1\n" + abi.c_header() + abi.GPU_FAULT_DECL + "\n"
-            + DEVICE_PRELUDE)
+    """The device runtime as one text: prelude.cuh with each quoted include replaced
+    by the header's text, so NVRTC, the nvcc fallback and tests/emulate_cuda.py compile
+    the same characters and the compile cache hashes all of them."""
+    def inline(m: re.Match) -> str:
+        return _INCLUDE.sub(inline, (INCLUDE_DIR / m.group(1)).read_text())
+
+    return _INCLUDE.sub(inline, PRELUDE_PATH.read_text())
 
 
 @dataclass
@@ -805,8 +180,7 @@ def _children_set(node: c_ast.Node, name: str, new: c_ast.Node) -> None:
 
 
 #: dialect typedef names -> builtin C types (no <stdint.h> under NVRTC; nvcc has its own)
-_TYPE_MAP = {"int64_t": ["long", "long"], "uint64_t": ["unsigned", "long", "long"],
-             "int32_t": ["int"], "uint32_t": ["unsigned", "int"]}
+_TYPE_MAP = {name: ctype.split() for name, ctype in abi.DEVICE_CTYPES.items()}
 
 
 def _map_types(node: c_ast.Node) -> None:
@@ -834,14 +208,19 @@ PRELUDE_SMEM = 256
 DSMEM = "__rt_dsmem"  #: the dynamic buffer's name in the generated CUDA
 
 
+#: The dtype (abi.ELEM_SIZE) a local array's element type word makes it; the dialect's
+#: other numeric types (int, unsigned, int32_t, uint32_t) are 32-bit integers.
+_ELEM_DTYPE = {"double": "f64", "float": "f32", "long": "i64", "int64_t": "i64",
+               "uint64_t": "i64"}
+
+
 def _elem_bytes(decl: c_ast.Decl) -> int:
     """Bytes of one element of a local array (the dialect's numeric types)."""
     t = decl.type
     while not isinstance(t, c_ast.TypeDecl):
         t = t.type
     names = getattr(t.type, "names", [])
-    wide = {"double", "long", "int64_t", "uint64_t"}
-    return 8 if any(n in wide for n in names) else 4
+    return abi.ELEM_SIZE[next((_ELEM_DTYPE[n] for n in names if n in _ELEM_DTYPE), "i32")]
 
 
 def _smem_decls(body: c_ast.Node, dims: dict[str, list[int]]) -> list[c_ast.Decl]:
@@ -952,8 +331,8 @@ class _Rewriter:
             if isinstance(ref, UncheckedRef):
                 continue  # covered by a loop guard (hoist.py)
             line = ref.coord.line if ref.coord else 0
-            ref.subscript = _call("rt_lidx", [ref.subscript, _int(n), _int(aid), _int(line)],
-                                  ref.coord)
+            ref.subscript = _call("rt_local_idx",
+                                  [ref.subscript, _int(n), _int(aid), _int(line)], ref.coord)
         return node
 
     def call(self, node: c_ast.FuncCall) -> c_ast.Node:
@@ -962,52 +341,43 @@ class _Rewriter:
         args = list(node.args.exprs) if node.args is not None else []
         line = node.coord.line if node.coord else 0
         coord = node.coord
-        for op in ("load", "store", "len", "offset"):
-            pre = f"cap_{op}_"
-            if name.startswith(pre) and name[len(pre):] in ELEM:
-                T = name[len(pre):]
-                S = ELEM[T]
-                if op in ("load", "store"):
-                    if isinstance(node, UncheckedCall):  # covered by a loop guard
-                        return _call(f"rt_u{op}_{T}", args, coord)
-                    return _call(f"rt_{op}_{T}", args + [_int(line)], coord)
-                return _call(f"rt_{op}", args + [_int(S)], coord)
-        if name == "cap_to_int":
-            return _call("rt_cap_to_int", args, coord)
-        if name == "cap_from_int":
-            return _call("rt_cap_from_int", args, coord)
-        if name in ("rt_block_idx", "rt_grid_dim", "rt_thread_idx", "rt_block_dim",
-                    "rt_sync_threads", "rt_lane_idx", "rt_block_idx_y",
-                    "rt_grid_dim_y", "rt_group_sync", "rt_require_block_dim") \
-                or (name in WARP_FUNCS and name not in MMA_FUNCS):
+        if name not in BUILTINS:  # a function of this source, or a loop guard's helper
+            if name in self.o.kernel_names:
+                node.name = c_ast.ID(f"__rtk_{name}", coord)
+            if self.o.checked and name in self.o.funcs:
+                # the thread's pollcheck counter travels with every call (PC_PARAM)
+                node.args = c_ast.ExprList([c_ast.ID(PC_NAME, coord)] + args, coord)
             return node
-        if name in TILE_FUNCS:
-            return self.tile(name, args, line, coord)
-        if name in MMA_FUNCS:
-            return self.mma(name, args, line, coord)
-        assert not name.startswith("cap_alloc_") and name not in (
-            "cap_load_cap", "cap_store_cap"), "the verifier refuses these for target cuda"
-        if name in self.o.kernel_names:
-            node.name = c_ast.ID(f"__rtk_{name}", coord)
-        if self.o.checked and name in self.o.funcs:
-            # the thread's pollcheck counter travels with every call (PC_PARAM)
-            node.args = c_ast.ExprList([c_ast.ID(PC_NAME, coord)] + args, coord)
-        return node
+        low = BUILTINS[name].lowering("cuda")
+        assert low is not None and not low.ctx, f"the verifier refuses {name} for target cuda"
+        if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
+            assert low.unchecked is not None
+            return _call(low.unchecked, args, coord)
+        if low.form == "tile":
+            return self.tile(low.call, name, args, line, coord)
+        if low.form == "mma":
+            return self.mma(low.call, name, args, line, coord)
+        if low.call == name and not (low.extra or low.line):
+            return node
+        extra: list[c_ast.Node] = [_int(x) if isinstance(x, int) else c_ast.ID(x, coord)
+                                   for x in low.extra]
+        return _call(low.call, args + extra + ([_int(line)] if low.line else []), coord)
 
-
-    def tile(self, name: str, args: list[c_ast.Node], line: int, coord) -> c_ast.Node:
-        """cap_tile_OP_T(c, off, ld, rows, cols, arr, aoff, ald) -> rt_tile_OP_T with the
-        shared array's flat length and fault id."""
+    def tile(self, call: str, name: str, args: list[c_ast.Node], line: int,
+             coord) -> c_ast.Node:
+        """cap_tile_OP_T(c, off, ld, rows, cols, arr, aoff, ald) -> ``call`` (rt_tile_OP_T)
+        with the shared array's flat length and fault id."""
         tc = tile_call(name, args, self.arrays)
-        return _call(f"rt_tile_{tc.op}_{tc.dtype}",
+        return _call(call,
                      args[:6] + [_int(tc.flat_len), _int(self.o.array_id(tc.array))]
                      + args[6:8] + [_int(line)], coord)
 
 
-    def mma(self, name: str, args: list[c_ast.Node], line: int, coord) -> c_ast.Node:
-        """rt_warp_mma_*(C, c_off, ldc, A, a_off, lda, B, b_off, ldb[, k]) -> rt_mma with
-        k (8 for tf32), whether to split, whether A is transposed, each array's flat
-        length and fault id."""
+    def mma(self, call: str, name: str, args: list[c_ast.Node], line: int,
+            coord) -> c_ast.Node:
+        """rt_warp_mma_*(C, c_off, ldc, A, a_off, lda, B, b_off, ldb[, k]) -> ``call``
+        (rt_mma<split, A transposed>) with k (8 for tf32), each array's flat length and
+        fault id."""
         form = MMA_FUNCS[name]
         k = args[9] if form.fp32 else _int(8)
         args = args[:9]
@@ -1022,9 +392,7 @@ class _Rewriter:
             # a 2-D or 3-D array is one flat tile space (its flat length is the bound)
             args[k] = c_ast.Cast(c_ast.Typename(None, [], None, c_ast.PtrDecl([], c_ast.TypeDecl(
                 None, [], None, c_ast.IdentifierType(["float"])))), arr)
-        # (the two forms are template arguments: each call compiles only its own path)
-        return _call(f"rt_mma<{int(form.fp32)}, {int(form.a_t)}>", args + extra + [_int(line)],
-                     coord)
+        return _call(call, args + extra + [_int(line)], coord)
 
 
 class _Instrumenter:
