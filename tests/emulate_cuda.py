@@ -40,6 +40,7 @@ DEVICE = r"""
 #include <thread>
 #include <vector>
 using std::sqrt; using std::copysign; using std::fabs;
+using std::isnan; using std::isinf; using std::isfinite;   /* CUDA has them unqualified */
 #define __device__
 #define __global__
 #define __forceinline__ inline
@@ -223,7 +224,8 @@ class Kernel:
     def launch(self, args: list[Any], grid: int, block: int,
                cancel_after: float | None = None) -> dict[str, int] | None:
         """Run ``grid`` blocks of ``block`` threads; args in the kernel's order (numpy
-        arrays for caps, or (array, "r") for a read-only one; numbers for scalars).
+        arrays for caps, or (array, "r") for a read-only one, (array, "freed") for a
+        freed one; numbers for scalars).
         Returns the fault record's fields (kind, access, line, block, thread, index,
         slot) or None.  ``cancel_after``: seconds after which the host raises the
         record's cancel flag while the kernel runs, as the GPU lane does at a
@@ -233,7 +235,8 @@ class Kernel:
         dbls = [float(a) for (_, k), a in zip(self.params, args, strict=True)
                 if k in ("double", "float")]
         # each cap as the GPU lane passes it: abi.CAP_WORDS, 64-bit words, the owner
-        # word a tag (argument slot + 1)
+        # word a tag (argument slot + 1); perms "freed": a buffer freed while the launch
+        # was packed (lane.DeviceCapability: no bounds, the tag's freed bit)
         nw = len(abi.CAP_WORDS)
         c = _ffi.new("uint64_t[]", max(1, len(caps)) * nw)
         keep = []
@@ -244,6 +247,9 @@ class Kernel:
             ptr = int(_ffi.cast("uintptr_t", buf))
             words = {"p": ptr, "lo": ptr, "rlen": a.nbytes if "r" in perms else 0,
                      "wlen": a.nbytes if "w" in perms else 0, "owner": i + 1}
+            if perms == "freed":
+                words = {"p": 0, "lo": 0, "rlen": 0, "wlen": 0,
+                         "owner": (i + 1) | abi.GPU_TAG_FREED}
             for w, word in enumerate(abi.CAP_WORDS):
                 c[i * nw + w] = words[word]
         rec = _ffi.new("rt_gpu_fault *")

@@ -32,4 +32,9 @@ try:
 except runtime.CapabilityFault as e:
     assert (e.reason, e.buffer, e.index) == ("out-of-bounds", "x", 8), e
 assert not backing[:2].any() and not backing[10:].any(), "a write landed outside x"
-print(f"capqr {capqr.__version__} from {here}: QR checked, out-of-bounds store contained")
+# the GPU lane's translation needs no GPU: the device prelude and its headers are installed
+from capqr.runtime.cuda import translate  # noqa: E402
+
+assert "rt_fault_kind" in translate(src).text, "the device prelude lacks checks.h"
+print(f"capqr {capqr.__version__} from {here}: QR checked, out-of-bounds store contained, "
+      "CUDA translated")

@@ -302,6 +302,28 @@ def test_device_prelude_has_one_predicate_from_the_abi() -> None:
         assert f"RT_DEFINE_ACCESS({t}," in text
 
 
+#: The checks written once, in capabilities/checks.h, for both lanes.
+SHARED_CHECKS = ("rt_len", "rt_offset", "rt_cap_from_int", "rt_local_idx", "rt_tile_fail",
+                 "rt_idiv", "rt_udiv", "rt_fault_kind", "rt_wrong_type", "RT_DEFINE_ACCESS",
+                 "RT_TILE_CHECK", "RT_DIV", "RT_IS_INT")
+
+
+def test_checks_are_written_once_for_both_lanes() -> None:
+    """cap.h (CPU) and the device prelude both take the checks from checks.h, and
+    neither defines one of its own; the launcher classifies faults with its function."""
+    checks = (capabilities.INCLUDE_DIR / "checks.h").read_text()
+    assert checks in device_prelude()
+    cap_h = (capabilities.INCLUDE_DIR / "cap.h").read_text()
+    prelude = (REPO / "runtime/cuda/prelude.cuh").read_text()
+    assert '#include "checks.h"' in cap_h and '#include "checks.h"' in prelude
+    for name in SHARED_CHECKS:
+        define = re.compile(rf"^(#define {name}\b|\S.*[\s*]{name}\()", re.M)
+        assert define.search(checks), name
+        for other in (cap_h, prelude):
+            assert not define.search(other), name
+    assert "rt_fault_kind(" in (REPO / "runtime/csrc/launch.c").read_text()
+
+
 def test_generated_header_is_current() -> None:
     assert abi.HEADER_PATH.read_text() == abi.c_header(), \
         "run python -m capqr.capabilities.abi to regenerate cap_abi.h"
