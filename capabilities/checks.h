@@ -73,12 +73,15 @@ RT_ABI_FN cap_t rt_cap_from_int(rt_i64 x)
 }
 
 /* Moving the origin is always allowed; checks stay relative to the object.
- * Wrapping arithmetic: an absurd k yields an origin every access rejects. */
+ * Wrapping arithmetic: an absurd k yields an origin every access rejects.  Raw
+ * builds move a raw pointer. */
 RT_ABI_FN cap_t rt_offset(cap_t c, rt_i64 k, rt_i64 S)
 {
-    c.p = (char *)((rt_u64)c.p + (rt_u64)k * (rt_u64)S);
 #ifndef RT_UNCHECKED
+    c.p = (char *)((rt_u64)c.p + (rt_u64)k * (rt_u64)S);
     if (!RT_OFFSET_SANE(k)) { c.rlen = 0; c.wlen = 0; }
+#else
+    c.p += k * S;
 #endif
     return c;
 }
@@ -140,7 +143,7 @@ RT_ABI_FN rt_i64 rt_local_idx(RT_CTX rt_i64 i, rt_i64 n, rt_array_ref a, rt_i32 
 }
 
 /* ---- tile copies (cap_tile_load_T / cap_tile_store_T) --------------------- */
-/* One range check per tile (rt_tile_ok, cap_abi.h); a refused tile faults,
+/* One range check per tile (rt_tile_ok, guards.h); a refused tile faults,
  * before anything is copied, at the element the equivalent loop would fault
  * on.  RT_TILE_CHECK(S, store) opens each lane's rt_tile_load_T/_store_T, whose
  * parameters are named (c, off, ld, rows, cols, arr, n, a, aoff, ald, line). */

@@ -35,10 +35,10 @@ from .astutil import CapTyping, callees, reaching
 from .dialect_api import API_FUNCS, CUDA_API_FUNCS, MATH_FUNCS
 from .divergence import check_uniform_collectives
 from .parse import ParsedSource, is_user_node
-from .verify_calls import CUDA_MAX_BLOCK, _CallRules
-from .verify_decls import KERNEL_PARAM_TYPES, _DeclRules
-from .verify_scope import _NOT_SUPPORTED, _REJECT, _FuncCtx, _Var
-from .verify_stmts import _StmtRules
+from .verify_calls import CUDA_MAX_BLOCK, CallRules
+from .verify_decls import KERNEL_PARAM_TYPES, DeclRules
+from .verify_scope import NOT_SUPPORTED, REJECT, FuncCtx, Var
+from .verify_stmts import StmtRules
 
 __all__ = ["API_FUNCS", "CUDA_API_FUNCS", "CUDA_MAX_BLOCK", "MATH_FUNCS", "KernelSig",
            "VerifiedSource", "select_kernel", "verify"]
@@ -192,7 +192,7 @@ def _cycle_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]
     return edges
 
 
-class _Verifier(_CallRules, _StmtRules, _DeclRules):
+class _Verifier(CallRules, StmtRules, DeclRules):
     """One pass over the user's AST in source order; raises on the first violation."""
 
     def __init__(self, parsed: ParsedSource, target: str):
@@ -200,7 +200,7 @@ class _Verifier(_CallRules, _StmtRules, _DeclRules):
         self.target = target
         self.result = VerifiedSource(parsed=parsed)
         self._stack: list[c_ast.Node] = []
-        self._fn: _FuncCtx | None = None
+        self._fn: FuncCtx | None = None
         self._cap_ok: set[int] = set()  # cap-typed nodes a parent placed in a cap slot
         self._array_ok: set[int] = set()  # array IDs used as subscript base or sizeof operand
         self._init_ok: set[int] = set()  # InitLists that initialise an array
@@ -254,10 +254,10 @@ class _Verifier(_CallRules, _StmtRules, _DeclRules):
         name = type(node).__name__
         self._stack.append(node)
         try:
-            if name in _REJECT:
-                self._fail(node, *_REJECT[name])
+            if name in REJECT:
+                self._fail(node, *REJECT[name])
             if name not in self._ALLOWED:
-                self._fail(node, f"{name} node", _NOT_SUPPORTED.format(f"'{name}'"))
+                self._fail(node, f"{name} node", NOT_SUPPORTED.format(f"'{name}'"))
             getattr(self, "visit_" + name, self.generic_visit)(node)
         finally:
             self._stack.pop()
@@ -317,17 +317,17 @@ class _Verifier(_CallRules, _StmtRules, _DeclRules):
             self._fail(node, "K&R function definition",
                        "old-style parameter lists are not type-checked")
         if not isinstance(decl.type, c_ast.FuncDecl):
-            self._fail(decl, "function definition", _NOT_SUPPORTED.format("this declarator"))
+            self._fail(decl, "function definition", NOT_SUPPORTED.format("this declarator"))
         is_kernel = name in self.parsed.kernels
         params, ret = self._signature(decl.type, is_kernel=is_kernel)
-        fn = _FuncCtx(name=name, is_kernel=is_kernel, ret=ret, scopes=[{}],
+        fn = FuncCtx(name=name, is_kernel=is_kernel, ret=ret, scopes=[{}],
                       top_calls=frozenset(id(s) for s in node.body.block_items or []
                                           if isinstance(s, c_ast.FuncCall)))
         for pname, kind in params:
             if pname in fn.scopes[0]:
                 self._fail(decl, f"duplicate parameter '{pname}'", "parameter names are unique")
             self._declare_check(decl, pname, fn)
-            fn.scopes[0][pname] = _Var("cap" if kind == "cap" else "num")
+            fn.scopes[0][pname] = Var("cap" if kind == "cap" else "num")
             if kind == "cap":
                 fn.caps.append(pname)
                 fn.unique.add(pname)

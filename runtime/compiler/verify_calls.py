@@ -9,13 +9,13 @@ from pycparser import c_ast
 
 from .astutil import int_literal
 from .dialect_api import BUILTINS, TILE_ELEM_TYPES, TILE_FUNCS
-from .verify_scope import _ASM, _Scope, _Var
+from .verify_scope import ASM_NAMES, Scope, Var
 
 #: Threads per block on every CUDA device since sm_20 (the lane refuses more).
 CUDA_MAX_BLOCK = 1024
 
 
-class _CallRules(_Scope):
+class CallRules(Scope):
     """Calls and their arguments."""
 
     def visit_FuncCall(self, node: c_ast.FuncCall) -> None:
@@ -24,7 +24,7 @@ class _CallRules(_Scope):
         if not isinstance(node.name, c_ast.ID):
             self._fail(node, "indirect call", "functions can only be called by plain name")
         name = node.name.name
-        if name in _ASM:
+        if name in ASM_NAMES:
             self._fail(node, "asm", "inline assembly bypasses every check")
         if self._lookup(name) is not None:
             self._fail(node, f"call through variable '{name}'",
@@ -91,7 +91,7 @@ class _CallRules(_Scope):
         if node.args is not None:
             self.visit(node.args)
 
-    def _array_operand(self, a: c_ast.Node, what: str, expects: str, shared: bool) -> _Var:
+    def _array_operand(self, a: c_ast.Node, what: str, expects: str, shared: bool) -> Var:
         """The local array a tile builtin's operand names (a plain identifier; an
         smem_ array when ``shared``), or a refusal saying what it ``expects``.  The
         operand is then marked as seen with the call's other arguments."""

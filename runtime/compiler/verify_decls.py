@@ -9,7 +9,7 @@ from pycparser import c_ast
 
 from .astutil import int_literal
 from .dialect_api import API_FUNCS, CUDA_API_FUNCS, MATH_FUNCS
-from .verify_scope import _NOT_SUPPORTED, _REJECT, _UNSAFE_CAP_USE, _FuncCtx, _Scope, _Var
+from .verify_scope import NOT_SUPPORTED, REJECT, UNSAFE_CAP_USE, FuncCtx, Scope, Var
 
 MAX_ARRAY_ELEMS = 1 << 20
 MAX_ARRAY_DIMS = 3
@@ -37,7 +37,7 @@ def _elem_text(t: c_ast.Node) -> str:
     return " ".join(t.names)
 
 
-class _DeclRules(_Scope):
+class DeclRules(Scope):
     """Names, types, storage, signatures and local declarations."""
 
     def _check_name(self, node: c_ast.Node, name: str, *, declaring: str | None = None) -> None:
@@ -87,7 +87,7 @@ class _DeclRules(_Scope):
                            "or expose the fields of a cap_t)")
             if isinstance(t, c_ast.ArrayDecl):
                 if t.dim_quals:
-                    self._fail(t, "array qualifier", _NOT_SUPPORTED.format("'static'/qualified "
+                    self._fail(t, "array qualifier", NOT_SUPPORTED.format("'static'/qualified "
                                                                           "array bounds"))
                 raw_dims.append(t.dim)
                 t = t.type
@@ -102,7 +102,7 @@ class _DeclRules(_Scope):
                 continue
             if isinstance(t, c_ast.IdentifierType):
                 break
-            self._fail(t, f"type {type(t).__name__}", _NOT_SUPPORTED.format("this type"))
+            self._fail(t, f"type {type(t).__name__}", NOT_SUPPORTED.format("this type"))
         kind, text = self._scalar_kind(t)
         if not raw_dims:
             return kind, text, None
@@ -172,11 +172,11 @@ class _DeclRules(_Scope):
                            else "'register' is not part of the dialect")
         for s in decl.funcspec:
             if s != "inline" or not function:
-                self._fail(decl, f"'{s}' specifier", _NOT_SUPPORTED.format(f"'{s}'"))
+                self._fail(decl, f"'{s}' specifier", NOT_SUPPORTED.format(f"'{s}'"))
         if decl.align:
             self._fail(decl, "_Alignas", "over-aligned objects can make huge stack frames")
         if decl.bitsize is not None:
-            self._fail(decl, "bitfield", _NOT_SUPPORTED.format("bitfields"))
+            self._fail(decl, "bitfield", NOT_SUPPORTED.format("bitfields"))
         for q in decl.quals:
             if q != "const":
                 self._fail(decl, f"'{q}' qualifier",
@@ -190,12 +190,12 @@ class _DeclRules(_Scope):
         plist = fdecl.args.params if fdecl.args else []
         for p in plist:
             if isinstance(p, c_ast.EllipsisParam):
-                self._fail(p, *_REJECT["EllipsisParam"])
+                self._fail(p, *REJECT["EllipsisParam"])
             if isinstance(p, c_ast.ID):
                 self._fail(p, "K&R function definition",
                            "old-style parameter lists are not type-checked")
             if not isinstance(p, (c_ast.Decl, c_ast.Typename)):
-                self._fail(p, f"parameter {type(p).__name__}", _NOT_SUPPORTED.format("this"))
+                self._fail(p, f"parameter {type(p).__name__}", NOT_SUPPORTED.format("this"))
             if isinstance(p, c_ast.Typename) and len(plist) == 1:
                 kind, _, dims = self._base_type(p.type, "parameter")
                 if kind == "void" and dims is None:
@@ -205,7 +205,7 @@ class _DeclRules(_Scope):
             if p.name:
                 self._check_name(p, p.name, declaring="variable")
             for s in getattr(p, "storage", []):
-                self._fail(p, f"'{s}' parameter", _NOT_SUPPORTED.format(f"'{s}' parameters"))
+                self._fail(p, f"'{s}' parameter", NOT_SUPPORTED.format(f"'{s}' parameters"))
             if isinstance(p.type, c_ast.ArrayDecl):
                 self._fail(p, "array parameter",
                            "array parameters decay to unchecked pointers; pass a cap_t")
@@ -227,7 +227,7 @@ class _DeclRules(_Scope):
             self._fail(fdecl, "KERNEL return type", "KERNEL functions must return void")
         return params, ret
 
-    def _declare_check(self, node: c_ast.Node, name: str, fn: _FuncCtx) -> None:
+    def _declare_check(self, node: c_ast.Node, name: str, fn: FuncCtx) -> None:
         """No shadowing, no reuse of function names, unique cap_t/array names."""
         if name in self._sigs or name in _API_NAMES:
             self._fail(node, f"variable '{name}' shadows a function",
@@ -285,7 +285,7 @@ class _DeclRules(_Scope):
                 self._init_ok.add(id(node.init))
             fn.arrays[node.name] = dims
             fn.unique.add(node.name)
-            var = _Var("array", dims, elem=_elem_text(node.type),
+            var = Var("array", dims, elem=_elem_text(node.type),
                        const="const" in node.quals)
         elif kind == "cap":
             if node.init is None:
@@ -309,7 +309,7 @@ class _DeclRules(_Scope):
             self._cap_ok.add(id(node.init))
             fn.caps.append(node.name)
             fn.unique.add(node.name)
-            var = _Var("cap")
+            var = Var("cap")
         else:
             if isinstance(node.init, c_ast.InitList):
                 self._fail(node.init, "initializer list for non-array",
@@ -317,7 +317,7 @@ class _DeclRules(_Scope):
             if node.init is not None and self._is_cap(node.init):
                 self._fail(node.init, "cap_t stored in a number",
                            "a cap_t cannot be converted to a number (use cap_to_int)")
-            var = _Var("num")
+            var = Var("num")
         if node.init is not None:
             self.visit(node.init)  # before the name is in scope: `cap_t c = c;` is refused
         fn.scopes[-1][node.name] = var
@@ -348,5 +348,5 @@ class _DeclRules(_Scope):
             if isinstance(e, c_ast.InitList):
                 self._init_ok.add(id(e))
             elif self._is_cap(e):
-                self._fail(e, "cap_t in array initializer", _UNSAFE_CAP_USE)
+                self._fail(e, "cap_t in array initializer", UNSAFE_CAP_USE)
         self.generic_visit(node)

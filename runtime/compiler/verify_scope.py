@@ -18,15 +18,15 @@ from ..errors import VerifyError
 from .dialect_api import BUILTINS, Sig
 from .parse import ParsedSource
 
-_ASM = {"asm", "__asm__", "__asm"}
-_UNSAFE_CAP_USE = ("cap_t values may only be passed, assigned, returned or declared: arithmetic, "
+ASM_NAMES = {"asm", "__asm__", "__asm"}
+UNSAFE_CAP_USE = ("cap_t values may only be passed, assigned, returned or declared: arithmetic, "
                    "comparison or conversion of a capability would forge it or leak its bounds "
                    "(use cap_offset_T / cap_to_int)")
-_NOT_SUPPORTED = "{} is not part of the kernel dialect"
+NOT_SUPPORTED = "{} is not part of the kernel dialect"
 
 
 # Node types refused outright: (construct, reason).
-_REJECT: dict[str, tuple[str, str]] = {
+REJECT: dict[str, tuple[str, str]] = {
     "Goto": ("goto", "unstructured jumps could skip initialisers and pollchecks"),
     "Label": ("label", "labels exist only for goto, which is not supported"),
     "StructRef": ("member access",
@@ -51,7 +51,7 @@ _REJECT: dict[str, tuple[str, str]] = {
 
 
 @dataclass
-class _Var:
+class Var:
     kind: str  # "cap", "num" or "array"
     dims: tuple[int, ...] = ()
     elem: str = ""       # arrays: element type ("float", "double", ...)
@@ -59,11 +59,11 @@ class _Var:
 
 
 @dataclass
-class _FuncCtx:
+class FuncCtx:
     name: str
     is_kernel: bool
     ret: str
-    scopes: list[dict[str, _Var]] = field(default_factory=list)
+    scopes: list[dict[str, Var]] = field(default_factory=list)
     caps: list[str] = field(default_factory=list)
     arrays: dict[str, tuple[int, ...]] = field(default_factory=dict)
     unique: set[str] = field(default_factory=set)  # cap_t and array names seen anywhere
@@ -71,13 +71,13 @@ class _FuncCtx:
     top_calls: frozenset[int] = frozenset()  # ids of the calls that are body statements
 
 
-class _Scope(c_ast.NodeVisitor):
+class Scope(c_ast.NodeVisitor):
     """What the rules share (set up by runtime.compiler.verifier._Verifier)."""
 
     parsed: ParsedSource
     target: str
     _stack: list[c_ast.Node]  # the nodes being visited, outermost first
-    _fn: _FuncCtx | None  # the function being visited
+    _fn: FuncCtx | None  # the function being visited
     _cap_ok: set[int]  # cap-typed nodes a parent placed in a cap slot
     _array_ok: set[int]  # array IDs used as subscript base or sizeof operand
     _init_ok: set[int]  # InitLists that initialise an array
@@ -92,7 +92,7 @@ class _Scope(c_ast.NodeVisitor):
     def _fail(self, node: c_ast.Node | None, construct: str, reason: str) -> NoReturn:
         raise VerifyError(self._line(node), construct, reason)
 
-    def _lookup(self, name: str) -> _Var | None:
+    def _lookup(self, name: str) -> Var | None:
         if self._fn is None:
             return None
         for scope in reversed(self._fn.scopes):
@@ -169,4 +169,4 @@ class _Scope(c_ast.NodeVisitor):
             construct = "cap_t as array subscript"
         else:
             construct = "cap_t used as a value"
-        self._fail(node, construct, _UNSAFE_CAP_USE)
+        self._fail(node, construct, UNSAFE_CAP_USE)

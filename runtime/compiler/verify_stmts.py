@@ -7,7 +7,7 @@ from __future__ import annotations
 from pycparser import c_ast
 
 from .astutil import INC_DEC, pure_lvalue
-from .verify_scope import _ASM, _NOT_SUPPORTED, _UNSAFE_CAP_USE, _Scope
+from .verify_scope import ASM_NAMES, NOT_SUPPORTED, UNSAFE_CAP_USE, Scope
 
 _CXX_LVALUE = ("only a variable or an element of a local array can be assigned, incremented or "
                "decremented: C++ (the GPU lane's language) also takes ?:, comma, assignment and "
@@ -34,7 +34,7 @@ def _lvalue_form(e: c_ast.Node) -> str:
     return f"a {type(e).__name__} expression"
 
 
-class _StmtRules(_Scope):
+class StmtRules(Scope):
     """Statements and expressions."""
 
     def visit_Compound(self, node: c_ast.Compound) -> None:
@@ -42,7 +42,7 @@ class _StmtRules(_Scope):
         if not isinstance(parent, (c_ast.FuncDef, c_ast.Compound, c_ast.If, c_ast.For,
                                    c_ast.While, c_ast.DoWhile, c_ast.Switch, c_ast.Case,
                                    c_ast.Default)) or not self._in_stmt_pos():
-            self._fail(node, "statement expression", _NOT_SUPPORTED.format(
+            self._fail(node, "statement expression", NOT_SUPPORTED.format(
                 "a block used as an expression (GNU statement expression)"))
         assert self._fn is not None
         self._fn.scopes.append({})
@@ -87,7 +87,7 @@ class _StmtRules(_Scope):
         self._check_name(node, name)
         var = self._lookup(name)
         if var is None:
-            if self._sig(name) is not None or name in _ASM:
+            if self._sig(name) is not None or name in ASM_NAMES:
                 self._fail(node, "function pointer",
                            f"'{name}' is used as a value: functions can only be called by name")
             self._fail(node, f"undeclared identifier '{name}'",
@@ -118,7 +118,7 @@ class _StmtRules(_Scope):
         lcap, rcap = self._is_cap(lv), self._is_cap(node.rvalue)
         if lcap or rcap:
             if node.op != "=":
-                self._fail(node, f"cap_t operand of '{node.op}'", _UNSAFE_CAP_USE)
+                self._fail(node, f"cap_t operand of '{node.op}'", UNSAFE_CAP_USE)
             if not lcap:
                 self._fail(node, "cap_t stored in a number",
                            "a cap_t cannot be converted to a number (use cap_to_int)")

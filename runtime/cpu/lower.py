@@ -222,7 +222,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         if name in self.funcs:
             return c_ast.FuncCall(_id(name), c_ast.ExprList([_id("__rt")] + args), node.coord)
         builtin = BUILTINS.get(name)
-        if builtin is None:  # a loop guard's helper (hoist.py), as cap_abi.h spells it
+        if builtin is None:  # a loop guard's helper (hoist.py), as guards.h spells it
             node.args = c_ast.ExprList(args) if node.args else None
             return node
         low = builtin.lowering("cpu")

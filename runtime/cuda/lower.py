@@ -90,20 +90,24 @@ from ..compiler.verifier import KernelSig, VerifiedSource
 FAULT_KINDS = abi.FAULT_REASON
 
 #: The device runtime (package data): its #include "..." lines name headers of
-#: capabilities/ (cap_abi.h, checks.h), which device_prelude() inlines.
+#: capabilities/ (cap_abi.h, which includes guards.h, and checks.h).
 PRELUDE_PATH = Path(__file__).with_name("prelude.cuh")
 _INCLUDE = re.compile(r'^#include "([\w.]+)".*$', re.M)
 
 
+def inline_includes(text: str) -> str:
+    """``text`` with each quoted #include replaced by that header of capabilities/, and
+    so on inside it."""
+    return _INCLUDE.sub(lambda m: inline_includes((INCLUDE_DIR / m.group(1)).read_text()),
+                        text)
+
+
 @cache
 def device_prelude() -> str:
-    """The device runtime as one text: prelude.cuh with each quoted include replaced
-    by the header's text, so NVRTC, the nvcc fallback and tests/emulate_cuda.py compile
-    the same characters and the compile cache hashes all of them."""
-    def inline(m: re.Match) -> str:
-        return _INCLUDE.sub(inline, (INCLUDE_DIR / m.group(1)).read_text())
-
-    return _INCLUDE.sub(inline, PRELUDE_PATH.read_text())
+    """The device runtime as one text (prelude.cuh, includes inlined), so NVRTC, the
+    nvcc fallback and tests/emulate_cuda.py compile the same characters and the compile
+    cache hashes all of them."""
+    return inline_includes(PRELUDE_PATH.read_text())
 
 
 @dataclass
