@@ -154,6 +154,7 @@ RT_COLD_FN void rt_fail(rt_block *b, cap_t c, int64_t i, int32_t S, int32_t acce
 #if defined(RT_RAW) || defined(RT_RAW_POLL)
 #define RT_UNCHECKED 1
 #endif
+#define RT_RAW_OFFSET(p, k, S) ((p) + (k) * (S))
 #include "checks.h"   /* accessors, rt_len/rt_offset, local-array, tile and division checks */
 
 

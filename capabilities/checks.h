@@ -22,6 +22,9 @@
  *                        prelude.cuh)
  *   rt_half_to_float, rt_float_to_half   the f16 storage conversions
  *   RT_UNCHECKED         defined in raw (baseline) builds: no checks
+ *   RT_RAW_OFFSET(p, k, S)  how a raw build moves an origin by k elements of S
+ *                        bytes (each lane keeps the arithmetic its baseline was
+ *                        measured with: pointer on the CPU, integer on the GPU)
  * The lane's language picks the integer-division dispatch: C's _Generic on the
  * CPU, C++ overloading on the GPU.
  */
@@ -73,15 +76,14 @@ RT_ABI_FN cap_t rt_cap_from_int(rt_i64 x)
 }
 
 /* Moving the origin is always allowed; checks stay relative to the object.
- * Wrapping arithmetic: an absurd k yields an origin every access rejects.  Raw
- * builds move a raw pointer. */
+ * Wrapping arithmetic: an absurd k yields an origin every access rejects. */
 RT_ABI_FN cap_t rt_offset(cap_t c, rt_i64 k, rt_i64 S)
 {
 #ifndef RT_UNCHECKED
     c.p = (char *)((rt_u64)c.p + (rt_u64)k * (rt_u64)S);
     if (!RT_OFFSET_SANE(k)) { c.rlen = 0; c.wlen = 0; }
 #else
-    c.p += k * S;
+    c.p = RT_RAW_OFFSET(c.p, k, S);
 #endif
     return c;
 }
