@@ -340,17 +340,16 @@ def test_collector_api_is_declared_once() -> None:
 
 
 def test_python_constants_agree_with_the_abi() -> None:
-    import sys
+    from types import SimpleNamespace
 
     from capqr.capabilities import handle
-
-    launch_mod = sys.modules["capqr.runtime.launch"]
+    from capqr.runtime import faults
 
     assert {np.dtype(d.numpy): d.code for d in abi.DTYPES if d.numpy} == {
         k: v for k, v in handle.DTYPE_CODES.items()}
     assert handle.CAP_CODE == abi.CAP_DT_CODE
     assert handle.CAP_SLOT_BYTES == abi.ELEM_SIZE["cap"]
-    assert launch_mod.FAULT_REASONS is abi.FAULT_REASON
+    assert all(faults.reason(SimpleNamespace(kind=f.code)) == f.reason for f in abi.FAULTS)
     assert runtime.core.ffi.sizeof("cap_t") == abi.CAP_BYTES
 
 
@@ -974,11 +973,11 @@ def test_gpu_scalar_args_checked_without_a_device() -> None:
     from capqr.runtime.compiler.verifier import verify
     from capqr.runtime.cuda import DeviceCapability
     from capqr.runtime.cuda import driver as drv
-    from capqr.runtime.cuda.lane import _ParamBlock
+    from capqr.runtime.cuda.params import ParamBlock
 
     sig = verify(parse(ARGS_SRC), target="cuda").kernels["put"]
     k = SimpleNamespace(info=sig, name="put", checked=True)
-    block = _ParamBlock(k)
+    block = ParamBlock(k)
     out = DeviceCapability(0x1000, (3,), np.float64, "rw", owned=False)
     for bad, exc in (((2.5, 1.0, 1.0), TypeError), ((True, 1.0, 1.0), TypeError),
                      ((2**63, 1.0, 1.0), OverflowError), ((1, 1.0), TypeError)):

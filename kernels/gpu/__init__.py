@@ -350,9 +350,9 @@ class Workspace:
 
 def device_smem() -> int:
     """Shared memory one block of the current device may opt into (bytes)."""
-    from ...runtime.cuda import lane
+    from ...runtime.cuda import driver as drv
 
-    return int(lane.drv.device().max_smem_optin)
+    return int(drv.device().max_smem_optin)
 
 
 def needs_workspace(batch: int, n: int, whole: bool | None = None,
