@@ -40,21 +40,50 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import core, heap
-from ..runtime.errors import CapabilityFault
 from . import abi
 from .protocol import RecordedAttributes
 
-ffi, lib = core.ffi, core.lib
+#: The runtime core's cffi handles (runtime/core.py: the collector's C library), bound
+#: by _bind() when the first handle is made.  Capabilities sit below runtime in the
+#: layering (tests/test_layering.py): loading this module builds and imports nothing
+#: above it, and `capabilities.abi`, which the core is built from, stays importable alone.
+ffi: Any = None
+lib: Any = None
 
 #: object id -> the Python object that owns a wrapped payload
 _EXTERNAL: dict[int, Any] = {}
 _DRAIN_BATCH = 256
-_drain_buf = ffi.new("gc_release_rec[]", _DRAIN_BATCH)
+_drain_buf: Any = None
+_bind_lock = threading.Lock()
+
+
+def _bind() -> None:
+    """Import the runtime core (the layer above) once, on first use."""
+    global ffi, lib, _drain_buf
+    if lib is not None:
+        return
+    with _bind_lock:
+        if lib is not None:
+            return
+        from ..runtime import core, heap
+
+        _drain_buf = core.ffi.new("gc_release_rec[]", _DRAIN_BATCH)
+        ffi = core.ffi
+        heap.add_release_hook(drain_releases)
+        lib = core.lib  # last: a thread that sees lib bound sees the rest
+
+
+def _fault(*args: Any, **kw: Any) -> Exception:
+    """runtime.CapabilityFault, imported where a handle refuses an access (the layer
+    above; by then the core is bound)."""
+    from ..runtime.errors import CapabilityFault
+
+    return CapabilityFault(*args, **kw)
 
 
 def drain_releases() -> int:
     """Drop the arrays of wrapped objects the collector has released; returns how many."""
+    _bind()
     n = 0
     while True:
         k = int(lib.gc_drain_external_releases(_drain_buf, _DRAIN_BATCH))
@@ -64,8 +93,6 @@ def drain_releases() -> int:
         if k < _DRAIN_BATCH:
             return n
 
-
-heap.add_release_hook(drain_releases)
 
 
 def keep_external(obj_id: int, owner: Any) -> None:
@@ -178,7 +205,7 @@ class Capability(RecordedAttributes):
     def _check_live(self, access: str) -> None:
         # _freed first: after free() the pin is gone and the header may be too
         if self._freed or (int(self._obj.flags) & RT_OBJ_FREED):
-            raise CapabilityFault("freed", buffer=self._name, access=access,
+            raise _fault("freed", buffer=self._name, access=access,
                                   detail="capability used after free()")
         if self._guard is not None:
             self._guard(self._name, access)
@@ -230,13 +257,13 @@ class Capability(RecordedAttributes):
     def free(self) -> None:
         """Revoke the object now; later uses fault (a second free() too)."""
         if self._freed:
-            raise CapabilityFault("freed", buffer=self._name, access="free",
+            raise _fault("freed", buffer=self._name, access="free",
                                   detail="double free()")
         rc = lib.gc_free(self._obj)
         self._freed = True
         self._pin = None  # the payload goes once no view and no running kernel holds it
         if rc != 0:
-            raise CapabilityFault("freed", buffer=self._name, access="free",
+            raise _fault("freed", buffer=self._name, access="free",
                                   detail="double free()")
 
     def _arg_obj(self) -> Any:
@@ -561,7 +588,7 @@ def _pin_torch(t: Any) -> tuple[list[Any], Any]:
 
     def guard(name: str, access: str) -> None:
         if storage.data_ptr() != ptr or storage.nbytes() < nbytes:
-            raise CapabilityFault("freed", buffer=name, access=access,
+            raise _fault("freed", buffer=name, access=access,
                                   detail="the wrapped tensor's storage released its memory "
                                          f"(share_memory_ or resize_); {_torch_pin_error}")
 
