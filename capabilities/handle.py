@@ -10,10 +10,10 @@ header the collector may have released.
 
 Wrapped arrays (and wrapped torch CUDA tensors, runtime/cuda/lane.py): the
 collector owns the object, this module owns the array.
-The array stays referenced (``_EXTERNAL``) until the collector's sweep finds
-the object unreachable from every handle, table and running kernel and queues
-its release; ``drain_releases()`` (called on every alloc/wrap and after
-``runtime.gc_collect()``) then drops the reference.
+The array stays referenced (``runtime.heap.keep_external``) until the collector's
+sweep finds the object unreachable from every handle, table and running kernel and
+queues its release; ``runtime.heap.drain_releases()`` (called on every alloc/wrap and
+after ``runtime.gc_collect()``) then drops the reference.
 
 Keeping the array object alive is not enough: its data can be freed under it.
 For the same lifetime a wrap therefore also pins the data (see ``_host_pins``):
@@ -49,28 +49,22 @@ from .protocol import RecordedAttributes
 #: above it, and `capabilities.abi`, which the core is built from, stays importable alone.
 ffi: Any = None
 lib: Any = None
-
-#: object id -> the Python object that owns a wrapped payload
-_EXTERNAL: dict[int, Any] = {}
-_DRAIN_BATCH = 256
-_drain_buf: Any = None
+_heap: Any = None  # runtime.heap: the owners of wrapped payloads (keep_external)
 _bind_lock = threading.Lock()
 
 
 def _bind() -> None:
-    """Import the runtime core (the layer above) once, on first use."""
-    global ffi, lib, _drain_buf
-    if lib is not None:
-        return
-    with _bind_lock:
-        if lib is not None:
-            return
-        from ..runtime import core, heap
+    """Import the runtime core (the layer above) once, on first use, and drain the
+    collector's finished releases (every alloc and wrap does)."""
+    global ffi, lib, _heap
+    if lib is None:
+        with _bind_lock:
+            if lib is None:
+                from ..runtime import core, heap
 
-        _drain_buf = core.ffi.new("gc_release_rec[]", _DRAIN_BATCH)
-        ffi = core.ffi
-        heap.add_release_hook(drain_releases)
-        lib = core.lib  # last: a thread that sees lib bound sees the rest
+                ffi, _heap = core.ffi, heap
+                lib = core.lib  # last: a thread that sees lib bound sees the rest
+    _heap.drain_releases()
 
 
 def _fault(*args: Any, **kw: Any) -> Exception:
@@ -80,25 +74,6 @@ def _fault(*args: Any, **kw: Any) -> Exception:
 
     return CapabilityFault(*args, **kw)
 
-
-def drain_releases() -> int:
-    """Drop the arrays of wrapped objects the collector has released; returns how many."""
-    _bind()
-    n = 0
-    while True:
-        k = int(lib.gc_drain_external_releases(_drain_buf, _DRAIN_BATCH))
-        for i in range(k):
-            _EXTERNAL.pop(int(_drain_buf[i].id), None)
-        n += k
-        if k < _DRAIN_BATCH:
-            return n
-
-
-
-def keep_external(obj_id: int, owner: Any) -> None:
-    """Keep ``owner`` (the array or tensor whose memory object ``obj_id`` wraps)
-    referenced until the collector releases the object."""
-    _EXTERNAL[int(obj_id)] = owner
 
 #: numpy dtype -> RT_DT_* code (capabilities/abi.py)
 DTYPE_CODES = {np.dtype(d.numpy): d.code for d in abi.DTYPES if d.numpy}
@@ -309,7 +284,7 @@ def _auto_name(prefix: str) -> str:
 def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | None = None,
           *, device: str = "cpu") -> Any:
     """A fresh zeroed buffer owned by the collector."""
-    drain_releases()
+    _bind()
     if device != "cpu":
         from ..runtime import cuda  # GPU lane (optional)
 
@@ -360,7 +335,7 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     ``share_memory_`` (which move the tensor, not the capability: writes
     through the capability then no longer show in the tensor).
     """
-    drain_releases()
+    _bind()
     keep: Any = array
     if type(array).__module__.startswith("torch"):
         if getattr(array, "is_cuda", False):
@@ -397,7 +372,7 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     cap._guard = guard
     # the pins live exactly as long as the array reference: until the collector
     # releases the object, after every handle, table and running kernel
-    keep_external(cap.id, (keep, pins))
+    _heap.keep_external(cap.id, (keep, pins))
     return cap
 
 
