@@ -339,6 +339,22 @@ def test_collector_api_is_declared_once() -> None:
                        "gc_handshake_poll", "gc_store_barrier"}
 
 
+def test_worker_pool_api_is_declared_once() -> None:
+    """core.py declares to cffi exactly the prototypes of runtime/csrc/core.h's host API
+    part: every rt_* function the Python side calls is there and nowhere else."""
+    from capqr.runtime.core import CDEF, host_api_cdef
+
+    header = (REPO / "runtime/csrc/core.h").read_text()
+    names = re.findall(r"\b(rt_\w+)\s*\(", host_api_cdef(header, "rt_", "core.h"))
+    assert len(names) == len(set(names)) >= 10
+    for name in names:
+        assert hasattr(runtime.core.lib, name), name
+    assert not re.search(r"\brt_\w+\s*\(", CDEF), "a prototype written in core.py again"
+    used = set(re.findall(r"\blib\.(rt_\w+)", "".join(
+        p.read_text() for p in REPO.rglob("*.py") if ".git" not in p.parts)))
+    assert used and used <= set(names), used - set(names)
+
+
 def test_python_constants_agree_with_the_abi() -> None:
     from types import SimpleNamespace
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...capabilities import abi
+from ...capabilities.handle import Capability, NoBoundsCap
 from .. import core
 from ..argcheck import GroupRules, check_counts, check_grid, check_group, plain_int64, scalar_arg
 from ..errors import CapabilityFault, KernelTimeout
@@ -48,7 +49,6 @@ class _Plan:
 
 
 _plans: dict[int, tuple[Any, _Plan]] = {}  # id(signature) -> (signature, plan)
-_classes: tuple[type, type] | None = None
 
 
 def _plan(sig: Any) -> _Plan:
@@ -58,17 +58,6 @@ def _plan(sig: Any) -> _Plan:
     plan = _Plan(sig)
     _plans[id(sig)] = (sig, plan)  # holds sig, so its id is not reused
     return plan
-
-
-def _handle_classes() -> tuple[type, type]:
-    """(Capability, NoBoundsCap), imported on first use (capabilities.handle imports
-    the runtime as it loads)."""
-    global _classes
-    if _classes is None:
-        from ...capabilities.handle import Capability, NoBoundsCap
-
-        _classes = (Capability, NoBoundsCap)
-    return _classes
 
 
 class _CpuSequence:
@@ -89,7 +78,6 @@ _cpu_seq = _CpuSequence()
 def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), grid: int = 1,
            timeout: float | None = None, sync: bool = True, group: int | None = None) -> None:
     """runtime.launch for a CPU kernel (runtime/launch.py says what it does)."""
-    capability, nobounds = _classes or _handle_classes()
     if sync:
         if _cpu_seq.launches:
             end_sequence()
@@ -97,7 +85,7 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
         raise ValueError("a sync=False launch takes no timeout: pass it to runtime.sync()")
     sig = kernel.signature
     plan = _plan(sig)
-    if isinstance(caps, (capability, nobounds)):
+    if isinstance(caps, (Capability, NoBoundsCap)):
         caps = [caps]
     elif not isinstance(caps, (list, tuple)):
         caps = list(caps)
@@ -119,7 +107,7 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
             if is_cap:
                 c = caps[ci]
                 ci += 1
-                if type(c) is capability or isinstance(c, capability):
+                if type(c) is Capability or isinstance(c, Capability):
                     if c.device != "cpu":
                         raise TypeError(f"{c!r} lives on {c.device}; kernel {kernel.name!r} "
                                         "runs on the CPU")
@@ -127,7 +115,7 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
                     lib.gc_hold(obj)
                     held.append(obj)
                     lib.rt_arg_set_cap(argv + i, obj, 0)
-                elif isinstance(c, nobounds):
+                elif isinstance(c, NoBoundsCap):
                     lib.rt_arg_set_nobounds(argv + i, c.address)
                 else:
                     raise TypeError(f"kernel {kernel.name!r}: parameter {pname!r} needs a "

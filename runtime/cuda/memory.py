@@ -65,7 +65,7 @@ def drain_device_releases(*, at_exit: bool = False) -> int:
 
     Runs on the calling host thread; returns how many payloads it freed.
     Wrapped torch tensors go through the external queue
-    (``capabilities.handle.drain_releases``), which drops their reference.
+    (``runtime.heap.drain_releases``), which drops their reference.
     """
     if not _OWNED:
         return 0
@@ -130,10 +130,8 @@ def _pace() -> None:
 
 def drain_all() -> None:
     """Release what the collector swept: device payloads, then wrapped (external) ones."""
-    from ...capabilities.handle import drain_releases
-
     drain_device_releases()
-    drain_releases()
+    heap.drain_releases()
 
 
 heap.add_release_hook(drain_device_releases)
@@ -186,9 +184,7 @@ class DeviceCapability(RecordedAttributes):
         if owned:
             _OWNED.add(self._id)
         elif keepalive is not None:
-            from ...capabilities.handle import keep_external
-
-            keep_external(self._id, keepalive)
+            heap.keep_external(self._id, keepalive)
 
         def unpin(_p: Any, o: Any = obj) -> None:
             core.lib.gc_unpin(o)
