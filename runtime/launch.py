@@ -17,6 +17,7 @@ from typing import Any
 
 from .argcheck import check_timeout
 from .cpu import launches as cpu_lane
+from .cpu.kernel import Kernel
 
 _gpu_class: list[type] = []
 
@@ -57,15 +58,14 @@ def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), g
     runs otherwise.  ``kw``: the GPU lane's own options (``block``,
     ``shared_bytes``).
     """
-    if isinstance(kernel, _cuda_kernel()):
+    if type(kernel) is not Kernel and isinstance(kernel, _cuda_kernel()):
         from .cuda import launches as gpu_lane
 
         return gpu_lane.launch(kernel, caps, args=args, grid=grid, timeout=timeout,
                                sync=sync, group=group, **kw)
     if kw:
         raise TypeError(f"unexpected launch options {sorted(kw)} for a CPU kernel")
-    return cpu_lane.launch(kernel, caps, args=args, grid=grid, timeout=timeout, sync=sync,
-                           group=group)
+    return cpu_lane.launch(kernel, caps, args, grid, timeout, sync, group)  # positional: cheaper
 
 
 def _gpu_sequence() -> Any:

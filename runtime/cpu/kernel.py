@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -145,7 +146,11 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
             raise ValueError("mode 'raw_poll' exists only for target 'cpu' (the GPU lane's "
                              "pollcheck is amortised and cannot be measured apart)")
         return cuda.compile(source, name, checked=mode == "checked", hoist=hoist)
-    return pipeline.compile(source, name, CpuTarget(mode, hoist, tuple(cflags())))
+    return pipeline.compile(source, name, _target(mode, hoist, tuple(cflags())))
+
+
+#: compile() runs on every kernels.qr call: its target is made once per set of options
+_target = lru_cache(maxsize=16)(CpuTarget)
 
 
 _ = core  # the core must be loaded before kernels run

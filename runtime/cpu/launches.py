@@ -75,7 +75,7 @@ class _CpuSequence:
 _cpu_seq = _CpuSequence()
 
 
-def launch(kernel: Any, caps: Sequence[Any] = (), *, args: Sequence[Any] = (), grid: int = 1,
+def launch(kernel: Any, caps: Sequence[Any] = (), args: Sequence[Any] = (), grid: int = 1,
            timeout: float | None = None, sync: bool = True, group: int | None = None) -> None:
     """runtime.launch for a CPU kernel (runtime/launch.py says what it does)."""
     if sync:
