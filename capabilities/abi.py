@@ -375,7 +375,7 @@ typedef struct cap_t {{
 #ifndef RT_DEVICE_LANE
 /* ---- host-lane layouts (also declared to cffi by runtime/core.py) ---- */
 {c_structs()}#else
-/* ---- device-lane layouts (also declared to cffi by runtime/cuda/lane.py) ---- */
+/* ---- device-lane layouts (also declared to cffi by runtime/cuda/sequence.py) ---- */
 {device_c_structs()}#endif
 
 #include "guards.h"   /* loop-versioning guards and tile range checks (hand-written) */
@@ -384,7 +384,8 @@ typedef struct cap_t {{
 """
 
 
-#: cffi's declaration of the GPU lane's sequence record (lane.py, tests/emulate_cuda.py).
+#: cffi's declaration of the GPU lane's sequence record (runtime/cuda/sequence.py,
+#: tests/emulate_cuda.py).
 GPU_FAULT_DECL = cffi_structs("rt_gpu_fault")
 
 

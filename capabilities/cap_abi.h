@@ -144,7 +144,7 @@ typedef struct gc_release_rec {
     uint64_t nbytes;
 } gc_release_rec;
 #else
-/* ---- device-lane layouts (also declared to cffi by runtime/cuda/lane.py) ---- */
+/* ---- device-lane layouts (also declared to cffi by runtime/cuda/sequence.py) ---- */
 /* The GPU lane's launch-sequence record (capabilities/abi.py). */
 typedef struct rt_gpu_fault {
     int kind;                   /* RT_FAULT_* (0: none) */

@@ -98,9 +98,9 @@ def test_type_faults_cannot_arise_on_the_device() -> None:
         assert "cap tables" in _refused_on_the_device(name)
     sizes = {abi.ELEM_SIZE[t] for t in (*abi.SCALAR_SUFFIXES, *TILE_ELEM_TYPES)}
     assert slot not in sizes
-    from capqr.runtime.cuda import lane
+    from capqr.runtime.cuda import memory
 
-    assert abi.CAP_DT_CODE not in lane._DT_CODES.values()
+    assert abi.CAP_DT_CODE not in memory._DT_CODES.values()
 
 
 def test_allocation_faults_cannot_arise_on_the_device() -> None:
@@ -116,14 +116,14 @@ def test_group_faults_cannot_arise_on_the_device() -> None:
     whole grid as its group, cooperatively, or not at all."""
     from types import SimpleNamespace
 
-    from capqr.runtime.cuda.lane import check_group
+    from capqr.runtime.cuda.launches import check_cooperative
 
     k = SimpleNamespace(name="k", info=SimpleNamespace(group_sync=True),
                         max_group=lambda block, shared: 1 << 20)
-    assert check_group(k, 4, 4, 32)
+    assert check_cooperative(k, 4, 4, 32)
     for group in (None, 1, 3):
         with pytest.raises(ValueError):
-            check_group(k, group, 4, 32)
+            check_cooperative(k, group, 4, 32)
 
 
 def test_the_device_never_records_a_cancel() -> None:

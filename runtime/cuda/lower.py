@@ -87,8 +87,6 @@ from ..compiler.parse import is_user_node
 from ..compiler.ranges import builtin_ranges, prove_subscripts
 from ..compiler.verifier import KernelSig, VerifiedSource
 
-FAULT_KINDS = abi.FAULT_REASON
-
 #: The device runtime (package data): its #include "..." lines name headers of
 #: capabilities/ (cap_abi.h, which includes guards.h, and checks.h).
 PRELUDE_PATH = Path(__file__).with_name("prelude.cuh")
@@ -123,7 +121,7 @@ class CudaSource:
 
 
 #: Hidden trailing parameters of every checked kernel: the sequence record and
-#: the launch's index in the sequence (runtime/cuda/lane.py passes them).
+#: the launch's index in the sequence (runtime/cuda/params.py passes them).
 SEQ_PARAM, LAUNCH_PARAM = "__rt_seq", "__rt_launch"
 HIDDEN_PARAMS = f"rt_gpu_fault *{SEQ_PARAM}, int {LAUNCH_PARAM}"
 

@@ -25,7 +25,7 @@ static __device__ __forceinline__ unsigned short rt_float_to_half(float f)
 static __device__ __forceinline__ long long rt_block_idx(void) { return (long long)blockIdx.x; }
 static __device__ __forceinline__ long long rt_grid_dim(void) { return (long long)gridDim.x; }
 static __device__ __forceinline__ long long rt_thread_idx(void) { return (long long)threadIdx.x; }
-/* The launch refuses any other block size (lane.check_block): nothing left to do here. */
+/* The launch refuses any other block size (launches.check_block): nothing left to do here. */
 #define rt_require_block_dim(n) ((void)0)
 static __device__ __forceinline__ long long rt_block_dim(void) { return (long long)blockDim.x; }
 /* The thread's pollcheck counter, the hidden first parameter of every device
