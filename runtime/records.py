@@ -26,10 +26,12 @@ RUNTIME = Path(__file__).resolve().parent
 @cache
 def toolchain_version(lane_dir: str) -> str:
     """Hash of cap.h, cap_abi.h, capabilities/abi.py, every module of runtime/ and
-    runtime/compiler/ (a list of the passes would miss the next one) and of the lane's
-    ``lane_dir`` (relative to runtime/), so changing any invalidates what was built with
-    it.  Read once per process and lane: compile() runs on every kernels.qr call."""
-    modules = [p for d in (".", "compiler", lane_dir) for p in sorted((RUNTIME / d).glob("*.py"))]
+    runtime/compiler/ with its subpackages (a list of the passes would miss the next one)
+    and of the lane's ``lane_dir`` (relative to runtime/), so changing any invalidates
+    what was built with it.  Read once per process and lane: compile() runs on every
+    kernels.qr call."""
+    modules = [*sorted(RUNTIME.glob("*.py")), *sorted((RUNTIME / "compiler").rglob("*.py")),
+               *sorted((RUNTIME / lane_dir).glob("*.py"))]
     return content_hash((CAP_INCLUDE / "cap.h").read_text(),
                         (CAP_INCLUDE / "cap_abi.h").read_text(),
                         (CAP_INCLUDE / "abi.py").read_text(),

@@ -4,7 +4,7 @@ A DAG of loop-free helpers (h1 calls h0 twice, h2 calls h1 twice, ..., 40 deep)
 makes 2^40 calls, hours of work, without a single loop.  With pollchecks on loop
 back-edges only it never polled: a timeout, a cancel (Ctrl-C, a fault in another
 block) or a collector handshake waited for the whole run.  Every function that
-calls a same-source function now polls at its entry (runtime/compiler/hoist.py,
+calls a same-source function now polls at its entry (runtime/compiler/hoist/polls.py,
 entry_polls, for the CPU and the GPU lowering).
 
 The launches run in subprocesses with a hard wall limit, so that a kernel that

@@ -92,7 +92,7 @@ for _n in ("isnan", "isinf", "isfinite"):
 API_FUNCS: frozenset[str] = frozenset(_API_SIGS)
 #: Runtime calls that exist only when compiling for CUDA.
 CUDA_API_FUNCS: frozenset[str] = frozenset(_CUDA_SIGS)
-#: Tile copies (block barriers on the GPU: see runtime/compiler/hoist.py BARRIERS).
+#: Tile copies (block barriers on the GPU: see runtime/compiler/hoist/loops.py BARRIERS).
 TILE_FUNCS: frozenset[str] = frozenset(n for n in _API_SIGS if n.startswith("cap_tile_"))
 #: Warp-collective calls: every lane of the warp must reach them together.
 WARP_FUNCS: frozenset[str] = frozenset(n for n in _CUDA_SIGS

@@ -13,13 +13,13 @@ cannot make safe):
   handshakes, timeouts and stop requests: together they bound the work between
   two polls whatever the kernel's loops (hoist.entry_polls says why; a call DAG
   of loop-free helpers made 2^depth calls with no poll when only loops
-  polled).  Quiet loops (hoist.py) poll once after themselves instead.  Raw
+  polled).  Quiet loops (hoist/) poll once after themselves instead.  Raw
   builds have none; raw_poll builds have exactly these;
 * a bounds check on every subscript of a local array;
 * shadow frames for ``cap_t`` locals when the source can create objects
   (``cap_alloc_*``/``cap_load_cap``): without those, every cap derives from
   launch arguments, which the launch itself holds;
-* hoisted range checks (see hoist.py) for affine accesses in ``for`` loops.
+* hoisted range checks (see hoist/) for affine accesses in ``for`` loops.
 
 The result is the same AST printed by pycparser's CGenerator behind
 ``#include "cap.h"``, plus one exported entry function per kernel.
@@ -117,7 +117,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return self._rewrite_arrayref(node)
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self._rewrite_children(node)
-            # a quiet loop (hoist.py) polls once after itself instead
+            # a quiet loop (hoist/) polls once after itself instead
             node.stmt = self._with_pollcheck(node.stmt, poll=not isinstance(node, QUIET_LOOPS))
             return node
         if isinstance(node, PollPoint):
@@ -184,7 +184,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         for depth, ref in enumerate(subs):
             ref.subscript = self.rewrite(ref.subscript)
             if isinstance(ref, UncheckedRef):
-                continue  # covered by a loop guard (hoist.py)
+                continue  # covered by a loop guard (hoist/)
             if dims is not None and depth < len(dims) and self.mode == "checked":
                 ref.subscript = _call(
                     "rt_local_idx", _id("__rt"), ref.subscript, _const(dims[depth]),
@@ -230,7 +230,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return self._lower_tile(name, args, line)
         if name.startswith(("cap_load_", "cap_store_", "cap_len_", "cap_offset_", "cap_alloc_")):
             op, t = name[4:].rsplit("_", 1)
-            if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
+            if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist/)
                 return _call(f"rt_u{op}_{t}", *args)
             if op == "load":
                 return _call(f"rt_load_{t}", rt, args[0], args[1], line)
