@@ -10,15 +10,15 @@ What the transformation does (pycparser AST in, CGenerator text out):
   helpers; the element size is folded in at generation time.
 * Subscripts of local arrays (``smem_*`` arrays live in ``__shared__``
   memory, the others per thread) are wrapped in ``rt_lidx(i, N, ID, LINE)``.
-* Each loop condition gets an amortised pollcheck ``RT_POLL(__rt_pc)`` (one
-  add, one test per iteration; the sequence record's cancel and fault flags
-  are read every 1024th tick), so a launch past its deadline can be
-  cancelled and the blocks of a faulted launch stop early.  Every function
-  that calls a same-source function ticks the same counter at its entry
-  (hoist.entry_polls: a DAG of loop-free helpers reaches the record too): in
-  checked mode the counter is the thread's one ``unsigned int``, declared by
-  the ``__global__`` wrapper and passed by reference (``rt_pc_t``) as every
-  device function's hidden first parameter, so ticks add up across calls.
+* Each loop condition gets a clocked pollcheck ``RT_POLL(__rt_pc)`` (a clock
+  read and one test per iteration; the sequence record's cancel and fault flags
+  are read once RT_POLL_CYCLES have passed since the thread's last read), so a
+  launch past its deadline can be cancelled and the blocks of a faulted launch
+  stop early.  Every function that calls a same-source function polls at its
+  entry (hoist.entry_polls: a DAG of loop-free helpers reaches the record too):
+  in checked mode the clock of the last read is the thread's one ``unsigned
+  int``, declared by the ``__global__`` wrapper and passed by reference
+  (``rt_pc_t``) as every device function's hidden first parameter.
 * A ``KERNEL`` becomes an ``extern "C" __global__`` wrapper that initialises
   the block's fault flag and calls the body, emitted as a device function (no
   other function calls a KERNEL: the verifier refuses it, since a launch
@@ -91,7 +91,7 @@ FAULT_KINDS = abi.FAULT_REASON
 DEVICE_PRELUDE = r"""
 /* ---- capqr device runtime (generated; see runtime/cuda/lower.py) ---- */
 #pragma nv_diag_suppress 177   /* unused helpers of the runtime are expected */
-#pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
+#pragma nv_diag_suppress 550   /* the poll clock is unused in raw mode */
 
 /* cap_t, fault/dtype codes, RT_INB and rt_gpu_fault come from capabilities/abi.py. */
 __shared__ volatile int __rt_bfault;         /* this block: a thread faulted / cancelled */
@@ -109,9 +109,12 @@ static __device__ __forceinline__ long long rt_thread_idx(void) { return (long l
 /* The launch refuses any other block size (lane.check_block): nothing left to do here. */
 #define rt_require_block_dim(n) ((void)0)
 static __device__ __forceinline__ long long rt_block_dim(void) { return (long long)blockDim.x; }
-/* The thread's pollcheck counter, the hidden first parameter of every device
- * function in checked mode: one count across calls (after inlining, a register). */
+/* The thread's poll clock, the hidden first parameter of every device function in
+ * checked mode: the clock (low 32 bits) at the thread's last read of the sequence
+ * record, one value across calls (after inlining, a register). */
 typedef unsigned int &rt_pc_t;
+static __device__ __forceinline__ unsigned int rt_poll_clock(void)
+{ return (unsigned int)clock64(); }
 
 static __device__ __forceinline__ long long rt_len(cap_t c, long long S)
 {
@@ -182,7 +185,21 @@ static __device__ __forceinline__ void rt_poll_slow(void)
     }
     if (*(volatile int *)&r->flag) rt_exit_block(2);   /* another block faulted */
 }
-#define RT_POLL(pc) ((((pc) += 1u) & 1023u) == 0u ? rt_poll_slow() : (void)0)
+/* A pollcheck reads the record once RT_POLL_CYCLES (~20 us) have passed since the
+ * thread's last read: the time between two reads is bounded by the clock, not by how
+ * many polls a loop makes or what its iterations cost (hoist/polls.py bounds the work
+ * between two polls).  Unsigned difference: a clock that went back (a block resumed on
+ * another SM) reads at once. */
+#define RT_POLL_CYCLES 32768u
+static __device__ __forceinline__ void rt_poll(unsigned int &pc)
+{
+    unsigned int now = rt_poll_clock();
+    if (now - pc >= RT_POLL_CYCLES) {
+        pc = now;
+        rt_poll_slow();
+    }
+}
+#define RT_POLL(pc) rt_poll(pc)
 #define RT_POLL_NOW() rt_poll_slow()      /* after a quiet (versioned, short) loop */
 /* Kernel entry: a launch whose sequence already faulted or was cancelled exits
  * before touching memory (the record is sticky until the host resets it). */
@@ -756,7 +773,7 @@ def entry_symbol(kernel: str) -> str:
 
 
 #: The hidden first parameter of every device function in checked mode: the thread's
-#: pollcheck counter, by reference (rt_pc_t in the prelude).
+#: poll clock (its last read of the record), by reference (rt_pc_t in the prelude).
 PC_NAME = "__rt_pc"
 PC_PARAM = f"rt_pc_t {PC_NAME}"
 
@@ -1111,7 +1128,7 @@ class _Instrumenter:
         if self.checked:  # raw builds have neither the hidden parameters nor the entry check
             decl_txt = _with_hidden_params(decl_txt)
             prologue = (f"  RT_PROLOGUE({SEQ_PARAM}, {LAUNCH_PARAM});\n"
-                        f"  unsigned int {PC_NAME} = 0u;\n")
+                        f"  unsigned int {PC_NAME} = rt_poll_clock();\n")
             argnames = ", ".join([PC_NAME] + [mangle(n) for n, _ in sig.params])
         # a block that returns leaves the group, so the other blocks' barriers complete
         leave = "  rt_group_leave();\n" if sig.group_sync else ""

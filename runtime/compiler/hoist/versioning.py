@@ -93,7 +93,17 @@ from .loops import (
 )
 from .marks import QUIET_LOOPS, LoopPlan, UncheckedCall, UncheckedRef, Versioning, mark_nopoll
 from .nest_guard import NestGuard, NoBound
-from .polls import OUTER_SHORT_TRIP, SHORT_TRIP, short_nest, silence, span_below, then_poll
+from .polls import (
+    OUTER_SHORT_TRIP,
+    SHORT_TRIP,
+    iteration_work,
+    nest_work_below,
+    quiet_limit,
+    short_nest,
+    silence,
+    span_below,
+    then_poll,
+)
 
 
 @dataclass
@@ -327,11 +337,14 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
         cond = c_ast.FuncCall(c_ast.ID(ctx.warp_vote), c_ast.ExprList([cond]))
     fast = loop
     fast_block: c_ast.Node = fast
-    leaf = innermost and leaf_body(loop.stmt)
+    # iterations the quiet copy may run: short, and little work in all (polls.QUIET_WORK)
+    leaf_limit = quiet_limit(SHORT_TRIP, iteration_work(loop)) if innermost else 0
+    leaf = leaf_limit > 1 and leaf_body(loop.stmt)
+    nest = None if innermost else short_nest(loop.stmt, folds)
     if innermost and not leaf and not accesses and not subs:
         return None  # nothing to hoist, and the pollchecks must stay (see below)
     if leaf:
-        # A short fast loop (< SHORT_TRIP iterations) answers handshakes once
+        # A short fast loop (< leaf_limit iterations) answers handshakes once
         # after it instead of at every back-edge: a call in the loop body would
         # stop gcc from vectorising it.  Latency stays bounded.  Bodies that
         # call anything able to wait for the collector (allocation, cap tables,
@@ -341,24 +354,26 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
         mark_nopoll(quiet)  # structurally, so enclosing copies keep it
         # Inside another loop the short loop needs no poll after itself: the
         # loop around it polls every iteration (or, if quiet too, after itself),
-        # so each quiet loop of its body runs < SHORT_TRIP iterations between
-        # two polls (on the GPU a loop's poll is counted: x1024).
+        # so each quiet loop of its body runs < leaf_limit iterations between
+        # two polls.
         quiet_block = c_ast.Compound([quiet]) if nested else then_poll(quiet)
         trips = const_trips(a_expr, b_expr, cmp, step)
-        if trips is not None and trips < SHORT_TRIP:
+        if trips is not None and trips < leaf_limit:
             # constant short loop: the polling copy could never run
             fast_block = quiet_block
         else:
-            fast_block = c_ast.If(span_below(span.hs, step, SHORT_TRIP), quiet_block, fast)
-    elif not innermost and (inner_short := short_nest(loop.stmt, folds)) is not None:
+            fast_block = c_ast.If(span_below(span.hs, step, leaf_limit), quiet_block, fast)
+    elif nest is not None and quiet_limit(OUTER_SHORT_TRIP, iteration_work(loop, nest.fixed)) > 1:
         # Few outer iterations over short inner loops (constant trip counts, or
-        # folded loops whose span, known before the nest, is short this time):
-        # poll once after the whole nest, so gcc may unroll-and-jam it like raw code.
+        # folded loops whose span, known before the nest, is short this time), and
+        # little work in all: poll once after the whole nest, so gcc may
+        # unroll-and-jam it like raw code.
         quiet = copy.deepcopy(fast)
         silence(quiet)
         short: c_ast.Node = span_below(span.hs, step, OUTER_SHORT_TRIP)
-        for term in inner_short:
+        for term in nest.conds:
             short = c_ast.BinaryOp("&&", short, term)
+        short = c_ast.BinaryOp("&&", short, nest_work_below(loop, span, nest))
         fast_block = c_ast.If(short, then_poll(quiet), fast)
     ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, guard_terms, covered,
                                     fast_block is not fast))
