@@ -54,6 +54,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     ws = g.Workspace.alloc(batch, n, prefix="")
     plan = g.launch_plan(batch, n, tall_rows)
     row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
+                 "mma_update": g.MMA_UPDATE, "mma_min_rows": g.MMA_MIN_ROWS,
                  "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows}
     outs = {}
     start, end = drv.Event(), drv.Event()
@@ -156,6 +157,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "or 'auto' (kernels.gpu.default_tall_rows)")
     ap.add_argument("--two-panel", choices=("default", "on", "off"), default="default",
                     help="one trailing update per pair of panels (kernels.gpu.TWO_PANEL)")
+    ap.add_argument("--mma-update", choices=("default", "on", "off"), default="default",
+                    help="the trailing update on the tensor cores (kernels.gpu.MMA_UPDATE)")
+    ap.add_argument("--mma-min-rows", type=int, default=None,
+                    help="rows from which an update takes the tensor cores "
+                         "(kernels.gpu.MMA_MIN_ROWS)")
     ap.add_argument("--peers", default=",".join(gpu_peers.PEERS),
                     help="comma-separated peers to time beside capqr, from "
                          f"{','.join(gpu_peers.PEERS)}; empty for none")
@@ -177,6 +183,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         from ..kernels import gpu as g
 
         g.TWO_PANEL = ns.two_panel == "on"
+    _set_mma_update(ns)
     tall = ns.tall_rows if ns.tall_rows == "auto" else (
         None if ns.tall_rows == "none" else int(ns.tall_rows))
     peers = tuple(p for p in ns.peers.split(",") if p)
@@ -217,6 +224,16 @@ def main(argv: list[str] | None = None) -> Path | None:
     out.with_suffix(".txt").write_text(text)
     print(text + f"wrote {out} and {out.with_suffix('.txt')}")
     return out
+
+
+def _set_mma_update(ns: argparse.Namespace) -> None:
+    """--mma-update / --mma-min-rows into kernels.gpu (the plan reads them when built)."""
+    from ..kernels import gpu as g
+
+    if ns.mma_update != "default":
+        g.MMA_UPDATE = ns.mma_update == "on"
+    if ns.mma_min_rows is not None:
+        g.MMA_MIN_ROWS = ns.mma_min_rows
 
 
 def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .case import qr_flops
 from .timing import SETTLE_S, Runner, interleaved, pick_repeats, time_once
 
 SQUARE = {"full": (256, 512, 1024, 2048, 4096), "quick": (64, 128)}
@@ -32,11 +33,6 @@ MIN_REPEATS, MAX_REPEATS, SHAPE_BUDGET_S = 3, 7, 40.0
 LONG_ROUND_S = 10.0
 
 Impl = Callable[[np.ndarray], Runner]
-
-
-def qr_flops(m: int, n: int) -> float:
-    """LAPACK xGEQRF flop count for one m x n matrix, m >= n."""
-    return 2.0 * m * n * n - 2.0 * n**3 / 3.0
 
 
 class _Call:

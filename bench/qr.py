@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .case import Case
+from .case import Case, qr_flops
 
 #: Overhead shapes (label, batch, n) per variant family; the unblocked kernel is
 #: BLAS-2 and slow, so it stops earlier.  Batched shapes use one block per matrix.
@@ -90,7 +90,6 @@ def _family_key(v: Any) -> str:
 
 def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
     """Checked-vs-raw cases for every QR variant (``sizes`` overrides the square sizes)."""
-    from .peers import qr_flops
 
     out = []
     shapes = OVERHEAD_SHAPES["quick" if quick else "full"]
@@ -111,7 +110,6 @@ def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
 
 def gc_case(quick: bool) -> Case:
     """The case timed with the collector running vs disabled (blocked QR, batched)."""
-    from .peers import qr_flops
 
     blocked = available()["blocked"]
     label, batch, n = GC_SHAPE["quick" if quick else "full"]

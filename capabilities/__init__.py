@@ -4,9 +4,10 @@ The C side of a capability is ``cap_t`` in ``capabilities/cap.h`` (the one C
 ABI header of capqr).
 
 The handles (``alloc``, ``wrap``, ``Capability``, ...) live in ``handle`` and
-load on first use (PEP 562 ``__getattr__``): they need the runtime core, while
-``abi`` (the layouts and codes the core is built from) must import without it,
-so ``from capqr.capabilities import abi`` never starts a build.
+load on first use (PEP 562 ``__getattr__``), and the first handle made binds them to
+the runtime core (the collector's C library, one layer up): ``abi`` (the layouts and
+codes the core is built from) imports without it, so ``from capqr.capabilities
+import abi`` never starts a build.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ header the collector may have released.
 
 Wrapped arrays (and wrapped torch CUDA tensors, runtime/cuda/lane.py): the
 collector owns the object, this module owns the array.
-The array stays referenced (``_EXTERNAL``) until the collector's sweep finds
-the object unreachable from every handle, table and running kernel and queues
-its release; ``drain_releases()`` (called on every alloc/wrap and after
-``runtime.gc_collect()``) then drops the reference.
+The array stays referenced (``runtime.heap.keep_external``) until the collector's
+sweep finds the object unreachable from every handle, table and running kernel and
+queues its release; ``runtime.heap.drain_releases()`` (called on every alloc/wrap and
+after ``runtime.gc_collect()``) then drops the reference.
 
 Keeping the array object alive is not enough: its data can be freed under it.
 For the same lifetime a wrap therefore also pins the data (see ``_host_pins``):
@@ -40,38 +40,40 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import core, heap
-from ..runtime.errors import CapabilityFault
 from . import abi
 from .protocol import RecordedAttributes
 
-ffi, lib = core.ffi, core.lib
-
-#: object id -> the Python object that owns a wrapped payload
-_EXTERNAL: dict[int, Any] = {}
-_DRAIN_BATCH = 256
-_drain_buf = ffi.new("gc_release_rec[]", _DRAIN_BATCH)
-
-
-def drain_releases() -> int:
-    """Drop the arrays of wrapped objects the collector has released; returns how many."""
-    n = 0
-    while True:
-        k = int(lib.gc_drain_external_releases(_drain_buf, _DRAIN_BATCH))
-        for i in range(k):
-            _EXTERNAL.pop(int(_drain_buf[i].id), None)
-        n += k
-        if k < _DRAIN_BATCH:
-            return n
+#: The runtime core's cffi handles (runtime/core.py: the collector's C library), bound
+#: by _bind() when the first handle is made.  Capabilities sit below runtime in the
+#: layering (tests/test_layering.py): loading this module builds and imports nothing
+#: above it, and `capabilities.abi`, which the core is built from, stays importable alone.
+ffi: Any = None
+lib: Any = None
+_heap: Any = None  # runtime.heap: the owners of wrapped payloads (keep_external)
+_bind_lock = threading.Lock()
 
 
-heap.add_release_hook(drain_releases)
+def _bind() -> None:
+    """Import the runtime core (the layer above) once, on first use, and drain the
+    collector's finished releases (every alloc and wrap does)."""
+    global ffi, lib, _heap
+    if lib is None:
+        with _bind_lock:
+            if lib is None:
+                from ..runtime import core, heap
+
+                ffi, _heap = core.ffi, heap
+                lib = core.lib  # last: a thread that sees lib bound sees the rest
+    _heap.drain_releases()
 
 
-def keep_external(obj_id: int, owner: Any) -> None:
-    """Keep ``owner`` (the array or tensor whose memory object ``obj_id`` wraps)
-    referenced until the collector releases the object."""
-    _EXTERNAL[int(obj_id)] = owner
+def _fault(*args: Any, **kw: Any) -> Exception:
+    """runtime.CapabilityFault, imported where a handle refuses an access (the layer
+    above; by then the core is bound)."""
+    from ..runtime.errors import CapabilityFault
+
+    return CapabilityFault(*args, **kw)
+
 
 #: numpy dtype -> RT_DT_* code (capabilities/abi.py)
 DTYPE_CODES = {np.dtype(d.numpy): d.code for d in abi.DTYPES if d.numpy}
@@ -178,7 +180,7 @@ class Capability(RecordedAttributes):
     def _check_live(self, access: str) -> None:
         # _freed first: after free() the pin is gone and the header may be too
         if self._freed or (int(self._obj.flags) & RT_OBJ_FREED):
-            raise CapabilityFault("freed", buffer=self._name, access=access,
+            raise _fault("freed", buffer=self._name, access=access,
                                   detail="capability used after free()")
         if self._guard is not None:
             self._guard(self._name, access)
@@ -230,13 +232,13 @@ class Capability(RecordedAttributes):
     def free(self) -> None:
         """Revoke the object now; later uses fault (a second free() too)."""
         if self._freed:
-            raise CapabilityFault("freed", buffer=self._name, access="free",
+            raise _fault("freed", buffer=self._name, access="free",
                                   detail="double free()")
         rc = lib.gc_free(self._obj)
         self._freed = True
         self._pin = None  # the payload goes once no view and no running kernel holds it
         if rc != 0:
-            raise CapabilityFault("freed", buffer=self._name, access="free",
+            raise _fault("freed", buffer=self._name, access="free",
                                   detail="double free()")
 
     def _arg_obj(self) -> Any:
@@ -282,7 +284,7 @@ def _auto_name(prefix: str) -> str:
 def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | None = None,
           *, device: str = "cpu") -> Any:
     """A fresh zeroed buffer owned by the collector."""
-    drain_releases()
+    _bind()
     if device != "cpu":
         from ..runtime import cuda  # GPU lane (optional)
 
@@ -333,7 +335,7 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     ``share_memory_`` (which move the tensor, not the capability: writes
     through the capability then no longer show in the tensor).
     """
-    drain_releases()
+    _bind()
     keep: Any = array
     if type(array).__module__.startswith("torch"):
         if getattr(array, "is_cuda", False):
@@ -370,7 +372,7 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     cap._guard = guard
     # the pins live exactly as long as the array reference: until the collector
     # releases the object, after every handle, table and running kernel
-    keep_external(cap.id, (keep, pins))
+    _heap.keep_external(cap.id, (keep, pins))
     return cap
 
 
@@ -561,7 +563,7 @@ def _pin_torch(t: Any) -> tuple[list[Any], Any]:
 
     def guard(name: str, access: str) -> None:
         if storage.data_ptr() != ptr or storage.nbytes() < nbytes:
-            raise CapabilityFault("freed", buffer=name, access=access,
+            raise _fault("freed", buffer=name, access=access,
                                   detail="the wrapped tensor's storage released its memory "
                                          f"(share_memory_ or resize_); {_torch_pin_error}")
 

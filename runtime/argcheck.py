@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 #: dialect scalar kind -> rt_arg field (and the GPU parameter's C type)
@@ -75,18 +77,42 @@ def check_perms(perms: Any) -> str:
     return perms
 
 
-def group_arg(name: str, uses: bool, group: Any, grid: int, wanted: str) -> int:
-    """``group`` as an int in 1 .. grid, or ValueError (``uses``: kernel ``name`` calls
-    rt_group_sync; ``wanted``: the lane's words for the group= a launch needs, said
-    when it is missing).  The lanes add their own limits (CPU workers, GPU residency)."""
+@dataclass(frozen=True)
+class GroupRules:
+    """How a lane runs a group launch (``group=``, for kernels that call rt_group_sync).
+    Message templates, formatted with ``name``, ``grid``, ``group``, ``blocks`` (the
+    blocks that must run at once), ``at_once`` and the caller's own words."""
+
+    wanted: str                   # the group= a launch needs, said when it is missing
+    whole_grid: str | None        # the refusal when the group must be the whole grid
+    too_many: str                 # the refusal when more blocks than at_once must run at once
+
+
+def check_group(name: str, uses: bool, group: Any, grid: int, rules: GroupRules,
+                at_once: Callable[[], int], **words: Any) -> int:
+    """0 for a launch without a group (``group`` None and kernel ``name`` does not call
+    rt_group_sync: ``uses``); else ``group`` as an int, or ValueError unless it is in
+    1 .. grid (the whole grid where ``rules.whole_grid``) and its blocks fit at once:
+    no more than ``at_once()`` (the lane's limit, asked only here), or they would
+    wait forever for blocks that cannot start."""
+    if group is None and not uses:
+        return 0
     if not uses:
         raise ValueError(f"group= is for kernels that call rt_group_sync; {name!r} does not")
     if group is None:
-        raise ValueError(f"kernel {name!r} calls rt_group_sync: launch it with {wanted}")
+        raise ValueError(f"kernel {name!r} calls rt_group_sync: launch it with "
+                         + rules.wanted.format(grid=grid))
     try:
-        group = operator.index(group) if not isinstance(group, bool) else None
+        g = operator.index(group) if not isinstance(group, bool) else None
     except TypeError:
-        group = None
-    if group is None or not 1 <= group <= max(grid, 1):
+        g = None
+    if g is None or not 1 <= g <= max(grid, 1):
         raise ValueError(f"group must be an int in 1 .. grid ({grid})")
-    return group
+    if rules.whole_grid is not None and grid and g != grid:
+        raise ValueError(rules.whole_grid.format(name=name, grid=grid, group=g))
+    blocks = grid if rules.whole_grid is not None else g
+    most = at_once()
+    if blocks > most:
+        raise ValueError(rules.too_many.format(name=name, grid=grid, group=g, blocks=blocks,
+                                               at_once=most, **words))
+    return g

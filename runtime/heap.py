@@ -17,6 +17,34 @@ def add_release_hook(fn: Callable[[], Any]) -> None:
     if fn not in _RELEASE_HOOKS:
         _RELEASE_HOOKS.append(fn)
 
+
+#: object id -> the Python object that owns a wrapped payload (a numpy array, a host or
+#: CUDA tensor): referenced until the collector releases the object
+_EXTERNAL: dict[int, Any] = {}
+_DRAIN_BATCH = 256
+_drain_buf = ffi.new("gc_release_rec[]", _DRAIN_BATCH)
+
+
+def keep_external(obj_id: int, owner: Any) -> None:
+    """Keep ``owner`` (the array or tensor whose memory object ``obj_id`` wraps)
+    referenced until the collector releases the object."""
+    _EXTERNAL[int(obj_id)] = owner
+
+
+def drain_releases() -> int:
+    """Drop the owners of wrapped objects the collector has released; returns how many."""
+    n = 0
+    while True:
+        k = int(lib.gc_drain_external_releases(_drain_buf, _DRAIN_BATCH))
+        for i in range(k):
+            _EXTERNAL.pop(int(_drain_buf[i].id), None)
+        n += k
+        if k < _DRAIN_BATCH:
+            return n
+
+
+add_release_hook(drain_releases)
+
 _FIELDS = ("cycles", "objects_live", "bytes_live", "objects_freed_total", "bytes_freed_total",
            "bytes_allocated_total", "objects_allocated_total", "handshakes",
            "handshake_p50_us", "handshake_p99_us", "handshake_max_us", "mark_seconds_total",

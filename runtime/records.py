@@ -3,10 +3,11 @@
 The front end's result (the entry point's name, its signature, the generated
 C or CUDA text) is a pure function of the cache key, which hashes the source,
 the options and every module of the front end and of the lane's lowering
-(:func:`toolchain_version`).  Both lanes keep it next to their compiled
-output, so a process that meets a key built before skips parse, verify and
-lowering (seconds for the QR kernels).  A source that fails to verify never
-gets a record; a damaged record, or one of another key, reads as absent.
+(:func:`toolchain_version`).  runtime/pipeline.py keeps it next to each
+lane's compiled output, so a process that meets a key built before skips
+parse, verify and lowering (seconds for the QR kernels).  A source that
+fails to verify never gets a record; a damaged record, or one of another
+key, reads as absent.
 """
 
 from __future__ import annotations

@@ -216,13 +216,14 @@ class Kernel:
 
     def capability_fault(self, fault: dict[str, int]) -> Any:
         """The CapabilityFault the GPU lane raises for this fault record (its own
-        mapping, runtime.cuda.lane.fault_from_record: reason, buffer, index, line)."""
+        decoder, runtime/faults.py: reason, buffer, index, line)."""
         from types import SimpleNamespace
 
-        from capqr.runtime.cuda.lane import fault_from_record
+        from capqr.runtime.faults import fault_from_record, slot_buffer
 
+        rec = SimpleNamespace(**fault)
         caps = [name for name, kind in self.params if kind == "cap"]
-        return fault_from_record(SimpleNamespace(**fault), self.name, self.local_arrays, caps)
+        return fault_from_record(rec, self.name, slot_buffer(rec, caps, self.local_arrays))
 
     def launch(self, args: list[Any], grid: int, block: int,
                cancel_after: float | None = None) -> dict[str, int] | None:
@@ -231,7 +232,7 @@ class Kernel:
         Returns the fault record's fields (kind, access, line, block, thread, index,
         slot) or None.  ``cancel_after``: seconds after which the host raises the
         record's cancel flag while the kernel runs, as the GPU lane does at a
-        launch's deadline (runtime/cuda/lane.py, _cancel)."""
+        launch's deadline (runtime/cuda/sequence.py, cancel)."""
         caps = [a for (_, k), a in zip(self.params, args, strict=True) if k == "cap"]
         ints = [int(a) for (_, k), a in zip(self.params, args, strict=True) if k == "int64"]
         dbls = [float(a) for (_, k), a in zip(self.params, args, strict=True)

@@ -339,18 +339,33 @@ def test_collector_api_is_declared_once() -> None:
                        "gc_handshake_poll", "gc_store_barrier"}
 
 
+def test_worker_pool_api_is_declared_once() -> None:
+    """core.py declares to cffi exactly the prototypes of runtime/csrc/core.h's host API
+    part: every rt_* function the Python side calls is there and nowhere else."""
+    from capqr.runtime.core import CDEF, host_api_cdef
+
+    header = (REPO / "runtime/csrc/core.h").read_text()
+    names = re.findall(r"\b(rt_\w+)\s*\(", host_api_cdef(header, "rt_", "core.h"))
+    assert len(names) == len(set(names)) >= 10
+    for name in names:
+        assert hasattr(runtime.core.lib, name), name
+    assert not re.search(r"\brt_\w+\s*\(", CDEF), "a prototype written in core.py again"
+    used = set(re.findall(r"\blib\.(rt_\w+)", "".join(
+        p.read_text() for p in REPO.rglob("*.py") if ".git" not in p.parts)))
+    assert used and used <= set(names), used - set(names)
+
+
 def test_python_constants_agree_with_the_abi() -> None:
-    import sys
+    from types import SimpleNamespace
 
     from capqr.capabilities import handle
-
-    launch_mod = sys.modules["capqr.runtime.launch"]
+    from capqr.runtime import faults
 
     assert {np.dtype(d.numpy): d.code for d in abi.DTYPES if d.numpy} == {
         k: v for k, v in handle.DTYPE_CODES.items()}
     assert handle.CAP_CODE == abi.CAP_DT_CODE
     assert handle.CAP_SLOT_BYTES == abi.ELEM_SIZE["cap"]
-    assert launch_mod.FAULT_REASONS is abi.FAULT_REASON
+    assert all(faults.reason(SimpleNamespace(kind=f.code)) == f.reason for f in abi.FAULTS)
     assert runtime.core.ffi.sizeof("cap_t") == abi.CAP_BYTES
 
 
@@ -974,11 +989,11 @@ def test_gpu_scalar_args_checked_without_a_device() -> None:
     from capqr.runtime.compiler.verifier import verify
     from capqr.runtime.cuda import DeviceCapability
     from capqr.runtime.cuda import driver as drv
-    from capqr.runtime.cuda.lane import _ParamBlock
+    from capqr.runtime.cuda.params import ParamBlock
 
     sig = verify(parse(ARGS_SRC), target="cuda").kernels["put"]
     k = SimpleNamespace(info=sig, name="put", checked=True)
-    block = _ParamBlock(k)
+    block = ParamBlock(k)
     out = DeviceCapability(0x1000, (3,), np.float64, "rw", owned=False)
     for bad, exc in (((2.5, 1.0, 1.0), TypeError), ((True, 1.0, 1.0), TypeError),
                      ((2**63, 1.0, 1.0), OverflowError), ((1, 1.0), TypeError)):

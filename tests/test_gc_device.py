@@ -20,9 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 from capqr import runtime
+from capqr.runtime import cuda
 from capqr.runtime.core import lib
 from capqr.runtime.cuda import driver as real_drv
-from capqr.runtime.cuda import lane
+from capqr.runtime.cuda import memory
+
+_real_ffi = real_drv.ffi  # the fake's ffi() stands in for it, and hands it out
 
 SRC = """
 KERNEL void touch(cap_t x, int64_t n)
@@ -39,11 +42,6 @@ FAKE_RECORD = 0x10_0000  # the launch-sequence record's address (not a payload)
 class FakeDriver:
     """What the lane calls on runtime.cuda.driver, recording device memory."""
 
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_NOT_READY = 600
-    CudaError = real_drv.CudaError
-    CudaUnavailable = real_drv.CudaUnavailable
-
     def __init__(self) -> None:
         self.live: dict[int, int] = {}     # address -> bytes, allocated and not freed
         self.freed: list[int] = []         # cuMemFree'd addresses, in order
@@ -55,13 +53,13 @@ class FakeDriver:
         self.resume = threading.Event()
         self.launch_thread: int | None = None
 
-    # -- module functions ----------------------------------------------------
+    # -- the driver module's functions (the fixture puts these in its place) ------
     def lib(self) -> FakeDriver:
         return self
 
     def ffi(self) -> Any:
         self._park("args")
-        return real_drv.ffi()
+        return _real_ffi()
 
     def device(self) -> Any:
         return SimpleNamespace(max_threads=1024, side_stream=None, arch="sm_90",
@@ -108,24 +106,25 @@ class FakeDriver:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
     d = FakeDriver()
-    monkeypatch.setattr(lane, "drv", d)
+    for entry in ("lib", "ffi", "device", "check"):  # every module of the lane calls these
+        monkeypatch.setattr(real_drv, entry, getattr(d, entry))
     yield d
     d.resume.set()
     pygc.collect()
     for _ in range(6):  # every handle is gone: the collector releases everything
         runtime.gc_collect()
-        if not lane.device_payloads_owned():
+        if not memory.device_payloads_owned():
             break
-    assert lane.device_payloads_owned() == 0
+    assert memory.device_payloads_owned() == 0
     assert d.live == {}, "device payloads leaked"
 
 
-def _kernel() -> lane.CudaKernel:
-    cs = lane.translate(SRC)
-    return lane.CudaKernel("touch", SRC, True, cs, cs.kernels["touch"], None, None, 0)
+def _kernel() -> cuda.CudaKernel:
+    cs = cuda.translate(SRC)
+    return cuda.CudaKernel("touch", SRC, True, cs, cs.kernels["touch"], None, None, 0)
 
 
-def _launch_in_thread(fake: FakeDriver, k: lane.CudaKernel, caps: list, addresses: list[int],
+def _launch_in_thread(fake: FakeDriver, k: cuda.CudaKernel, caps: list, addresses: list[int],
                       where: str) -> threading.Thread:
     """Start a launch of ``k`` on ``caps`` and return once it is parked at ``where``."""
     errors: list[BaseException] = []
@@ -133,7 +132,7 @@ def _launch_in_thread(fake: FakeDriver, k: lane.CudaKernel, caps: list, addresse
     def run() -> None:
         fake.launch_thread = threading.get_ident()
         try:
-            lane.launch(k, caps, args=(4,), grid=1, block=32)
+            cuda.launch(k, caps, args=(4,), grid=1, block=32)
         except BaseException as e:  # noqa: BLE001 - reported by the joining test
             errors.append(e)
 
@@ -164,7 +163,7 @@ def test_free_during_a_launch_keeps_the_payload_until_it_ends(fake: FakeDriver,
     """free() while a launch is packing its arguments or running: the payload the
     launch snapshotted stays allocated until the launch ended and a cycle swept."""
     k = _kernel()
-    x = lane.alloc_device(16, np.float32, name="x")
+    x = cuda.alloc_device(16, np.float32, name="x")
     addr = x.ptr
     t = _launch_in_thread(fake, k, [x], [addr], where)
     x.free()
@@ -175,13 +174,13 @@ def test_free_during_a_launch_keeps_the_payload_until_it_ends(fake: FakeDriver,
     _collect()
     assert addr not in fake.live and fake.freed.count(addr) == 1
     with pytest.raises(runtime.CapabilityFault) as e:  # the next launch is refused
-        lane.launch(k, [x], args=(4,), grid=1, block=32)
+        cuda.launch(k, [x], args=(4,), grid=1, block=32)
     assert (e.value.reason, e.value.buffer, e.value.access) == ("freed", "x", "launch")
 
 
 def test_dropping_the_last_handle_during_a_launch(fake: FakeDriver) -> None:
     k = _kernel()
-    x = lane.alloc_device(16, np.float32, name="x")
+    x = cuda.alloc_device(16, np.float32, name="x")
     addr, xid = x.ptr, x.id
     caps = [x]
     t = _launch_in_thread(fake, k, caps, [addr], "kernel")
@@ -199,7 +198,7 @@ def test_dropping_the_last_handle_during_a_launch(fake: FakeDriver) -> None:
 
 
 def test_second_free_raises_and_attributes_stay_defined(fake: FakeDriver) -> None:
-    x = lane.alloc_device((2, 3), np.float64, name="x")
+    x = cuda.alloc_device((2, 3), np.float64, name="x")
     x.free()
     with pytest.raises(runtime.CapabilityFault) as e:
         x.free()
@@ -218,7 +217,7 @@ def test_free_revokes_the_collector_header(fake: FakeDriver) -> None:
     Python handle: the collector, and anything else reading the header, sees it."""
     from capqr.capabilities import abi
 
-    x = lane.alloc_device(64, np.float32, name="x")
+    x = cuda.alloc_device(64, np.float32, name="x")
     obj = x._obj
     lib.gc_hold(obj)  # keeps the header alive once free() drops the handle's pin
     try:
@@ -235,11 +234,11 @@ def test_device_bytes_pace_the_collector(fake: FakeDriver) -> None:
     allocator's debt keep the number of live payloads bounded."""
     runtime.gc_set_enabled(True)
     before = lib.gc_heap_occupancy()
-    keep = lane.alloc_device(2 * MIB, np.float32, name="keep")  # 8 MiB
+    keep = cuda.alloc_device(2 * MIB, np.float32, name="keep")  # 8 MiB
     assert lib.gc_heap_occupancy() - before >= 8 * MIB  # the pacer sees device bytes
     peak = 0
     for i in range(500):
-        lane.alloc_device(2 * MIB, np.float32, name=f"c{i}")  # dropped at once
+        cuda.alloc_device(2 * MIB, np.float32, name=f"c{i}")  # dropped at once
         peak = max(peak, len(fake.live))
     assert peak <= 12, f"{peak} live 8 MiB payloads during churn"
     assert len(fake.freed) >= 500 - 12
@@ -264,7 +263,7 @@ def test_wrapped_tensor_reference_dropped_by_the_collector(fake: FakeDriver) -> 
     k = _kernel()
     tensor = Tensor()
     alive = weakref.ref(tensor)
-    x = lane.wrap_device(tensor, name="t")
+    x = cuda.wrap_device(tensor, name="t")
     del tensor
     caps = [x]
     t = _launch_in_thread(fake, k, caps, [], "kernel")
@@ -281,7 +280,7 @@ def test_wrapped_tensor_reference_dropped_by_the_collector(fake: FakeDriver) -> 
 
 def test_runtime_launch_takes_a_single_device_cap(fake: FakeDriver) -> None:
     k = _kernel()
-    x = lane.alloc_device(16, np.float32, name="x")
+    x = cuda.alloc_device(16, np.float32, name="x")
     fake._params = [x.ptr]
     runtime.launch(k, x, args=(4,), grid=1, block=32)
     assert fake.launched_with == [True]

@@ -150,7 +150,7 @@ th.join(60)
 assert not th.is_alive()
 for _ in range(3):
     runtime.gc_collect()
-capabilities.handle.drain_releases()
+runtime.heap.drain_releases()
 print(json.dumps(dict(rounds=int(flag.numpy()[2]), alive_during=alive_during,
                       released_after=alive() is None)))
 """
@@ -175,7 +175,7 @@ def test_wrapped_array_released_once_unreachable():
     pygc.collect()
     runtime.gc_collect()
     runtime.gc_collect()
-    capabilities.handle.drain_releases()
+    runtime.heap.drain_releases()
     assert alive() is None
 
 

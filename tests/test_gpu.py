@@ -323,7 +323,7 @@ def _hold_scenario(drop_handle: bool) -> None:
     import weakref
 
     from capqr.runtime.core import lib
-    from capqr.runtime.cuda import lane
+    from capqr.runtime.cuda import memory
 
     k = cuda.compile(HOLD, "hold")
     flag = cuda.alloc_device(1, np.int32, name="flag")
@@ -366,7 +366,7 @@ def _hold_scenario(drop_handle: bool) -> None:
             buf.free()
         assert e.value.reason == "freed"
     _settle()
-    pending, lid = lane.payload_pending(bid), lib.gc_is_live_id(bid)
+    pending, lid = memory.payload_pending(bid), lib.gc_is_live_id(bid)
     in_flight = t.is_alive()
     _set_flag(flag)
     t.join(60)
@@ -375,7 +375,7 @@ def _hold_scenario(drop_handle: bool) -> None:
     assert pending and lid, "payload released while a launch held it"
     assert np.all(res.numpy() == 42.0)  # the in-flight kernel read the live payload
     _settle()
-    assert not lane.payload_pending(bid)
+    assert not memory.payload_pending(bid)
     if drop_handle:
         assert not lib.gc_is_live_id(bid)
     else:

@@ -554,7 +554,8 @@ def test_whole_launch_past_the_matrix_faults() -> None:
     """gpu_qr_whole told n larger than the buffers faults on A; an n past its class's
     capacity faults on the shared matrix; a dynamic buffer past the device's opt-in limit
     is refused before anything runs."""
-    from capqr.runtime.cuda import lane
+    from capqr.runtime.cuda import driver as drv
+    from capqr.runtime.cuda.kernel import opt_in_dynamic_smem
     from capqr.runtime.errors import CapabilityFault
 
     a = np.random.default_rng(2).standard_normal((1, 33, 33)).astype(np.float32)
@@ -572,4 +573,4 @@ def test_whole_launch_past_the_matrix_faults() -> None:
     k = ks["whole232"]
     assert k.dynamic_smem == g.gen_whole.shared_bytes(232, 1024)
     with pytest.raises(ValueError, match="allows at most"):
-        lane.opt_in_dynamic_smem(k.name, k.function, 1 << 20, lane.drv.device())
+        opt_in_dynamic_smem(k.name, k.function, 1 << 20, drv.device())

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import pytest
 from capqr import capabilities, runtime
-from capqr.runtime import CapabilityFault, KernelTimeout
+from capqr.runtime import CapabilityFault, KernelTimeout, cuda
 from capqr.runtime.cuda import driver as real_drv
-from capqr.runtime.cuda import lane
+from capqr.runtime.cuda import memory, sequence
 from readme_examples import run_readme_example
 
 PUT_SRC = """
@@ -198,12 +198,6 @@ class FakeDevice:
     "stuck" (ignores the cancel flag until ``unstick()``).
     """
 
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_NOT_READY = 600
-    CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = real_drv.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH
-    CudaError = real_drv.CudaError
-    CudaUnavailable = real_drv.CudaUnavailable
-
     def __init__(self) -> None:
         self.mem: dict[int, bytearray] = {}   # address -> bytes (allocated, not freed)
         self.freed: list[int] = []
@@ -224,12 +218,9 @@ class FakeDevice:
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
 
-    # -- module functions ------------------------------------------------------
+    # -- the driver module's functions (the fixture puts these in its place) --------
     def lib(self) -> FakeDevice:
         return self
-
-    def ffi(self) -> Any:
-        return real_drv.ffi()
 
     def device(self) -> Any:
         return self.dev
@@ -246,7 +237,7 @@ class FakeDevice:
         raise AssertionError(f"access to unallocated device address 0x{address:x}")
 
     def record(self) -> Any:
-        return lane._ffi().from_buffer(f"{RECORD} *", self.mem[self.dev.seq_record])
+        return sequence.record_ffi().from_buffer(f"{RECORD} *", self.mem[self.dev.seq_record])
 
     def cuMemAlloc_v2(self, p: Any, n: int) -> int:
         p[0] = self._next
@@ -355,7 +346,7 @@ class FakeDevice:
 
     def cuStreamQuery(self, stream: Any) -> int:
         self._count("query")
-        return 0 if self._step() else self.CUDA_ERROR_NOT_READY
+        return 0 if self._step() else real_drv.CUDA_ERROR_NOT_READY
 
 
 def abi_code(name: str) -> int:
@@ -367,27 +358,28 @@ def abi_code(name: str) -> int:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
     d = FakeDevice()
-    monkeypatch.setattr(lane, "drv", d)
-    monkeypatch.setattr(lane, "CANCEL_GRACE", 0.2)
+    for entry in ("lib", "device", "check"):  # every module of the lane calls these
+        monkeypatch.setattr(real_drv, entry, getattr(d, entry))
+    monkeypatch.setattr(sequence, "CANCEL_GRACE", 0.2)
     yield d
     d.stuck = False
-    lane.sync()
-    assert not lane._seq.stuck and not lane._seq.held
+    cuda.sync()
+    assert not sequence.current.stuck and not sequence.current.held
     pygc.collect()
     for _ in range(6):
         runtime.gc_collect()
-        if not lane.device_payloads_owned():
+        if not memory.device_payloads_owned():
             break
     assert set(d.mem) <= {d.dev.seq_record}, "device payloads leaked"
 
 
 def _fake_kernel(fake: FakeDevice, src: str, name: str, behaviour: Any = None,
-                 checked: bool = True) -> lane.CudaKernel:
-    cs = lane.translate(src, checked=checked)
+                 checked: bool = True) -> cuda.CudaKernel:
+    cs = cuda.translate(src, checked=checked)
     fn = f"{name}@{len(fake.params)}"  # one function handle per "module"
     fake.params[fn] = [kind for _, kind in cs.kernels[name].params]
     fake.behaviour[fn] = behaviour
-    return lane.CudaKernel(name, src, checked, cs, cs.kernels[name], None, fn, 0,
+    return cuda.CudaKernel(name, src, checked, cs, cs.kernels[name], None, fn, 0,
                            dynamic_smem=cs.dynamic_smem.get(name, 0))
 
 
@@ -400,18 +392,18 @@ def _oob(slot: int, index: int, line: int, block: int = 0, thread: int = 0,
 def test_fake_one_sync_per_sequence(fake: FakeDevice) -> None:
     """1000 launches, one record reset, no host synchronisation until sync()."""
     k = _fake_kernel(fake, PUT_SRC, "put")
-    x = lane.alloc_device(4, np.float32, name="x")
+    x = cuda.alloc_device(4, np.float32, name="x")
     for i in range(1000):
         runtime.launch(k, [x], args=(i % 4, 1.0), grid=2, block=32, sync=False)
     assert fake.calls.get("launch") == 1000 and len(fake.queue) == 1000 + 3  # + 3 memsets
     assert fake.calls.get("synchronize", 0) == fake.calls.get("query", 0) == 0
     assert fake.calls.get("dtoh", 0) == 0
     assert fake.calls["memset record"] == 1  # reset once, when the sequence started
-    assert _holds(x) == 1000 and lane.pending() == 1000
+    assert _holds(x) == 1000 and cuda.pending() == 1000
     runtime.sync()
     assert [i for _, i in fake.ran] == list(range(1000))
     assert fake.calls["synchronize"] == 1 and fake.calls["dtoh"] == 1
-    assert _holds(x) == 0 and lane.pending() == 0
+    assert _holds(x) == 0 and cuda.pending() == 0
 
 
 def test_fake_fault_in_the_middle_across_modules(fake: FakeDevice) -> None:
@@ -419,9 +411,9 @@ def test_fake_fault_in_the_middle_across_modules(fake: FakeDevice) -> None:
     and sync names the second launch's kernel and buffer (its own argument names)."""
     put = _fake_kernel(fake, PUT_SRC, "put")
     copy = _fake_kernel(fake, COPY_SRC, "copy", lambda launch: _oob(1, 6, COPY_LINE, 3, 17, 1))
-    a = lane.alloc_device(4, np.float32, name="a")
-    b = lane.alloc_device(4, np.float32, name="b")
-    canary = lane.alloc_device(4, np.float32, name="canary")
+    a = cuda.alloc_device(4, np.float32, name="a")
+    b = cuda.alloc_device(4, np.float32, name="b")
+    canary = cuda.alloc_device(4, np.float32, name="canary")
     runtime.launch(put, [a], args=(0, 1.0), sync=False)
     runtime.launch(copy, [a, b], args=(6,), grid=4, sync=False)
     runtime.launch(put, [canary], args=(0, 1.0), sync=False)
@@ -442,13 +434,13 @@ def test_fake_launch_many_is_the_same_sequence(fake: FakeDevice) -> None:
     reports it exactly; each distinct buffer is held once for the batch."""
     put = _fake_kernel(fake, PUT_SRC, "put")
     copy = _fake_kernel(fake, COPY_SRC, "copy", lambda launch: _oob(1, 6, COPY_LINE, 3, 17, 1))
-    a = lane.alloc_device(4, np.float32, name="a")
-    b = lane.alloc_device(4, np.float32, name="b")
-    canary = lane.alloc_device(4, np.float32, name="canary")
+    a = cuda.alloc_device(4, np.float32, name="a")
+    b = cuda.alloc_device(4, np.float32, name="b")
+    canary = cuda.alloc_device(4, np.float32, name="canary")
     runtime.launch(put, [a], args=(0, 1.0), sync=False)  # a sequence already pending
-    lane.launch_many([(put, [a], (1, 2.0), 1, 32), (copy, [a, b], (6,), 4, 32),
+    cuda.launch_many([(put, [a], (1, 2.0), 1, 32), (copy, [a, b], (6,), 4, 32),
                       (put, canary, (0, 1.0), 1, 32)])
-    assert lane.pending() == 4
+    assert cuda.pending() == 4
     assert (_holds(a), _holds(b), _holds(canary)) == (2, 1, 1)
     with pytest.raises(CapabilityFault) as e:
         runtime.sync()
@@ -465,31 +457,31 @@ def test_fake_launch_many_argument_errors(fake: FakeDevice) -> None:
     sequence (and keep their holds until sync); a batch that enqueues nothing
     holds nothing; a freed buffer refuses the whole batch before any launch."""
     put = _fake_kernel(fake, PUT_SRC, "put")
-    x = lane.alloc_device(4, np.float32, name="x")
+    x = cuda.alloc_device(4, np.float32, name="x")
     with pytest.raises(TypeError, match="int64_t"):
-        lane.launch_many([(put, [x], (0, 1.0), 1, 32), (put, [x], (1.5, 1.0), 1, 32)])
-    assert lane.pending() == 1 and _holds(x) == 1
+        cuda.launch_many([(put, [x], (0, 1.0), 1, 32), (put, [x], (1.5, 1.0), 1, 32)])
+    assert cuda.pending() == 1 and _holds(x) == 1
     runtime.sync()
     assert _holds(x) == 0
     with pytest.raises(TypeError, match="int64_t"):
-        lane.launch_many([(put, [x], ("0", 1.0), 1, 32)])
+        cuda.launch_many([(put, [x], ("0", 1.0), 1, 32)])
     for grid in (-1, 0):
         with pytest.raises(ValueError, match="grid"):
-            lane.launch_many([(put, [x], (0, 1.0), grid, 32)])
-    assert lane.pending() == 0 and _holds(x) == 0
-    y = lane.alloc_device(4, np.float32, name="y")
+            cuda.launch_many([(put, [x], (0, 1.0), grid, 32)])
+    assert cuda.pending() == 0 and _holds(x) == 0
+    y = cuda.alloc_device(4, np.float32, name="y")
     y.free()
     launched = fake.calls.get("launch", 0)
     with pytest.raises(CapabilityFault, match="freed"):
-        lane.launch_many([(put, [x], (0, 1.0), 1, 32), (put, [y], (0, 1.0), 1, 32)])
-    assert lane.pending() == 0 and _holds(x) == 0 and fake.calls.get("launch", 0) == launched
+        cuda.launch_many([(put, [x], (0, 1.0), 1, 32), (put, [y], (0, 1.0), 1, 32)])
+    assert cuda.pending() == 0 and _holds(x) == 0 and fake.calls.get("launch", 0) == launched
 
 
 def test_fake_next_sequence_starts_clean(fake: FakeDevice) -> None:
     """The record is reset when the next sequence starts: its launches run."""
     bad = _fake_kernel(fake, PUT_SRC, "put", lambda launch: _oob(0, 9, PUT_LINE))
     good = _fake_kernel(fake, PUT_SRC, "put")
-    x = lane.alloc_device(4, np.float32, name="x")
+    x = cuda.alloc_device(4, np.float32, name="x")
     runtime.launch(bad, [x], args=(9, 1.0), sync=False)
     with pytest.raises(CapabilityFault):
         runtime.sync()
@@ -502,7 +494,7 @@ def test_fake_next_sequence_starts_clean(fake: FakeDevice) -> None:
 def test_fake_sync_launch_raises_the_pending_fault_first(fake: FakeDevice) -> None:
     bad = _fake_kernel(fake, PUT_SRC, "put", lambda launch: _oob(0, 9, PUT_LINE))
     good = _fake_kernel(fake, PUT_SRC, "put")
-    x = lane.alloc_device(4, np.float32, name="x")
+    x = cuda.alloc_device(4, np.float32, name="x")
     runtime.launch(bad, [x], args=(9, 1.0), sync=False)
     with pytest.raises(CapabilityFault) as e:
         runtime.launch(good, [x], args=(0, 1.0))
@@ -516,8 +508,8 @@ def test_fake_free_and_drop_mid_sequence_keep_the_payload(fake: FakeDevice) -> N
     """free() and dropping the last handle after enqueueing: the payload stays
     allocated (the fake asserts it at execution) until the sync released the holds."""
     k = _fake_kernel(fake, PUT_SRC, "put")
-    x = lane.alloc_device(4, np.float32, name="x")
-    y = lane.alloc_device(4, np.float32, name="y")
+    x = cuda.alloc_device(4, np.float32, name="x")
+    y = cuda.alloc_device(4, np.float32, name="y")
     px, py = x.ptr, y.ptr
     runtime.launch(k, [x], args=(0, 1.0), sync=False)
     runtime.launch(k, [y], args=(0, 1.0), sync=False)
@@ -541,7 +533,7 @@ def test_fake_timeout_cancels_the_sequence(fake: FakeDevice) -> None:
     stopped at a pollcheck and the launches after it exit at entry."""
     put = _fake_kernel(fake, PUT_SRC, "put")
     spin = _fake_kernel(fake, COPY_SRC, "copy", "spin")
-    x = lane.alloc_device(4, np.float32, name="x")
+    x = cuda.alloc_device(4, np.float32, name="x")
     runtime.launch(put, [x], args=(0, 1.0), sync=False)
     runtime.launch(spin, [x, x], args=(0,), sync=False)
     runtime.launch(put, [x], args=(1, 1.0), sync=False)
@@ -557,7 +549,7 @@ def test_fake_kernel_ignoring_the_cancel_keeps_its_holds(fake: FakeDevice) -> No
     """A kernel still running after the cancel grace: KernelTimeout, but its
     buffers stay rooted until a later sync finds the stream idle."""
     stuck = _fake_kernel(fake, PUT_SRC, "put", "stuck")
-    x = lane.alloc_device(4, np.float32, name="x")
+    x = cuda.alloc_device(4, np.float32, name="x")
     px = x.ptr
     runtime.launch(stuck, [x], args=(0, 1.0), sync=False)
     with pytest.raises(KernelTimeout) as e:
@@ -570,10 +562,10 @@ def test_fake_kernel_ignoring_the_cancel_keeps_its_holds(fake: FakeDevice) -> No
         runtime.gc_collect()
     assert px in fake.mem, "payload released under a kernel that still runs"
     runtime.sync()  # still running: the holds stay
-    assert px in fake.mem and lane._seq.stuck
+    assert px in fake.mem and sequence.current.stuck
     fake.stuck = False
     runtime.sync()
-    assert not lane._seq.stuck
+    assert not sequence.current.stuck
     for _ in range(3):
         runtime.gc_collect()
     assert px not in fake.mem
@@ -582,7 +574,7 @@ def test_fake_kernel_ignoring_the_cancel_keeps_its_holds(fake: FakeDevice) -> No
 def test_fake_raw_kernels_take_no_hidden_parameters(fake: FakeDevice) -> None:
     """Raw builds stay free of the sequence check: no hidden parameters, no entry check."""
     raw = _fake_kernel(fake, PUT_SRC, "put", checked=False)
-    x = lane.alloc_device(4, np.float32, name="x")
+    x = cuda.alloc_device(4, np.float32, name="x")
     slots = []
 
     def launch_kernel(fn: Any, *a: Any) -> int:
@@ -595,7 +587,7 @@ def test_fake_raw_kernels_take_no_hidden_parameters(fake: FakeDevice) -> None:
     assert slots == [3]  # x, i, v
     assert "__rt_seq" not in raw.cuda.text and "RT_PROLOGUE(" not in raw.cuda.text.split(
         "kernel source follows")[1]
-    assert "RT_PROLOGUE(__rt_seq, __rt_launch)" in lane.translate(PUT_SRC).text
+    assert "RT_PROLOGUE(__rt_seq, __rt_launch)" in cuda.translate(PUT_SRC).text
 
 
 def test_fake_interrupt_while_waiting_cancels_and_keeps_the_holds(
@@ -606,19 +598,19 @@ def test_fake_interrupt_while_waiting_cancels_and_keeps_the_holds(
 
     spin = _fake_kernel(fake, PUT_SRC, "put", "spin")
     after = _fake_kernel(fake, PUT_SRC, "put")
-    x = lane.alloc_device(4, np.float32, name="x")
+    x = cuda.alloc_device(4, np.float32, name="x")
     runtime.launch(spin, [x], args=(0, 1.0), sync=False)
     runtime.launch(after, [x], args=(1, 1.0), sync=False)
 
     def interrupted(_s: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(lane, "time", SimpleNamespace(monotonic=time.monotonic,
+    monkeypatch.setattr(sequence, "time", SimpleNamespace(monotonic=time.monotonic,
                                                        sleep=interrupted))
     with pytest.raises(KeyboardInterrupt):
         runtime.sync(timeout=30)
-    monkeypatch.setattr(lane, "time", time)
-    assert fake.record().cancel == 1 and _holds(x) == 2 and lane.pending() == 0
+    monkeypatch.setattr(sequence, "time", time)
+    assert fake.record().cancel == 1 and _holds(x) == 2 and cuda.pending() == 0
     runtime.sync()  # the spinning kernel saw the cancel; the next launch exited at entry
     assert fake.exited_at_entry == [(after.function, 1)] and _holds(x) == 0
 
@@ -638,9 +630,9 @@ def test_fake_group_kernels_launch_cooperatively(fake: FakeDevice) -> None:
     other kernels still go through cuLaunchKernel."""
     g = _fake_kernel(fake, GROUP_SRC, "total")
     put = _fake_kernel(fake, PUT_SRC, "put")
-    x = lane.alloc_device(8, np.float32, name="x")
+    x = cuda.alloc_device(8, np.float32, name="x")
     runtime.launch(g, [x], args=(0,), grid=8, block=64, group=8, sync=False)
-    lane.launch_many([(put, [x], (1, 1.0), 1, 32), (g, [x], (2,), 4, 64, 4)])
+    cuda.launch_many([(put, [x], (1, 1.0), 1, 32), (g, [x], (2,), 4, 64, 4)])
     assert fake.calls["cooperative launch"] == 2 and fake.calls["launch"] == 3
     runtime.sync()
     assert [f for f, _ in fake.ran] == [g.function, put.function, g.function]
@@ -650,7 +642,7 @@ def test_fake_group_kernels_launch_cooperatively(fake: FakeDevice) -> None:
 def test_fake_group_arguments_are_refused_before_anything_runs(fake: FakeDevice) -> None:
     g = _fake_kernel(fake, GROUP_SRC, "total")
     put = _fake_kernel(fake, PUT_SRC, "put")
-    x = lane.alloc_device(8, np.float32, name="x")
+    x = cuda.alloc_device(8, np.float32, name="x")
     cases = [
         (lambda: runtime.launch(g, [x], args=(0,), grid=8, block=64), "group=8 "),
         (lambda: runtime.launch(g, [x], args=(0,), grid=8, block=64, group=4), "whole grid"),
@@ -660,18 +652,18 @@ def test_fake_group_arguments_are_refused_before_anything_runs(fake: FakeDevice)
          "at most 8 of them"),  # 4 SMs x 2 resident blocks
         (lambda: runtime.launch(put, [x], args=(0, 1.0), grid=1, block=32, group=1),
          "does not"),
-        (lambda: lane.launch_many([(g, [x], (0,), 8, 64)]), "group=8 "),
+        (lambda: cuda.launch_many([(g, [x], (0,), 8, 64)]), "group=8 "),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match):
             call()
-        assert lane.pending() == 0 and _holds(x) == 0
+        assert cuda.pending() == 0 and _holds(x) == 0
     with pytest.raises(TypeError, match="tuples"):
-        lane.launch_many([(g, [x], (0,), 8, 64, 8, "extra")])
-    assert fake.calls.get("launch", 0) == 0 and lane.pending() == 0
+        cuda.launch_many([(g, [x], (0,), 8, 64, 8, "extra")])
+    assert fake.calls.get("launch", 0) == 0 and cuda.pending() == 0
 
 
-_translate_once = functools.cache(lane.translate)
+_translate_once = functools.cache(cuda.translate)
 
 
 @pytest.mark.parametrize("batch,n,tall_rows,two_panel,whole", [
@@ -687,15 +679,15 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
     kernel's signature, runs, and the sequence syncs once."""
     from capqr.kernels import gpu as g
 
-    monkeypatch.setattr(lane, "translate", _translate_once)  # the sources are the same
+    monkeypatch.setattr(cuda, "translate", _translate_once)  # the sources are the same
     wholes = [f"whole{cap}" for cap, _ in g.gen_whole.CLASSES]
     ks = {kind: _fake_kernel(fake, src, name) for kind, (src, name, _) in
           ((k, g._kernel_spec(k)) for k in ["panel", "panel_small", "steps", "update_z",
                                             "update_apply", "update2_z", "update2_apply"]
            + (wholes if whole else []))}
     monkeypatch.setattr(g, "blocked_kernels", lambda checked=True: ks)
-    A = lane.alloc_device((batch, n, n), np.float32, name="A")
-    tau = lane.alloc_device((batch, n), np.float32, name="tau")
+    A = cuda.alloc_device((batch, n, n), np.float32, name="A")
+    tau = cuda.alloc_device((batch, n), np.float32, name="tau")
     ws = g.Workspace.alloc(batch, n) if g.needs_workspace(batch, n, whole) else None
     try:
         g.qr_launch(A, tau, ws, n, tall_rows=tall_rows, two_panel=two_panel, whole=whole)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from capqr import capabilities, runtime
 from capqr.runtime.compiler.astutil import readable
-from capqr.runtime.cuda import lane
+from capqr.runtime.cuda import translate
 from capqr.runtime.errors import CapabilityFault, VerifyError
 
 
@@ -92,7 +92,7 @@ KERNEL void owner(cap_t x)
 
 
 def _owner_checks(decl: str) -> int:
-    text = readable(lane.translate(TILE_OWNER.replace("{decl}", decl)).text)
+    text = readable(translate(TILE_OWNER.replace("{decl}", decl)).text)
     return text.split("__rtk_owner(", 1)[1].count("rt_lidx(")
 
 
@@ -102,14 +102,14 @@ def test_a_stated_block_size_bounds_the_thread_index() -> None:
     assert _owner_checks("    rt_require_block_dim(128);\n") == 0
     assert _owner_checks("    rt_require_block_dim(256);\n") > 0
     assert _owner_checks("") > 0  # unstated: up to 1024 threads
-    assert lane.translate(TILE_OWNER.replace("{decl}", "    rt_require_block_dim(128);\n")
+    assert translate(TILE_OWNER.replace("{decl}", "    rt_require_block_dim(128);\n")
                           ).kernels["owner"].block_dim == 128
 
 
 def test_the_update_kernels_register_tiles_are_proved() -> None:
     from capqr.kernels import gpu as g
 
-    text = readable(lane.translate(g.UPDATE_SOURCE).text)
+    text = readable(translate(g.UPDATE_SOURCE).text)
     apply = text.split("void __rtk_gpu_qr_update_apply(", 1)[1].split("void __rtk_", 1)[0]
     # the 8 x 4 register tile's loads, stores and operands (rg < 8, cg < 16, q < 32)
     assert "smem_c[((((rg * 8) + 0) * 64) + (cg * 4)) + 0]" in apply

@@ -522,20 +522,36 @@ def _front_end_fails(*_a, **_k):
     raise AssertionError("the front end ran")
 
 
+def _forget_front_ends(monkeypatch) -> None:
+    """What a new process has not got: the kernels and lowerings kept in memory."""
+    from capqr.runtime import pipeline
+
+    monkeypatch.setattr(pipeline, "_kept", {})
+    pipeline.verified.cache_clear()
+    pipeline.lowered.cache_clear()
+
+
+def _front_end_must_not_run(monkeypatch) -> None:
+    from capqr.runtime import pipeline
+    from capqr.runtime.cpu import kernel
+    from capqr.runtime.cuda import kernel as cuda_kernel
+
+    for module, name in ((pipeline, "parse"), (pipeline, "verify"), (kernel, "instrument"),
+                         (cuda_kernel, "instrument")):
+        monkeypatch.setattr(module, name, _front_end_fails)
+
+
 def test_a_new_process_reuses_the_front_end_result(tmp_path, monkeypatch):
     """compile() keeps the front end's result (name, signature, generated C) next to
     the compiled module; a process that has not compiled the key itself (the
-    in-memory cache cleared here) loads both and runs no parse, verify or
+    in-memory caches cleared here) loads both and runs no parse, verify or
     instrument, and the kernel it gets is the same."""
-    from capqr.runtime.cpu import kernel
-
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_record")
     first = runtime.compile(src, None)   # the name comes from the source
     assert len(list(tmp_path.glob("_capqr_k_*.json"))) == 1
-    monkeypatch.setattr(kernel, "_compiled", {})
-    monkeypatch.setattr(kernel, "parse", _front_end_fails)
-    monkeypatch.setattr(kernel, "instrument", _front_end_fails)
+    _forget_front_ends(monkeypatch)
+    _front_end_must_not_run(monkeypatch)
     again = runtime.compile(src, None)
     assert again is not first
     assert (again.name, again.c_source, again.signature) == (first.name, first.c_source,
@@ -548,8 +564,6 @@ def test_a_new_process_reuses_the_front_end_result(tmp_path, monkeypatch):
 def test_an_unreadable_front_end_record_is_rebuilt(tmp_path, monkeypatch):
     """A damaged record (or one of another key) is ignored: the front end runs and
     writes it again; a source that fails to verify leaves no record."""
-    from capqr.runtime.cpu import kernel
-
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_damaged")
     first = runtime.compile(src, "fill_damaged")
@@ -557,7 +571,7 @@ def test_an_unreadable_front_end_record_is_rebuilt(tmp_path, monkeypatch):
     good = record.read_text()
     for damage in ("{not json", good.replace(first.key, "0" * 64), "{}"):
         record.write_text(damage)
-        monkeypatch.setattr(kernel, "_compiled", {})
+        _forget_front_ends(monkeypatch)
         k = runtime.compile(src, "fill_damaged")
         assert k.c_source == first.c_source
         assert json.loads(record.read_text()) == json.loads(good)
@@ -566,48 +580,50 @@ def test_an_unreadable_front_end_record_is_rebuilt(tmp_path, monkeypatch):
     assert list(tmp_path.glob("_capqr_k_*.json")) == [record]
 
 
+def _gpu_front_end(src: str, name: str | None, checked: bool = True):
+    from capqr.runtime import pipeline
+    from capqr.runtime.cuda.kernel import CudaTarget
+
+    return pipeline.front_end(src, name, CudaTarget(checked=checked))
+
+
 def test_the_gpu_lane_reuses_its_front_end_result(tmp_path, monkeypatch):
     """The CUDA lane keeps its front end's result (entry name, CUDA text, signatures,
     local-array fault names) under its cache key too: a process that has not
-    lowered the source itself (the in-memory cache cleared here) gets the same
+    lowered the source itself (the in-memory caches cleared here) gets the same
     result without parse, verify or lowering.  No GPU needed: the front end
     stops before NVRTC."""
-    from capqr.runtime.cuda import lane
-
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_gpu_record").replace("double v", "float v").replace(
         "cap_store_f64", "cap_store_f32")
-    lane._lowered.cache_clear()
-    first = {c: lane.front_end(src, None, checked=c) for c in (True, False)}
+    _forget_front_ends(monkeypatch)
+    first = {c: _gpu_front_end(src, None, checked=c) for c in (True, False)}
     assert first[True][1].text != first[False][1].text
     assert len(list((tmp_path / "cuda").glob("_capqr_cu_*.json"))) == 2
-    lane._lowered.cache_clear()
-    monkeypatch.setattr(lane, "parse", _front_end_fails)
-    monkeypatch.setattr(lane, "instrument", _front_end_fails)
+    _forget_front_ends(monkeypatch)
+    _front_end_must_not_run(monkeypatch)
     for c in (True, False):
-        assert lane.front_end(src, None, checked=c) == first[c]
+        assert _gpu_front_end(src, None, checked=c) == first[c]
     assert first[True][0] == "fill_gpu_record"
 
 
 def test_an_unreadable_gpu_front_end_record_is_rebuilt(tmp_path, monkeypatch):
     """As on the CPU: a damaged record, or one of another key, is lowered again and
     rewritten; an unknown entry point is a VerifyError and leaves no record."""
-    from capqr.runtime.cuda import lane
-
     monkeypatch.setenv("CAPQR_CACHE", str(tmp_path))
     src = FILL_SRC.replace("fill", "fill_gpu_damaged").replace("double v", "float v").replace(
         "cap_store_f64", "cap_store_f32")
-    first = lane.front_end(src, "fill_gpu_damaged")
+    first = _gpu_front_end(src, "fill_gpu_damaged")
     (record,) = (tmp_path / "cuda").glob("_capqr_cu_*.json")
     good = record.read_text()
     key = json.loads(good)["key"]
     for damage in ("{not json", good.replace(key, "0" * 64), "{}", json.dumps({"key": key})):
         record.write_text(damage)
-        lane._lowered.cache_clear()
-        assert lane.front_end(src, "fill_gpu_damaged") == first
+        _forget_front_ends(monkeypatch)
+        assert _gpu_front_end(src, "fill_gpu_damaged") == first
         assert json.loads(record.read_text()) == json.loads(good)
     with pytest.raises(runtime.VerifyError, match="no KERNEL function"):
-        lane.front_end(src, "no_such_kernel")
+        _gpu_front_end(src, "no_such_kernel")
     assert list((tmp_path / "cuda").glob("_capqr_cu_*.json")) == [record]
 
 

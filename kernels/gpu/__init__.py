@@ -21,6 +21,12 @@ takes one launch instead: ``gpu_qr_whole`` (kernels/gpu/gen_whole.py, one source
 per size class) loads each matrix once, factors it there and stores it once
 (``whole``, default WHOLE; False forces the blocked plan, for comparison).
 
+With ``mma_update`` (default MMA_UPDATE) the one-panel updates of at least
+``MMA_MIN_ROWS`` rows run on the tensor cores instead: ``gpu_qr_update_mma_z`` and
+``gpu_qr_update_mma_apply`` (kernels/gpu/update_mma.c, written by gen_update_mma.py),
+the same grid, arguments and buffers, every product a warp's fp32-accurate
+rt_warp_mma_f32.
+
 With ``two_panel`` (default TWO_PANEL) the columns go in pairs of panels:
 panel 1 (its T in the ``work`` buffer), the one-panel update of panel 2's
 columns only, panel 2 (its T in ``work2``), then ``gpu_qr_update2_z`` and
@@ -52,6 +58,7 @@ PANEL_SOURCE = (_HERE / "panel.c").read_text()
 PANEL_STEPS_SOURCE = (_HERE / "panel_steps.c").read_text()
 PANEL_SMALL_SOURCE = (_HERE / "panel_small.c").read_text()
 UPDATE_SOURCE = (_HERE / "update.c").read_text()
+UPDATE_MMA_SOURCE = (_HERE / "update_mma.c").read_text()
 
 NB = 32            #: panel width (one warp lane per panel column)
 #: The update kernels' shapes (kernels/gpu/gen_update.py writes them into update.c):
@@ -83,6 +90,16 @@ UPDATE2_OPTIONS = ("--maxrregcount=128",)
 #: registers, raw 94 / 127 uncapped) and the numpy model of their algebra, and their GPU
 #: tests (tests/test_gpu_qr.py, two_panel) wait for a device run.
 TWO_PANEL = False
+#: The tensor-core update (launch_plan's mma_update): off until measured on a device
+#: (bench/gpu_mma_update_device.sh times both).  Its kernels pass kernels.check on the
+#: emulated lane (tests/test_gpu_qr_mma.py); an earlier apply-only trial with bank-
+#: conflicting strides ran 2-5% behind the SIMT tile (bench/results/gpu-update-mma-2026-12-04.txt).
+MMA_UPDATE = False
+#: One-panel updates of at least this many rows (n - k0) take the tensor-core kernels
+#: when mma_update is on; smaller ones stay SIMT.  A guess until measured.
+MMA_MIN_ROWS = 2 * CHUNK
+#: The same cap as the SIMT update kernels, so the two compare at five blocks per SM.
+UPDATE_MMA_OPTIONS = ("--maxrregcount=96",)
 #: gpu_qr_panel runs 512 threads: at 64 registers two blocks share an SM (the raw
 #: build needs 48; the checked one 72 uncapped, so at 128 it ran one block per SM,
 #: and spills 16 bytes at 64: ptxas -v, NVRTC 13.0, sm_90).
@@ -120,7 +137,8 @@ def whole_class(n: int, smem: int | None = None) -> tuple[int, int] | None:
 class Launch:
     """One step of the launch sequence: kernel name, grid, block and scalar args."""
 
-    kernel: str  # "panel", "panel_small", "steps", "update_*", "update2_*", "whole<cap>"
+    kernel: str  # "panel", "panel_small", "steps", "update_*", "update2_*",
+    #              "update_mma_*", "whole<cap>"
     grid: int
     block: int
     args: tuple[int, ...]
@@ -150,7 +168,8 @@ STEPS_MAX_GROUP = 264
 
 def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
                 max_group: int = STEPS_MAX_GROUP, two_panel: bool | None = None,
-                whole: bool | None = None, smem: int | None = None) -> list[Launch]:
+                whole: bool | None = None, smem: int | None = None,
+                mma_update: bool | None = None) -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
 
     ``whole`` (None: WHOLE): one launch of gpu_qr_whole, one block per matrix, where
@@ -162,7 +181,8 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
     gpu_qr_steps, where its grid (batch x row blocks) fits in ``max_group``
     blocks, else by one block per matrix; tall_rows None: never; "auto":
     :func:`default_tall_rows`.  ``two_panel`` (None: TWO_PANEL): one trailing
-    update per pair of panels (module doc).
+    update per pair of panels (module doc).  ``mma_update`` (None: MMA_UPDATE): the
+    one-panel updates of at least MMA_MIN_ROWS rows on the tensor cores.
     """
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
@@ -170,6 +190,8 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         tall_rows = default_tall_rows(batch)
     if two_panel is None:
         two_panel = TWO_PANEL
+    if mma_update is None:
+        mma_update = MMA_UPDATE
     cls = whole_class(n, smem) if (WHOLE if whole is None else whole) else None
     if cls is not None:
         return [Launch(f"whole{cls[0]}", batch, cls[1], (n, batch))]
@@ -196,6 +218,8 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         nrb = -(-m // rb)
         args = (n, k0, nb, ce, strips, nrb, rb)
         grid = batch * strips * nrb
+        if kind == "update" and mma_update and m >= MMA_MIN_ROWS:
+            kind = "update_mma"  # same grid, arguments and buffers
         plan.append(Launch(kind + "_z", grid, UPDATE_BLOCK, args))
         plan.append(Launch(kind + "_apply", grid, UPDATE_BLOCK, args))
 
@@ -231,7 +255,10 @@ def _kernel_spec(kind: str) -> tuple[str, str, tuple[str, ...]]:
             "update_z": (UPDATE_SOURCE, "gpu_qr_update_z", UPDATE_Z_OPTIONS),
             "update_apply": (UPDATE_SOURCE, "gpu_qr_update_apply", UPDATE_OPTIONS),
             "update2_z": (UPDATE_SOURCE, "gpu_qr_update2_z", UPDATE2_OPTIONS),
-            "update2_apply": (UPDATE_SOURCE, "gpu_qr_update2_apply", UPDATE2_OPTIONS)}[kind]
+            "update2_apply": (UPDATE_SOURCE, "gpu_qr_update2_apply", UPDATE2_OPTIONS),
+            "update_mma_z": (UPDATE_MMA_SOURCE, "gpu_qr_update_mma_z", UPDATE_MMA_OPTIONS),
+            "update_mma_apply": (UPDATE_MMA_SOURCE, "gpu_qr_update_mma_apply",
+                                 UPDATE_MMA_OPTIONS)}[kind]
 
 
 class _Compiled(dict):
@@ -265,10 +292,12 @@ def work_size(batch: int) -> int:
 @cache
 def _updates(batch: int, n: int) -> tuple[Launch, ...]:
     """The update launches of both plans (one and two panels per update), so one
-    workspace serves either; their sizes do not depend on tall_rows.  Built once per
+    workspace serves either; their sizes do not depend on tall_rows, and the tensor-core
+    update (mma_update) has the one-panel update's grids and sizes.  Built once per
     shape: scratch_size and gram_size both read them."""
     return tuple(s for two in (False, True)
-                 for s in launch_plan(batch, n, None, two_panel=two, whole=False)
+                 for s in launch_plan(batch, n, None, two_panel=two, whole=False,
+                                      mma_update=False)
                  if s.kernel.endswith("_z"))
 
 
@@ -341,7 +370,8 @@ class Workspace:
                 "steps": [A, tau, w, self.steps],
                 "update_z": [A, z, v], "update_apply": [A, self.work, z, v],
                 "update2_z": [A, z, self.gram, v],
-                "update2_apply": [A, self.work, self.work2, z, self.gram, v]}[step.kernel]
+                "update2_apply": [A, self.work, self.work2, z, self.gram, v],
+                "update_mma_z": [A, z, v], "update_mma_apply": [A, self.work, z, v]}[step.kernel]
 
     def free(self) -> None:
         for c in (self.work, self.work2, self.scratch, self.gram, self.steps, self.vt):
@@ -350,9 +380,9 @@ class Workspace:
 
 def device_smem() -> int:
     """Shared memory one block of the current device may opt into (bytes)."""
-    from ...runtime.cuda import lane
+    from ...runtime.cuda import driver as drv
 
-    return int(lane.drv.device().max_smem_optin)
+    return int(drv.device().max_smem_optin)
 
 
 def needs_workspace(batch: int, n: int, whole: bool | None = None,
@@ -363,7 +393,8 @@ def needs_workspace(batch: int, n: int, whole: bool | None = None,
 
 def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool = True,
               timeout: float | None = None, tall_rows: int | None | str = "auto",
-              two_panel: bool | None = None, whole: bool | None = None) -> None:
+              two_panel: bool | None = None, whole: bool | None = None,
+              mma_update: bool | None = None) -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
     ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc` (None
@@ -376,10 +407,11 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
     batch = A.nbytes // (4 * n * n)
     ks = blocked_kernels(checked)
     smem = device_smem()
-    plan = launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=whole, smem=smem)
+    plan = launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=whole, smem=smem,
+                       mma_update=mma_update)
     if not plan[0].kernel.startswith("whole"):  # the steps kernel only when it may run
         plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK), two_panel,
-                           whole, smem)
+                           whole, smem, mma_update)
     if ws is None and not plan[0].kernel.startswith("whole"):
         raise ValueError(f"the plan of ({batch}, {n}) needs a Workspace")
     caps = ws.caps if ws is not None else (lambda step, A, tau: [A, tau])
@@ -391,7 +423,8 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
 
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
        tall_rows: int | None | str = "auto", two_panel: bool | None = None,
-       whole: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+       whole: bool | None = None, mma_update: bool | None = None
+       ) -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
@@ -407,7 +440,7 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
           if needs_workspace(batch, n, whole, device_smem()) else None)
     try:
         qr_launch(A, tau, ws, n, checked=checked, timeout=timeout, tall_rows=tall_rows,
-                  two_panel=two_panel, whole=whole)
+                  two_panel=two_panel, whole=whole, mma_update=mma_update)
         return A.numpy(), tau.numpy()
     finally:
         if ws is not None:

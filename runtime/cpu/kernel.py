@@ -1,24 +1,16 @@
-"""runtime.compile: parse -> verify -> instrument -> cffi build (cached)."""
+"""runtime.compile and the CPU lane's target of runtime/pipeline.py (C lowering, cffi build)."""
 
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from .. import core, records
-from ..build import (
-    CAP_INCLUDE,
-    build_module,
-    cache_dir,
-    compiler_id,
-    content_hash,
-    kernel_cc_command,
-)
-from ..compiler.parse import parse
-from ..compiler.verifier import KernelSig
+from .. import core, pipeline, records
+from ..build import CAP_INCLUDE, build_module, cache_dir, compiler_id, kernel_cc_command
+from ..compiler.verifier import KernelSig, VerifiedSource
 from .lower import MODES, Instrumented, instrument
 
 #: Flags for checked and raw builds alike, so the overhead comparison is fair.
@@ -83,8 +75,53 @@ class Kernel:
         launch(self, caps, args=args, grid=grid, timeout=timeout, group=group)
 
 
-_compiled: dict[str, Kernel] = {}
-_lock = threading.Lock()
+@dataclass(frozen=True)
+class CpuTarget:
+    """The CPU lane's half of runtime/pipeline.py: C lowering, one entry per module,
+    built by cffi and the C compiler (``flags``) into a module kept under the key."""
+
+    mode: str
+    hoist: bool
+    flags: tuple[str, ...]
+    lane: ClassVar[str] = "cpu"
+    lowers_one_entry: ClassVar[bool] = True
+    keeps_kernels: ClassVar[bool] = True
+
+    def key_parts(self) -> tuple[str, ...]:
+        return self.mode, str(self.hoist), " ".join(self.flags), compiler_id()
+
+    def record_path(self, key: str) -> Path:
+        return cache_dir() / f"_capqr_k_{key[:20]}.json"
+
+    def lower(self, verified: VerifiedSource, entry: str | None) -> Instrumented:
+        assert entry is not None, "a CPU module exports one entry point"
+        return instrument(verified, entry, self.mode, hoist=self.hoist)
+
+    def to_record(self, lowered: Instrumented) -> dict[str, Any]:
+        return {"signature": records.signature_json(lowered.signature),
+                "c_source": lowered.c_source}
+
+    def from_record(self, rec: dict[str, Any]) -> Instrumented:
+        return Instrumented(rec["c_source"], records.signature_from_json(rec["signature"]),
+                            self.mode)
+
+    def build(self, key: str, source: str, entry: str, lowered: Instrumented) -> Kernel:
+        # the kernel is its own translation unit: cffi's glue (Python.h) only declares
+        # the entry
+        entry_decl = "void capqr_entry(void *b, const void *a);"
+        mod = build_module(
+            f"_capqr_k_{key[:20]}",
+            entry_decl,
+            entry_decl + "\n",
+            kernel_source=lowered.c_source,
+            include_dirs=INCLUDE_DIRS,
+            extra_compile_args=list(self.flags),
+            libraries=["m"],
+            what=f"kernel {entry!r}",
+        )
+        address = int(mod.ffi.cast("uintptr_t", mod.ffi.addressof(mod.lib, "capqr_entry")))
+        return Kernel(entry, source, self.mode, lowered.signature, lowered.c_source, key,
+                      address, mod)
 
 
 def compile(source: str, name: str | None = None, *, checked: bool = True,
@@ -109,61 +146,11 @@ def compile(source: str, name: str | None = None, *, checked: bool = True,
             raise ValueError("mode 'raw_poll' exists only for target 'cpu' (the GPU lane's "
                              "pollcheck is amortised and cannot be measured apart)")
         return cuda.compile(source, name, checked=mode == "checked", hoist=hoist)
-    flags = cflags()
-    key = content_hash(source, str(name), mode, str(hoist), " ".join(flags), compiler_id(),
-                       records.toolchain_version("cpu"))
-    with _lock:
-        if key in _compiled:
-            return _compiled[key]
-    record = stored = _read_record(key)
-    if record is None:
-        parsed = parse(source)
-        from ..compiler.verifier import select_kernel, verify
-
-        verified = verify(parsed, target="cpu")
-        name = select_kernel(verified, name)
-        inst: Instrumented = instrument(verified, name, mode, hoist=hoist)
-        record = (name, inst.signature, inst.c_source)
-    name, signature, c_source = record
-    # the kernel is its own translation unit: cffi's glue (Python.h) only declares the entry
-    entry_decl = "void capqr_entry(void *b, const void *a);"
-    mod = build_module(
-        f"_capqr_k_{key[:20]}",
-        entry_decl,
-        entry_decl + "\n",
-        kernel_source=c_source,
-        include_dirs=INCLUDE_DIRS,
-        extra_compile_args=flags,
-        libraries=["m"],
-        what=f"kernel {name!r}",
-    )
-    if stored is None:
-        _write_record(key, name, signature, c_source)
-    entry = int(mod.ffi.cast("uintptr_t", mod.ffi.addressof(mod.lib, "capqr_entry")))
-    k = Kernel(name, source, mode, signature, c_source, key, entry, mod)
-    with _lock:
-        _compiled[key] = k
-    return k
+    return pipeline.compile(source, name, _target(mode, hoist, tuple(cflags())))
 
 
-def _record_path(key: str) -> Path:
-    return cache_dir() / f"_capqr_k_{key[:20]}.json"
-
-
-def _read_record(key: str) -> tuple[str, KernelSig, str] | None:
-    """The stored front-end result for ``key`` (runtime/records.py), or None."""
-    rec = records.read(_record_path(key), key)
-    if rec is None:
-        return None
-    try:
-        return rec["name"], records.signature_from_json(rec["signature"]), rec["c_source"]
-    except (KeyError, TypeError, ValueError):  # a record of another shape
-        return None
-
-
-def _write_record(key: str, name: str, sig: KernelSig, c_source: str) -> None:
-    records.write(_record_path(key), key, {"name": name, "signature": records.signature_json(sig),
-                                           "c_source": c_source})
+#: compile() runs on every kernels.qr call: its target is made once per set of options
+_target = lru_cache(maxsize=16)(CpuTarget)
 
 
 _ = core  # the core must be loaded before kernels run

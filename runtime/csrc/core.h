@@ -5,6 +5,9 @@
 
 typedef struct rt_launch rt_launch;
 
+/* ==== host API begin ====
+ * Every prototype from here to "host API end" is declared to cffi as written
+ * (runtime/core.py reads them): no second copy of these declarations exists. */
 int rt_core_init(int threads);          /* start the worker pool (idempotent) */
 int rt_core_threads(void);
 int64_t rt_core_kernels_running(void);
@@ -17,8 +20,9 @@ int rt_launch_wait(rt_launch *L, double seconds);   /* 1 when every block is acc
 void rt_launch_cancel(rt_launch *L, int32_t kind);  /* RT_FAULT_TIMEOUT / RT_FAULT_CANCELLED */
 int32_t rt_launch_result(rt_launch *L, rt_fault_rec *out, int64_t *finished);
 void rt_launch_free(rt_launch *L);
-
-cap_t rt_cap_of(rt_obj *o, int64_t offset_bytes);
 void rt_arg_set_cap(rt_arg *a, rt_obj *o, int64_t offset_bytes);
 void rt_arg_set_nobounds(rt_arg *a, int64_t addr);
+/* ==== host API end ==== */
+
+cap_t rt_cap_of(rt_obj *o, int64_t offset_bytes);  /* C-internal: cap_t is lane-specific */
 #endif

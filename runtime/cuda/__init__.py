@@ -12,26 +12,23 @@ and ``runtime.launch``):
 
 Importing this package never touches the driver; the first call that needs
 it loads ``libcuda`` and raises :class:`CudaUnavailable` when there is none.
+
+Modules by job: ``memory`` (device capabilities, their holds and deferred
+release), ``kernel`` (the lane's target of runtime/pipeline.py: CUDA lowering,
+NVRTC build), ``params`` (a launch's parameter block), ``launches`` (launch
+rules, enqueueing), ``sequence`` (the sequence's device record, waiting,
+``sync``), ``timing``; ``lower``, ``nvrtc`` and ``driver`` below them.
 """
 
 from __future__ import annotations
 
 from .driver import CudaError, CudaUnavailable, available
-from .lane import (
-    CudaKernel,
-    DeviceCapability,
-    alloc_device,
-    compile,
-    launch,
-    launch_many,
-    pending,
-    sync,
-    time_launch,
-    to_device,
-    translate,
-    wrap_device,
-)
+from .kernel import CudaKernel, compile, translate
+from .launches import launch, launch_many
 from .lower import CudaSource, instrument
+from .memory import DeviceCapability, alloc_device, to_device, wrap_device
+from .sequence import pending, sync
+from .timing import time_launch
 
 __all__ = [
     "CudaError",
