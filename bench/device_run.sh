@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# One session on a GPU machine (H100, 16 cores), under 9 minutes in all, each part under its
-# own `timeout`, logs and JSON flat in $OUT (8 files):
+# A GPU machine's runs (H100, 16 cores), in parts that each fit one device call of under
+# 9 minutes (PARTS, default "gpu"; "gpu" ~7 min, "reset cpu" ~8 min), each step under its
+# own `timeout`, logs and JSON flat in $OUT:
 #   machine.txt                 nvidia-smi, nproc, uptime, python and torch versions
-#   gpu-tests.txt               pytest -m gpu on the GPU test files            (TESTS_S, 200 s)
+#  gpu:
+#   gpu-tests.txt               pytest -m gpu on every GPU test file but the hang test
+#                                                                               (TESTS_S, 220 s)
 #   gpu-bench.{json,txt,log}    bench.gpu_bench, peers torch.geqrf and
-#                               cublasSgeqrfBatched                        (GPU_BENCH_S, 170 s)
+#                               cublasSgeqrfBatched                        (GPU_BENCH_S, 190 s)
+#  reset:
+#   gpu-reset.txt               tests/test_gpu_reset.py -m gpu: a hung raw kernel ended by a
+#                               context reset, in a subprocess                  (RESET_S, 200 s)
+#  cpu:
 #   cpu-parallel-*.{json,txt},  bench.cpu_peers on all cores: capqr vs scipy sgeqrf and
 #   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 200 s)
-# Usage: OUT=/some/dir bash bench/device_run.sh, with PYTHONPATH naming the installed wheels
-# and the repository root.  The fake-driver tests (tests/test_launch_sequence.py,
+#   overhead.{json,log}         bench.overhead on all cores: checked/raw of every kernel and
+#                               size, interleaved                          (OVERHEAD_S, 150 s)
+#   scaling.log + JSON          bench.qr_parallel's scaling section at n=4096 (SCALING_S, 120 s)
+# Usage: OUT=/some/dir PARTS="gpu" bash bench/device_run.sh, with PYTHONPATH naming the
+# installed wheels and the repository root.  The fake-driver tests (tests/test_launch_sequence.py,
 # tests/test_gc_device.py) are not run here: they swap the driver module under a process
 # that holds real device buffers.
 #
@@ -27,18 +37,19 @@
 # (the script itself puts the checkout on the path as the package capqr)
 set -u
 OUT=${OUT:-bench-results/device}
+PARTS=" ${PARTS:-gpu} "
 # The checkout's root is the package capqr: import it as such without installing.
 if ! python3 -c "import capqr" 2>/dev/null; then
     mkdir -p /tmp/capqr-path && ln -sfn "$PWD" /tmp/capqr-path/capqr
     export PYTHONPATH="/tmp/capqr-path${PYTHONPATH:+:$PYTHONPATH}"
 fi
 mkdir -p "$OUT"
-missing=$(python3 - <<'EOF'
+missing=$(python3 - <<'PY'
 import importlib.util
 mods = ("numpy", "torch", "cffi", "pycparser", "pytest", "pytest_timeout", "hypothesis",
         "scipy", "threadpoolctl")
 print(" ".join(m for m in mods if importlib.util.find_spec(m) is None))
-EOF
+PY
 )
 if [ -n "$missing" ]; then
     echo "device_run.sh: missing Python modules: $missing" >&2
@@ -46,21 +57,42 @@ if [ -n "$missing" ]; then
     exit 2
 fi
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nproc; uptime
+  lscpu | grep -E "Model name|^CPU\(s\)"
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
 } > "$OUT/machine.txt" 2>&1
-timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_gpu_async.py tests/test_gpu_qr.py tests/test_gpu_builtins.py tests/test_gpu.py \
-    tests/test_gpu_group.py tests/test_conformance.py > "$OUT/gpu-tests.txt" 2>&1
-echo "rc=$?" >> "$OUT/gpu-tests.txt"
-tail -3 "$OUT/gpu-tests.txt"
-# cublasSgeqrfBatched: one run where a run exceeds PEER_BUDGET_S; (8,2048) and (2,4096)
-# are skipped (19.6 s and unfinished on the 2026-12-06 H100 run, bench/gpu_peers.py)
-timeout "${GPU_BENCH_S:-170}" python3 -m capqr.bench.gpu_bench --repeat "${REPEAT:-5}" \
-    --repeat-large "${REPEAT_LARGE:-3}" --peer-budget-s "${PEER_BUDGET_S:-5}" \
-    --out "$OUT/gpu-bench.json" > "$OUT/gpu-bench.log" 2>&1
-echo "rc=$?" >> "$OUT/gpu-bench.log"
-tail -14 "$OUT/gpu-bench.log"
-timeout "${CPU_BENCH_S:-200}" python3 -m capqr.bench.cpu_peers --threads "$(nproc)" \
-    --max-seconds "${CPU_BUDGET_S:-170}" --out "$OUT" > "$OUT/cpu-peers.log" 2>&1
-echo "rc=$?" >> "$OUT/cpu-peers.log"
-tail -20 "$OUT/cpu-peers.log"
+step() {  # step NAME SECONDS LOG COMMAND...: run under a timeout, rc and load in the log
+    local name=$1 secs=$2 log=$3
+    shift 3
+    echo "## $name: load $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)" > "$log"
+    timeout "$secs" "$@" >> "$log" 2>&1
+    echo "rc=$? load $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)" >> "$log"
+    tail -"${TAIL:-4}" "$log"
+}
+if [[ $PARTS == *" gpu "* ]]; then
+    gpu_files=$(ls tests/test_gpu*.py tests/test_conformance.py tests/test_dlpack.py \
+                   tests/test_cuda_diagnostics.py | grep -v test_gpu_reset.py)
+    # shellcheck disable=SC2086
+    step gpu-tests "${TESTS_S:-220}" "$OUT/gpu-tests.txt" \
+        python3 -m pytest -q -p no:cacheprovider -m gpu $gpu_files
+    # cublasSgeqrfBatched: one run where a run exceeds PEER_BUDGET_S; (8,2048) and (2,4096)
+    # are skipped (19.6 s and unfinished on the 2026-12-06 H100 run, bench/gpu_peers.py)
+    TAIL=14 step gpu-bench "${GPU_BENCH_S:-190}" "$OUT/gpu-bench.log" \
+        python3 -m capqr.bench.gpu_bench --repeat "${REPEAT:-5}" \
+        --repeat-large "${REPEAT_LARGE:-3}" --peer-budget-s "${PEER_BUDGET_S:-5}" \
+        --out "$OUT/gpu-bench.json"
+fi
+if [[ $PARTS == *" reset "* ]]; then
+    step gpu-reset "${RESET_S:-200}" "$OUT/gpu-reset.txt" \
+        python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_reset.py
+fi
+if [[ $PARTS == *" cpu "* ]]; then
+    TAIL=20 step cpu-peers "${CPU_BENCH_S:-200}" "$OUT/cpu-peers.log" \
+        python3 -m capqr.bench.cpu_peers --threads "$(nproc)" \
+        --max-seconds "${CPU_BUDGET_S:-170}" --out "$OUT"
+    TAIL=6 step overhead "${OVERHEAD_S:-150}" "$OUT/overhead.log" \
+        python3 -m capqr.bench.overhead --repeats "${OVERHEAD_REPEATS:-7}" \
+        --out "$OUT/overhead.json"
+    TAIL=12 step scaling "${SCALING_S:-120}" "$OUT/scaling.log" \
+        python3 -m capqr.bench.qr_parallel --skip peers --skip profile --skip overhead \
+        --skip launch --shapes "n=4096" --out "$OUT"
+fi

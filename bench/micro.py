@@ -1,6 +1,6 @@
 """Micro kernels for the overhead table: axpy, a gemm-like triple loop, a 5-point stencil.
 
-Written in the dialect the way the instrumenter rewards (runtime/compiler/hoist.py):
+Written in the dialect the way the instrumenter rewards (runtime/compiler/hoist/):
 innermost loops are ``for (int64_t i = A; i < B; i++)`` with indices affine in
 ``i``, so their range checks are hoisted into one guard before the loop.
 axpy works in tiles of 4096 elements because a fast loop of fewer than 2^16

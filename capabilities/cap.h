@@ -25,7 +25,7 @@
  * kernel modules need no link-time dependency on the core.
  *
  * Pollchecks.  At every loop back-edge and at the entry of every function
- * that calls a same-source function (runtime/compiler/hoist.py, entry_polls: together
+ * that calls a same-source function (runtime/compiler/hoist/, entry_polls: together
  * they bound the work between two polls, loops or not): one load of
  * *__rt->poll and a predictable branch.  Non-zero means "take the slow path":
  * a soft handshake requested by the collector, a timeout or a cancel (fault in

@@ -119,7 +119,7 @@ RT_DEFINE_ACCESS(i64, rt_i64, rt_i64, 8, RT_ID, RT_ID)
 RT_DEFINE_ACCESS(f16, float, rt_u16, 2, rt_half_to_float, rt_float_to_half)
 
 /* Unchecked accessors, used only where a loop guard (rt_range_ok & co.,
- * runtime/compiler/hoist.py) covered the access. */
+ * runtime/compiler/hoist/) covered the access. */
 #define rt_uload_f32(c, i) (((const float *)((c).p))[i])
 #define rt_ustore_f32(c, i, v) (((float *)((c).p))[i] = (v))
 #define rt_uload_f64(c, i) (((const double *)((c).p))[i])

@@ -1,6 +1,6 @@
 /*
  * capqr guards: pure range checks of cap_t bounds and int64 index arithmetic, the
- * same on both lanes (C11 and CUDA C++).  Loop versioning (runtime/compiler/hoist.py)
+ * same on both lanes (C11 and CUDA C++).  Loop versioning (runtime/compiler/hoist/)
  * runs a loop's fast copy only when these hold for the whole loop; a tile copy
  * checks its whole tile with one call.  cap_abi.h includes this at its end (it needs
  * cap_t, RT_INB and RT_ABI_FN from there); the per-access checks are checks.h.
@@ -8,7 +8,7 @@
 #ifndef CAPQR_GUARDS_H
 #define CAPQR_GUARDS_H
 
-/* ---- loop-versioning guards (runtime/compiler/hoist.py), both lanes ---- */
+/* ---- loop-versioning guards (runtime/compiler/hoist/), both lanes ---- */
 /* Overflow-checked int64 arithmetic: gcc's builtins on the host; on the device
  * the same results from wrapping arithmetic and the high product word. */
 #ifdef RT_DEVICE_LANE

@@ -186,7 +186,7 @@ def compile_error(what: str, output: str, files: dict[str, str] | None = None) -
         m = _DIAG.match(raw)
         if m is not None:
             n = int(m.group(1) or m.group(2))
-            if first is None and "error" in m.group(3):
+            if first is None and "error" in m.group(3).lower():  # NVRTC: "Error:" too
                 first = n
             raw = f"line {n}: {m.group(3)}"
         elif raw.startswith("kernel: "):  # "kernel: In function ..."

@@ -45,7 +45,9 @@ class CapabilityFault(CapqrError):
     index), ``access`` (``"load"``/``"store"``), ``reason`` (``"out-of-bounds"``,
     ``"read-only"``, ``"freed"``, ``"no-bounds"``, ``"local-array"``,
     ``"alloc"``, ``"division-by-zero"``, ``"type"`` (numbers through a cap table or
-    slots through a number buffer)), ``line`` (kernel source line or None), ``thread`` (GPU only),
+    slots through a number buffer), ``"lost"`` (a device buffer whose CUDA context was
+    reset after a kernel did not stop)), ``line`` (kernel source line or None),
+    ``thread`` (GPU only),
     ``launch_index`` (raised by ``runtime.sync()``: the faulting launch's position in the
     sequence since the previous sync, 0-based; None for a synchronous launch).
     """
@@ -96,13 +98,28 @@ class CapabilityFault(CapqrError):
 
 
 class KernelTimeout(CapqrError):
-    """The launch deadline passed; blocks stopped at their next pollcheck."""
+    """The launch deadline passed; blocks stopped at their next pollcheck.
 
-    def __init__(self, kernel: str, timeout: float, blocks_done: int | None = None):
+    ``context_reset`` (GPU): the kernel had not stopped when the grace after the
+    deadline ran out (a barrier or shuffle that some threads never reach, a raw kernel
+    without pollchecks), so the lane reset the CUDA context to end it: every device
+    buffer allocated before is lost (any use raises ``CapabilityFault("lost")``) and
+    kernels load again on their next launch."""
+
+    def __init__(self, kernel: str, timeout: float, blocks_done: int | None = None, *,
+                 context_reset: bool = False, grace: float = 0.0):
         self.kernel = kernel
         self.timeout = timeout
         self.blocks_done = blocks_done
-        super().__init__(f"kernel {kernel!r} exceeded its timeout of {timeout:g} s")
+        self.context_reset = context_reset
+        msg = f"kernel {kernel!r} exceeded its timeout of {timeout:g} s"
+        if context_reset:
+            msg += (f" and was still running {grace:g} s after it was cancelled (a barrier "
+                    "or shuffle some threads never reach, or a kernel without pollchecks): "
+                    "the CUDA context was reset to stop it; every device buffer allocated "
+                    "before is lost (any use raises CapabilityFault 'lost'), kernels load "
+                    "again at their next launch")
+        super().__init__(msg)
 
 
 def fault_detail(reason: str, index: int | None) -> str:

@@ -26,12 +26,14 @@ RUNTIME = Path(__file__).resolve().parent
 
 @cache
 def toolchain_version(lane_dir: str) -> str:
-    """Hash of the headers of capabilities/ (cap.h, cap_abi.h, checks.h),
-    capabilities/abi.py, every module of runtime/ and runtime/compiler/ (a list of the
-    passes would miss the next one) and of the lane's ``lane_dir`` (relative to
-    runtime/, its device prelude among them), so changing any invalidates what was built
-    with it.  Read once per process and lane: compile() runs on every kernels.qr call."""
-    modules = [p for d in (".", "compiler", lane_dir) for p in sorted((RUNTIME / d).glob("*.py"))]
+    """Hash of the headers of capabilities/ (cap.h, cap_abi.h, guards.h, checks.h),
+    capabilities/abi.py, every module of runtime/ and runtime/compiler/ with its
+    subpackages (a list of the passes would miss the next one) and of the lane's
+    ``lane_dir`` (relative to runtime/, its device prelude among them), so changing any
+    invalidates what was built with it.  Read once per process and lane: compile() runs
+    on every kernels.qr call."""
+    modules = [*sorted(RUNTIME.glob("*.py")), *sorted((RUNTIME / "compiler").rglob("*.py")),
+               *sorted((RUNTIME / lane_dir).glob("*.py"))]
     lane_c = sorted((RUNTIME / lane_dir).glob("*.cuh"))
     return content_hash(*[p.read_text() for p in sorted(CAP_INCLUDE.glob("*.h"))],
                         (CAP_INCLUDE / "abi.py").read_text(),

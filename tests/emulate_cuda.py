@@ -33,6 +33,7 @@ from capqr.runtime.cuda.lower import entry_symbol
 
 DEVICE = r"""
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -83,6 +84,9 @@ static inline void __syncwarp(void) { rt_emu_my_warp().bar->arrive_and_wait(); }
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __threadfence_block(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __nanosleep(unsigned) { std::this_thread::yield(); }
+/* The SM's cycle counter: nanoseconds here (the prelude's poll clock counts its own units). */
+static inline long long clock64(void)
+{ return (long long)std::chrono::steady_clock::now().time_since_epoch().count(); }
 template <class T> static inline T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, 5); }
 template <class T> static inline T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, 5); }
 static inline int atomicCAS(int *p, int a, int b)

@@ -1,4 +1,4 @@
-"""Loop versioning (runtime/compiler/hoist.py) never changes what a kernel does.
+"""Loop versioning (runtime/compiler/hoist/) never changes what a kernel does.
 
 The hoisted build and the build with every access checked must agree on
 every input: same fault (reason, index, block) or none, and byte-identical

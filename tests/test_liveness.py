@@ -4,7 +4,7 @@ A DAG of loop-free helpers (h1 calls h0 twice, h2 calls h1 twice, ..., 40 deep)
 makes 2^40 calls, hours of work, without a single loop.  With pollchecks on loop
 back-edges only it never polled: a timeout, a cancel (Ctrl-C, a fault in another
 block) or a collector handshake waited for the whole run.  Every function that
-calls a same-source function now polls at its entry (runtime/compiler/hoist.py,
+calls a same-source function now polls at its entry (runtime/compiler/hoist/polls.py,
 entry_polls, for the CPU and the GPU lowering).
 
 The launches run in subprocesses with a hard wall limit, so that a kernel that
@@ -146,9 +146,9 @@ def test_entry_poll_follows_the_rooting_of_cap_parameters() -> None:
     assert body.index("rt_root(") < body.index("rt_pollcheck(__rt);"), body
 
 
-def test_gpu_lowering_ticks_the_threads_counter_at_entry() -> None:
-    """The GPU lowering: the counter is the thread's, passed by reference to every
-    function; callers tick it at entry; raw builds have neither."""
+def test_gpu_lowering_polls_the_threads_clock_at_entry() -> None:
+    """The GPU lowering: the poll clock is the thread's, passed by reference to every
+    function; callers poll at entry; raw builds have neither."""
     from capqr.runtime.compiler.astutil import readable
     from capqr.runtime.cuda import translate
 
@@ -158,7 +158,7 @@ def test_gpu_lowering_ticks_the_threads_counter_at_entry() -> None:
         assert body.split("{\n", 1)[1].lstrip().startswith("RT_POLL(__rt_pc);"), body
         assert f"h{int(f[1:]) - 1}(__rt_pc, " in body
     assert "RT_POLL" not in _function(checked, "static __device__ __forceinline__ long long h0(")
-    assert "unsigned int __rt_pc = 0u;\n  __rtk_dag(__rt_pc, x, v);" in checked
+    assert "unsigned int __rt_pc = rt_poll_clock();\n  __rtk_dag(__rt_pc, x, v);" in checked
     raw = readable(translate(dag_source(3), checked=False).text)
     assert "rt_pc_t __rt_pc" not in raw.split("kernel source follows")[1]
     assert "RT_POLL(__rt_pc);" not in raw
@@ -318,8 +318,8 @@ def _gpu_source() -> str:
 
 def test_emulated_gpu_call_dag_stops_at_cancel(emu_dir: Path) -> None:
     """The host raises the record's cancel flag 0.5 s in (the lane's deadline); every
-    thread of the DAG block reads it within 1024 entry ticks and exits, recording the
-    timeout.  Seen failing before entry ticks: the probe was killed at its wall limit."""
+    thread of the DAG block reads it at an entry poll and exits, recording the timeout.
+    Seen failing before entry polls: the probe was killed at its wall limit."""
     out = _probe(EMU_PROBE, _gpu_source(), str(emu_dir), "dag", str(TIMEOUT))
     assert out["rec"] is not None and out["rec"]["kind"] == out["timeout_kind"], out
     assert out["elapsed"] < 2 * TIMEOUT, out
@@ -332,3 +332,174 @@ def test_emulated_gpu_fault_stops_the_other_threads_call_dags(emu_dir: Path) -> 
     rec = out["rec"]
     assert rec is not None and (rec["thread"], rec["index"]) == (0, -1), out
     assert out["elapsed"] < 2 * TIMEOUT, out
+
+
+# ---------------------------------------------------------------------------
+# heavy bodies under the poll thresholds: the work between two polls, not the trip count
+#
+# A nest of 4000 x 256 iterations (under OUTER_SHORT_TRIP x INNER_CONST_TRIP) whose
+# body calls sin() HEAVY times: before the work bound it was a quiet nest, polling once
+# after the whole nest (tens of seconds on the 2-core VM), however heavy its body.
+
+HEAVY = 256      # sin() calls per inner iteration: ~10 ms per outer iteration on the VM
+HEAVY_TRIPS = 4000
+
+
+def heavy_nest(name: str, prologue: str, base: str) -> str:
+    """``name``(x, n): ``prologue``, then the heavy nest over x[base .. base + 255]."""
+    chain = "\n".join(f"            s = sin(s) * 0.75 + {0.1 + k * 1e-3:.4f};"
+                      for k in range(HEAVY))
+    return f"""
+KERNEL void {name}(cap_t x, int64_t n)
+{{
+{prologue}
+    int64_t base = {base};
+    for (int64_t u = 0; u < n; u++)
+        for (int64_t l = 0; l < 256; l++) {{
+            double s = cap_load_f64(x, base + l);
+{chain}
+            cap_store_f64(x, base + l, s);
+        }}
+}}
+"""
+
+
+HEAVY_CPU = heavy_nest("heavy", "", "0") + heavy_nest("heavy_fault", """
+    cap_t started = cap_offset_f64(x, 512);
+    if (rt_block_idx() == 0) {
+        while (cap_load_f64(started, 0) == 0.0) {}   /* polls: until block 1 runs */
+        cap_store_f64(x, -1, 0.0);                    /* out of bounds: the launch faults */
+    }
+    cap_store_f64(started, 0, 1.0);""", "256")
+
+HEAVY_TIMEOUT_PROBE = PRELUDE + r"""
+k = runtime.compile(sys.argv[1], "heavy")
+x = capabilities.alloc(256, np.float64)
+t0 = time.monotonic()
+try:
+    runtime.launch(k, [x], args=(int(sys.argv[3]),), timeout=float(sys.argv[2]))
+    got = "returned"
+except runtime.KernelTimeout:
+    got = "KernelTimeout"
+print(json.dumps({"got": got, "elapsed": time.monotonic() - t0}))
+"""
+
+HEAVY_FAULT_PROBE = PRELUDE + r"""
+k = runtime.compile(sys.argv[1], "heavy_fault")
+x = capabilities.alloc(513, np.float64, name="x")
+t0 = time.monotonic()
+try:
+    runtime.launch(k, [x], args=(int(sys.argv[2]),), grid=2)
+    got = {"got": "returned"}
+except runtime.CapabilityFault as e:
+    got = {"got": "CapabilityFault", "block": e.block, "index": e.index}
+got["elapsed"] = time.monotonic() - t0
+print(json.dumps(got))
+"""
+
+
+def test_quiet_limits_follow_the_work_of_an_iteration() -> None:
+    """The generated C: a light innermost loop stays quiet up to SHORT_TRIP iterations, one
+    calling sin() HEAVY times up to QUIET_WORK of estimated work; a nest's quiet copy also
+    needs the run-time test of its work (trips times one outer iteration)."""
+    import re
+
+    from capqr.runtime.compiler.hoist.polls import LIBM_WORK, QUIET_WORK, SHORT_TRIP
+
+    def limits(src: str, name: str) -> set[int]:
+        """The quiet tests' trip limits (one per copy of the loop)."""
+        text = _c_source(src, name, "checked")
+        return {int(v) for v in re.findall(r"__h\d+_span, 1, 0\) < (\d+)\)", text)}
+
+    loop = """
+KERNEL void one(cap_t x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double s = cap_load_f64(x, i);
+BODY
+        cap_store_f64(x, i, s);
+    }
+}
+"""
+    assert limits(loop.replace("BODY", "s = s * 0.75;"), "one") == {SHORT_TRIP}
+    heavy = "\n".join(["s = sin(s) * 0.75;"] * HEAVY)
+    (limit,) = limits(loop.replace("BODY", heavy), "one")
+    assert limit * HEAVY * LIBM_WORK <= QUIET_WORK < 2 * limit * HEAVY * (LIBM_WORK + 16)
+    assert f"<= {QUIET_WORK})" in _c_source(HEAVY_CPU, "heavy", "checked")
+
+
+def test_heavy_nest_under_the_poll_thresholds_stops_at_its_timeout() -> None:
+    """Seen failing before the work bound: the launch returned KernelTimeout after 10.8 s
+    (the quiet nest polled once, after all of its 4000 x 256 iterations)."""
+    runtime.compile(HEAVY_CPU, "heavy")
+    out = _probe(HEAVY_TIMEOUT_PROBE, HEAVY_CPU, str(TIMEOUT), str(HEAVY_TRIPS))
+    assert out["got"] == "KernelTimeout", out
+    assert out["elapsed"] < TIMEOUT + 1.0, out
+
+
+def test_fault_in_one_block_stops_a_heavy_nest_in_another() -> None:
+    """Block 0 faults once block 1 is in its heavy nest; block 1 stops at its next poll.
+    Seen failing before the work bound: the fault came back after the whole nest."""
+    runtime.compile(HEAVY_CPU, "heavy_fault")
+    out = _probe(HEAVY_FAULT_PROBE, HEAVY_CPU, str(HEAVY_TRIPS), CAPQR_THREADS="2")
+    assert out["got"] == "CapabilityFault", out
+    assert (out["block"], out["index"]) == (0, -1), out
+    assert out["elapsed"] < TIMEOUT + 1.0, out
+
+
+# the GPU lowering, emulated: the same nest per thread; a fault of block 0 reaches block 1
+# through the sequence record (rt_group_sync first: the emulation runs the blocks together)
+HEAVY_GPU = heavy_nest("heavy", "", "rt_thread_idx() * 256") + heavy_nest(
+    "heavy_group", """
+    rt_group_sync();
+    if (rt_block_idx() == 0)
+        cap_store_f64(x, -1, 0.0);   /* out of bounds: block 1 must stop */""",
+    "rt_block_idx() * 256")
+
+HEAVY_EMU_PROBE = PRELUDE + r"""
+sys.path.insert(0, "tests")
+from emulate_cuda import build
+from capqr.capabilities import abi
+ks = build(sys.argv[1], checked=True, workdir=__import__("pathlib").Path(sys.argv[2]))
+name, grid, block = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+cancel = float(sys.argv[6]) if sys.argv[6] != "-" else None
+x = np.zeros(512, np.float64)
+t0 = time.monotonic()
+rec = ks[name].launch([x, int(sys.argv[7])], grid, block, cancel_after=cancel)
+print(json.dumps({"rec": rec, "elapsed": time.monotonic() - t0,
+                  "timeout_kind": abi.FAULT_CODE["TIMEOUT"]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def heavy_emu_dir(tmp_path_factory) -> Path:
+    """The heavy kernels' emulated build (g++, once here)."""
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ on this machine")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from emulate_cuda import build
+
+    d = tmp_path_factory.mktemp("emu_heavy")
+    build(HEAVY_GPU, checked=True, workdir=d)
+    return d
+
+
+def test_emulated_gpu_heavy_nest_stops_at_cancel(heavy_emu_dir: Path) -> None:
+    """Two threads in their heavy nests; the host cancels 0.5 s in.  Seen failing before
+    the work bound (the quiet nest polled after all of it) and, with it but the poll
+    counter read every 1024th tick, after 1024 outer iterations (seconds)."""
+    out = _probe(HEAVY_EMU_PROBE, HEAVY_GPU, str(heavy_emu_dir), "heavy", "1", "2",
+                 str(TIMEOUT), str(HEAVY_TRIPS))
+    assert out["rec"] is not None and out["rec"]["kind"] == out["timeout_kind"], out
+    assert out["elapsed"] < TIMEOUT + 1.0, out
+
+
+def test_emulated_gpu_fault_in_one_block_stops_a_heavy_nest_in_another(
+        heavy_emu_dir: Path) -> None:
+    """Block 0 faults right after the grid barrier; block 1, in its heavy nest, sees the
+    record's fault flag at its next poll read and exits."""
+    out = _probe(HEAVY_EMU_PROBE, HEAVY_GPU, str(heavy_emu_dir), "heavy_group", "2", "1", "-",
+                 str(HEAVY_TRIPS))
+    rec = out["rec"]
+    assert rec is not None and (rec["block"], rec["index"]) == (0, -1), out
+    assert out["elapsed"] < TIMEOUT + 1.0, out

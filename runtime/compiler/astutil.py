@@ -92,7 +92,7 @@ def pure_lvalue(lv: c_ast.Node) -> bool:
 
 def node_fields(n: c_ast.Node) -> Iterator[tuple[str, Any]]:
     """(attribute, value) for every child slot of a pycparser node."""
-    for cls in type(n).__mro__:  # marked subclasses (hoist.py) add no slots of their own
+    for cls in type(n).__mro__:  # marked subclasses (hoist/) add no slots of their own
         for attr in cls.__dict__.get("__slots__", ()):
             if attr not in ("coord", "__weakref__"):
                 yield attr, getattr(n, attr, None)
@@ -407,13 +407,13 @@ def write_target(target: c_ast.Node) -> tuple[str, bool]:
 
 def write_counts(node: c_ast.Node) -> dict[str, int]:
     """How often each name is declared or assigned as a whole under node: the one
-    analysis of names written, which loop versioning (hoist.py), range proofs
+    analysis of names written, which loop versioning (hoist/), range proofs
     (ranges.py) and the nest guards use to decide that a variable is unchanged.
 
     It sees every write the verifier admits (write_target): ``=``/``op=``/``++``/``--``
     on a name, and a declaration.  An element write (``a[i] = v``) changes the
     array's contents, not the name, and is not counted: array names appear in no
-    index expression these counts vouch for (hoist.py takes an array declared in a
+    index expression these counts vouch for (hoist/ takes an array declared in a
     loop as changed).  An address taken (``&span``, as the guards' rt_loop_span does
     in generated code; the verifier refuses ``&`` in kernels) counts as a write of
     the name."""

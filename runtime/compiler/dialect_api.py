@@ -28,7 +28,7 @@ class Lowering:
     the CPU lane's hidden ``__rt``), the call's arguments, ``extra`` (constants: an int
     prints as a number, a str as a C name) and the source line (``line``).
 
-    ``unchecked``: the spelling when a loop guard covered the access (hoist.py's
+    ``unchecked``: the spelling when a loop guard covered the access (hoist/'s
     UncheckedCall: the arguments only).  ``form`` marks the lowerings of another shape:
     "field" (the CPU's ``__rt->call``), "tile" (the local array's flat length and name
     follow its argument), "mma" (runtime/cuda/lower.py: k, the tiles' lengths and ids).
@@ -183,7 +183,7 @@ API_FUNCS: frozenset[str] = frozenset(b.name for b in _TABLE
 #: Runtime API names that exist only when compiling for CUDA.
 CUDA_API_FUNCS: frozenset[str] = frozenset(b.name for b in _TABLE
                                            if not b.math and b.lowering("cpu") is None)
-#: Tile copies (block barriers on the GPU: see runtime/compiler/hoist.py BARRIERS).
+#: Tile copies (block barriers on the GPU: see runtime/compiler/hoist/loops.py BARRIERS).
 TILE_FUNCS: frozenset[str] = frozenset(n for n in BUILTINS if n.startswith("cap_tile_"))
 #: Warp-collective calls: every lane of the warp must reach them together.
 WARP_FUNCS: frozenset[str] = frozenset(n for n in CUDA_API_FUNCS

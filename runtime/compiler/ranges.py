@@ -1,11 +1,11 @@
 """Static ranges: local-array subscripts proved in range at compile time.
 
-Loop versioning (hoist.py) keeps a checked copy of every loop it guards, so a
+Loop versioning (hoist/) keeps a checked copy of every loop it guards, so a
 kernel carries both copies and, on the GPU, the registers of the larger one.
 A subscript whose every value is known at compile time to lie in [0, dim)
 needs neither a check nor a copy.  This pass proves such subscripts with
 constant intervals and marks them UncheckedRef (the mark the lowerings already
-honour); hoist.py then leaves them out of its guards.
+honour); hoist/ then leaves them out of its guards.
 
 The facts, each an exact interval of Python integers:
 

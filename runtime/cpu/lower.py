@@ -13,13 +13,13 @@ cannot make safe):
   handshakes, timeouts and stop requests: together they bound the work between
   two polls whatever the kernel's loops (hoist.entry_polls says why; a call DAG
   of loop-free helpers made 2^depth calls with no poll when only loops
-  polled).  Quiet loops (hoist.py) poll once after themselves instead.  Raw
+  polled).  Quiet loops (hoist/) poll once after themselves instead.  Raw
   builds have none; raw_poll builds have exactly these;
 * a bounds check on every subscript of a local array;
 * shadow frames for ``cap_t`` locals when the source can create objects
   (``cap_alloc_*``/``cap_load_cap``): without those, every cap derives from
   launch arguments, which the launch itself holds;
-* hoisted range checks (see hoist.py) for affine accesses in ``for`` loops.
+* hoisted range checks (see hoist/) for affine accesses in ``for`` loops.
 
 The result is the same AST printed by pycparser's CGenerator behind
 ``#include "cap.h"``, plus one exported entry function per kernel.
@@ -114,7 +114,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
             return self._rewrite_arrayref(node)
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self._rewrite_children(node)
-            # a quiet loop (hoist.py) polls once after itself instead
+            # a quiet loop (hoist/) polls once after itself instead
             node.stmt = self._with_pollcheck(node.stmt, poll=not isinstance(node, QUIET_LOOPS))
             return node
         if isinstance(node, PollPoint):
@@ -181,7 +181,7 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         for depth, ref in enumerate(subs):
             ref.subscript = self.rewrite(ref.subscript)
             if isinstance(ref, UncheckedRef):
-                continue  # covered by a loop guard (hoist.py)
+                continue  # covered by a loop guard (hoist/)
             if dims is not None and depth < len(dims) and self.mode == "checked":
                 ref.subscript = _call(
                     "rt_local_idx", _id("__rt"), ref.subscript, _const(dims[depth]),
@@ -222,12 +222,12 @@ class _FuncInstrumenter(c_ast.NodeVisitor):
         if name in self.funcs:
             return c_ast.FuncCall(_id(name), c_ast.ExprList([_id("__rt")] + args), node.coord)
         builtin = BUILTINS.get(name)
-        if builtin is None:  # a loop guard's helper (hoist.py), as guards.h spells it
+        if builtin is None:  # a loop guard's helper (hoist/), as guards.h spells it
             node.args = c_ast.ExprList(args) if node.args else None
             return node
         low = builtin.lowering("cpu")
         assert low is not None, f"the verifier refuses {name} for target cpu"
-        if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
+        if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist/)
             assert low.unchecked is not None
             return _call(low.unchecked, *args)
         if low.form == "field":

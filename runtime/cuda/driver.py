@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 from ..errors import CapqrError
 
@@ -40,6 +41,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
 CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuCtxSynchronize(void);
@@ -52,7 +54,9 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s);
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n);
-CUresult cuModuleLoadData(CUmodule *mod, const void *image);
+typedef int CUjit_option;
+CUresult cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n,
+                            CUjit_option *options, void **values);
 CUresult cuModuleUnload(CUmodule mod);
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule mod, const char *name);
@@ -90,8 +94,15 @@ CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1  # static __shared__ bytes
+CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_JIT_INFO_LOG_BUFFER = 3
+CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4
+CU_JIT_ERROR_LOG_BUFFER = 5
+CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
+#: bytes of each log cuModuleLoadDataEx may write
+JIT_LOG_BYTES = 1 << 14
 
 
 class CudaUnavailable(CapqrError):
@@ -108,8 +119,25 @@ class CudaError(CapqrError):
         super().__init__(f"{call} failed: {name} ({code}): {text}")
 
 
+class ModuleLoadError(CudaError):
+    """cuModuleLoadDataEx refused an image; ``log`` is what the loader (and the JIT,
+    for PTX) wrote to its error log, "" when it wrote nothing."""
+
+    def __init__(self, code: int, name: str, text: str, log: str):
+        self.log = log
+        super().__init__("cuModuleLoadDataEx", code, name, text)
+
+
 _lock = threading.RLock()
 _state: dict = {}
+#: contexts this process destroyed (reset_context): a module, buffer, stream or event
+#: made under an earlier count belongs to a context that no longer exists
+_epoch = [0]
+
+
+def context_epoch() -> int:
+    """How many times :func:`reset_context` destroyed the device's context in this process."""
+    return _epoch[0]
 
 
 def ffi() -> cffi.FFI:
@@ -192,10 +220,7 @@ class Device:
         check(L.cuDeviceGet(d, ordinal), "cuDeviceGet")
         self.handle = d[0]
         self.ordinal = ordinal
-        c = f.new("CUcontext *")
-        check(L.cuDevicePrimaryCtxRetain(c, self.handle), "cuDevicePrimaryCtxRetain")
-        self.ctx = c[0]
-        self.make_current()
+        open_context(self)
         buf = f.new("char[256]")
         check(L.cuDeviceGetName(buf, 256, self.handle), "cuDeviceGetName")
         self.name = f.string(buf).decode()
@@ -207,13 +232,6 @@ class Device:
         v = f.new("int *")
         check(L.cuDriverGetVersion(v), "cuDriverGetVersion")
         self.driver_version = v[0]
-        # A non-blocking side stream: timeouts write the cancel flag through it
-        # while the launch stream is still busy.
-        s = f.new("CUstream *")
-        check(L.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-        self.side_stream = s[0]
-        # The launch-sequence record (device address), allocated by the lane on first use.
-        self.seq_record = 0
 
     def make_current(self) -> None:
         """Bind the primary context to the calling thread (contexts are per thread)."""
@@ -234,6 +252,59 @@ class Device:
     def arch(self) -> str:
         """``sm_XY`` of this device."""
         return f"sm_{self.cc[0]}{self.cc[1]}"
+
+
+def open_context(d: Any) -> None:
+    """Retain the primary context of device ``d``, make it current on this thread, and make
+    what the lane keeps in it: a non-blocking side stream (timeouts write the cancel flag
+    through it while the launch stream is still busy) and no sequence record yet (the
+    lane allocates it on first use)."""
+    L, f = lib(), ffi()
+    c = f.new("CUcontext *")
+    check(L.cuDevicePrimaryCtxRetain(c, d.handle), "cuDevicePrimaryCtxRetain")
+    d.ctx = c[0]
+    # unconditionally: after a reset the thread's current context keeps the old handle,
+    # which the new context may reuse
+    check(L.cuCtxSetCurrent(d.ctx), "cuCtxSetCurrent")
+    s = f.new("CUstream *")
+    check(L.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+    d.side_stream = s[0]
+    d.seq_record = 0
+
+
+def reset_context() -> None:
+    """Destroy the device's primary context and open a fresh one (cuDevicePrimaryCtxReset).
+
+    Everything in the old context goes with it: a kernel that never stops (the only way
+    to end one that ignores the cancel flag), every allocation, module, stream and
+    event.  :func:`context_epoch` counts up, so what the lane made before can tell it
+    is gone: buffers refuse every use (runtime/cuda/memory.py), kernels load their
+    module again on their next launch (runtime/cuda/kernel.py), nothing frees or
+    destroys an old handle (the new context may reuse its value).  The primary context
+    is the CUDA runtime's too: torch's CUDA state in this process goes with it.  No
+    other host thread may use the device meanwhile (the driver's rule for a reset)."""
+    with _lock:
+        d = device()
+        check(lib().cuDevicePrimaryCtxReset_v2(d.handle), "cuDevicePrimaryCtxReset")
+        _epoch[0] += 1
+        open_context(d)
+
+
+def load_module(image: bytes) -> Any:
+    """cuModuleLoadDataEx of a cubin (or PTX) ``image`` in the current context, with the
+    loader's error log: a refusal raises :class:`ModuleLoadError` carrying it."""
+    L, f = lib(), ffi()
+    err, info = f.new("char[]", JIT_LOG_BYTES), f.new("char[]", JIT_LOG_BYTES)
+    keys = f.new("CUjit_option[]", [CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                                    CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES])
+    size = f.cast("void *", JIT_LOG_BYTES)  # a size option's value travels as the pointer
+    values = f.new("void *[]", [err, size, info, size])
+    mod = f.new("CUmodule *")
+    rc = L.cuModuleLoadDataEx(mod, image, 4, keys, values)
+    if rc != CUDA_SUCCESS:
+        name, text = error_text(rc)
+        raise ModuleLoadError(rc, name, text, f.string(err).decode(errors="replace"))
+    return mod[0]
 
 
 def device() -> Device:
@@ -267,6 +338,7 @@ class Event:
         e = f.new("CUevent *")
         check(lib().cuEventCreate(e, 0), "cuEventCreate")
         self.handle = e[0]
+        self.epoch = context_epoch()
 
     def record(self, stream=None) -> None:
         """Record on ``stream`` (default: the legacy default stream)."""
@@ -286,5 +358,6 @@ class Event:
     def __del__(self) -> None:
         L = _state.get("lib")
         if L is not None and getattr(self, "handle", None) is not None:
-            L.cuEventDestroy_v2(self.handle)
+            if self.epoch == context_epoch():  # else it died with its context
+                L.cuEventDestroy_v2(self.handle)
             self.handle = None

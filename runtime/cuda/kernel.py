@@ -6,7 +6,8 @@ to CUDA C: runtime/cuda/lower.py; the record under the cache key) with
 (nvrtc.py, cubins cached by content hash) and loads it through the driver.
 One lowering holds every kernel of a source, so the kernels of one source
 (update.c holds four) share it.  :func:`translate` stops before NVRTC: no GPU
-needed.
+needed.  A kernel keeps its cubin: after a reset of the context
+(driver.reset_context) its next launch loads the module again.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ class CudaKernel:
     param_block: Any = field(default=None, repr=False, compare=False)  # see params.ParamBlock
     resident: dict = field(default_factory=dict, repr=False, compare=False)  # see max_group
     dynamic_smem: int = 0  # bytes every launch adds to shared_bytes (its smem_ arrays)
+    image: bytes = field(default=b"", repr=False, compare=False)  # the cubin ``module`` holds
+    #: the context epoch ``module`` was loaded in (driver.context_epoch)
+    epoch: int = field(default_factory=drv.context_epoch, compare=False)
+
+    def live_function(self) -> Any:
+        """The entry point's handle in the current context: after a reset of the context
+        its module died with it, so it is loaded again from ``image`` first (an old
+        handle is never used: the new context may have handed out its value again)."""
+        if self.epoch != drv.context_epoch():
+            self.epoch, self.module, self.function = load(self.name, self.image, self.cuda,
+                                                          self.dynamic_smem)
+        return self.function
 
     def __repr__(self) -> str:
         # One line: the generated CUDA is self.cuda.text, the dialect source self.source.
@@ -49,7 +62,7 @@ class CudaKernel:
         f = drv.ffi()
         v = f.new("int *")
         drv.check(drv.lib().cuFuncGetAttribute(v, drv.CU_FUNC_ATTRIBUTE_NUM_REGS,
-                                               self.function), "cuFuncGetAttribute")
+                                               self.live_function()), "cuFuncGetAttribute")
         return v[0]
 
     def max_group(self, block: int, shared_bytes: int = 0) -> int:
@@ -63,7 +76,7 @@ class CudaKernel:
             else:
                 v = drv.ffi().new("int *")
                 drv.check(drv.lib().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                    v, self.function, int(block), int(shared_bytes) + self.dynamic_smem),
+                    v, self.live_function(), int(block), int(shared_bytes) + self.dynamic_smem),
                     "cuOccupancyMaxActiveBlocksPerMultiprocessor")
                 self.resident[key] = v[0] * dev.sm_count
         return self.resident[key]
@@ -104,18 +117,36 @@ class CudaTarget:
               options: Sequence[str] = ()) -> CudaKernel:
         dev = drv.device()
         cubin = nvrtc.compile_cubin(lowered.text, arch=dev.arch,
-                                    options=tuple(options) + ("-lineinfo",))
-        L, f = drv.lib(), drv.ffi()
-        mod = f.new("CUmodule *")
-        drv.check(L.cuModuleLoadData(mod, cubin), "cuModuleLoadData")
-        fn = f.new("CUfunction *")
-        drv.check(L.cuModuleGetFunction(fn, mod[0], entry_symbol(entry).encode()),
-                  "cuModuleGetFunction")
+                                    options=tuple(options) + ("-lineinfo",),
+                                    entries=entry_lines(lowered))
         dynamic = lowered.dynamic_smem.get(entry, 0)
-        if dynamic:
-            opt_in_dynamic_smem(entry, fn[0], dynamic, dev)
-        return CudaKernel(entry, source, self.checked, lowered, lowered.kernels[entry], mod[0],
-                          fn[0], len(cubin), dynamic_smem=dynamic)
+        epoch, module, function = load(entry, cubin, lowered, dynamic)
+        return CudaKernel(entry, source, self.checked, lowered, lowered.kernels[entry], module,
+                          function, len(cubin), dynamic_smem=dynamic, image=cubin, epoch=epoch)
+
+
+def entry_lines(lowered: CudaSource) -> dict[str, tuple[str, int]]:
+    """Entry symbol -> (kernel, the line of its KERNEL definition): where a diagnostic
+    that names the function rather than a line belongs (nvrtc.cuda_compile_error)."""
+    return {entry_symbol(k): (k, sig.line) for k, sig in lowered.kernels.items()}
+
+
+def load(entry: str, image: bytes, lowered: CudaSource, dynamic: int) -> tuple[int, Any, Any]:
+    """Load ``image`` in the current context: (its context epoch, module, the handle of
+    ``entry``).  A refusal raises CompileError on kernel lines, the loader's log with it."""
+    epoch = drv.context_epoch()  # before loading: a reset after it makes the module stale
+    dev = drv.device()
+    try:
+        module = drv.load_module(image)
+    except drv.ModuleLoadError as e:
+        raise nvrtc.cuda_compile_error(f"the cubin of {entry!r} ({e})", e.log,
+                                       entry_lines(lowered)) from None
+    fn = drv.ffi().new("CUfunction *")
+    drv.check(drv.lib().cuModuleGetFunction(fn, module, entry_symbol(entry).encode()),
+              "cuModuleGetFunction")
+    if dynamic:
+        opt_in_dynamic_smem(entry, fn[0], dynamic, dev)
+    return epoch, module, fn[0]
 
 
 def compile(source: str, name: str | None = None, *, checked: bool = True, hoist: bool = True,

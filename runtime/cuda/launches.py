@@ -61,12 +61,13 @@ def launch_async(kernel: CudaKernel, params: ParamBlock, grid: int, block: int,
         driver = (L.cuLaunchKernel, f.NULL)
     fn, null = driver
     shared_bytes += kernel.dynamic_smem  # its smem_ arrays when they exceed 48 KB
+    function = kernel.live_function()  # (loaded again after a reset of the context)
     if cooperative:
         drv.check(drv.lib().cuLaunchCooperativeKernel(
-            kernel.function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
+            function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
             params.params), "cuLaunchCooperativeKernel")
         return
-    drv.check(fn(kernel.function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
+    drv.check(fn(function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
                  params.params, null), "cuLaunchKernel")
 
 

@@ -10,15 +10,15 @@ What the transformation does (pycparser AST in, CGenerator text out):
   helpers; the element size is folded in at generation time.
 * Subscripts of local arrays (``smem_*`` arrays live in ``__shared__``
   memory, the others per thread) are wrapped in ``rt_local_idx(i, N, ID, LINE)``.
-* Each loop condition gets an amortised pollcheck ``RT_POLL(__rt_pc)`` (one
-  add, one test per iteration; the sequence record's cancel and fault flags
-  are read every 1024th tick), so a launch past its deadline can be
-  cancelled and the blocks of a faulted launch stop early.  Every function
-  that calls a same-source function ticks the same counter at its entry
-  (hoist.entry_polls: a DAG of loop-free helpers reaches the record too): in
-  checked mode the counter is the thread's one ``unsigned int``, declared by
-  the ``__global__`` wrapper and passed by reference (``rt_pc_t``) as every
-  device function's hidden first parameter, so ticks add up across calls.
+* Each loop condition gets a clocked pollcheck ``RT_POLL(__rt_pc)`` (a clock
+  read and one test per iteration; the sequence record's cancel and fault flags
+  are read once RT_POLL_CYCLES have passed since the thread's last read), so a
+  launch past its deadline can be cancelled and the blocks of a faulted launch
+  stop early.  Every function that calls a same-source function polls at its
+  entry (hoist.entry_polls: a DAG of loop-free helpers reaches the record too):
+  in checked mode the clock of the last read is the thread's one ``unsigned
+  int``, declared by the ``__global__`` wrapper and passed by reference
+  (``rt_pc_t``) as every device function's hidden first parameter.
 * A ``KERNEL`` becomes an ``extern "C" __global__`` wrapper that initialises
   the block's fault flag and calls the body, emitted as a device function (no
   other function calls a KERNEL: the verifier refuses it, since a launch
@@ -133,7 +133,7 @@ def entry_symbol(kernel: str) -> str:
 
 
 #: The hidden first parameter of every device function in checked mode: the thread's
-#: pollcheck counter, by reference (rt_pc_t in the prelude).
+#: poll clock (its last read of the record), by reference (rt_pc_t in the prelude).
 PC_NAME = "__rt_pc"
 PC_PARAM = f"rt_pc_t {PC_NAME}"
 
@@ -306,7 +306,7 @@ class _Rewriter:
         if isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)):
             self.has_loop = True
             if isinstance(node, QUIET_LOOPS):
-                return node  # polls once after itself (hoist.py)
+                return node  # polls once after itself (hoist/)
             poll = _call("RT_POLL", [c_ast.ID("__rt_pc")], node.coord)
             cond = node.cond if node.cond is not None else _int(1)
             node.cond = c_ast.ExprList([poll, cond], node.coord)
@@ -331,7 +331,7 @@ class _Rewriter:
         aid = self.o.array_id(base.name)
         for ref, n in zip(chain, dims, strict=True):
             if isinstance(ref, UncheckedRef):
-                continue  # covered by a loop guard (hoist.py)
+                continue  # covered by a loop guard (hoist/)
             line = ref.coord.line if ref.coord else 0
             ref.subscript = _call("rt_local_idx",
                                   [ref.subscript, _int(n), _int(aid), _int(line)], ref.coord)
@@ -352,7 +352,7 @@ class _Rewriter:
             return node
         low = BUILTINS[name].lowering("cuda")
         assert low is not None and not low.ctx, f"the verifier refuses {name} for target cuda"
-        if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist.py)
+        if isinstance(node, UncheckedCall):  # covered by a loop guard (hoist/)
             assert low.unchecked is not None
             return _call(low.unchecked, args, coord)
         if low.form == "tile":
@@ -481,7 +481,7 @@ class _Instrumenter:
         if self.checked:  # raw builds have neither the hidden parameters nor the entry check
             decl_txt = _with_hidden_params(decl_txt)
             prologue = (f"  RT_PROLOGUE({SEQ_PARAM}, {LAUNCH_PARAM});\n"
-                        f"  unsigned int {PC_NAME} = 0u;\n")
+                        f"  unsigned int {PC_NAME} = rt_poll_clock();\n")
             argnames = ", ".join([PC_NAME] + [mangle(n) for n, _ in sig.params])
         # a block that returns leaves the group, so the other blocks' barriers complete
         leave = "  rt_group_leave();\n" if sig.group_sync else ""

@@ -20,6 +20,13 @@ A launch passes each buffer as a by-value ``cap_t`` built from the header at
 launch time, after taking the hold (:meth:`DeviceCapability.cap_value`);
 after ``free()`` that snapshot has zero bounds and the "freed" tag, so any
 access in a later launch faults with reason ``freed``.
+
+A buffer belongs to the context it was allocated in (its ``driver.context_epoch``).
+When a kernel that never stops forces a reset of the context
+(runtime/cuda/sequence.py), every earlier buffer is *lost*: every use (a launch,
+``numpy()``, ``copy_from``, ``ptr``, an export) raises ``CapabilityFault("lost")``,
+and its payload, gone with the context, is never freed (the new context may hand
+out the same address again).
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 PACE_WAIT_LIMIT = 2.0
 
 #: ids of device objects whose payload came from cuMemAlloc (the collector
-#: owns it); a queued record with another id is not this lane's to free
-_OWNED: set[int] = set()
+#: owns it), each with the context epoch it was allocated in; a queued record with
+#: another id is not this lane's to free
+_OWNED: dict[int, int] = {}
 _drain_lock = threading.RLock()
 _DRAIN_BATCH = 256
 _drain_buf: list = []
@@ -79,12 +87,12 @@ def drain_device_releases(*, at_exit: bool = False) -> int:
             k = int(core.lib.gc_drain_device_releases(buf, _DRAIN_BATCH))
             for i in range(k):
                 rid, address = int(buf[i].id), int(buf[i].handle)
-                if rid not in _OWNED:
+                epoch = _OWNED.pop(rid, None)
+                if epoch is None:
                     continue
-                _OWNED.discard(rid)
                 n += 1
-                if not address:
-                    continue
+                if not address or epoch != drv.context_epoch():
+                    continue  # (a payload of a destroyed context went with it)
                 try:
                     _free_payload(address)
                 except (drv.CudaError, drv.CudaUnavailable) as e:
@@ -144,16 +152,20 @@ class DeviceCapability(RecordedAttributes):
     Attributes (recorded when the handle is made, so all of them stay defined
     after ``free()``): ``nbytes``, ``dtype`` (numpy dtype), ``shape``,
     ``size``, ``name``, ``perms`` ("r" or "rw"), ``device`` ("cuda"), ``id``
-    (the collector's serial), ``freed``.  ``ptr`` (the device address) and
+    (the collector's serial), ``freed``, ``lost``.  ``ptr`` (the device address) and
     ``numpy()`` raise ``CapabilityFault("freed")`` after ``free()``, as
-    ``int(cap)`` and ``numpy()`` do on the host.
+    ``int(cap)`` and ``numpy()`` do on the host, and ``CapabilityFault("lost")`` once
+    the context was reset (module doc).
     """
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: Any, perms: str = "rw",
-                 name: str | None = None, *, owned: bool = True, keepalive: Any = None):
+                 name: str | None = None, *, owned: bool = True, keepalive: Any = None,
+                 epoch: int | None = None):
         """Hand ``ptr`` to the collector: ``owned`` payloads (cuMemAlloc) are
         cuMemFree'd by it; otherwise ``keepalive`` (e.g. the torch tensor whose
-        memory this is) stays referenced until the collector releases the object."""
+        memory this is) stays referenced until the collector releases the object.
+        ``epoch``: the context epoch read before ``ptr`` was allocated (default: now)."""
+        self._epoch = drv.context_epoch() if epoch is None else epoch
         self._dtype = np.dtype(dtype)
         if self._dtype.name not in _DT_CODES:
             if owned and ptr:
@@ -182,7 +194,7 @@ class DeviceCapability(RecordedAttributes):
         self._id = int(obj.id)
         self._name = (name or f"dev{self._id}")[:abi.NAME_MAX - 1]
         if owned:
-            _OWNED.add(self._id)
+            _OWNED[self._id] = self._epoch
         elif keepalive is not None:
             heap.keep_external(self._id, keepalive)
 
@@ -247,13 +259,24 @@ class DeviceCapability(RecordedAttributes):
         return (2, drv.device().ordinal)  # kDLCUDA
 
     def __repr__(self) -> str:
-        st = " freed" if self._freed else ""
+        st = " freed" if self._freed else " lost" if self.lost else ""
         return f"<DeviceCapability {self._name!r} {self._dtype} {self._shape} {self._perms}{st}>"
+
+    @property
+    def lost(self) -> bool:
+        """Whether the context this buffer was allocated in was reset since (its payload
+        went with it)."""
+        return self._epoch != drv.context_epoch()
 
     def _check_live(self, access: str) -> None:
         if self._freed:
             raise CapabilityFault("freed", buffer=self._name, access=access,
                                   detail="capability used after free()")
+        if self.lost:
+            raise CapabilityFault("lost", buffer=self._name, access=access,
+                                  detail="the CUDA context this buffer lived in was reset "
+                                         "after a kernel did not stop (KernelTimeout): its "
+                                         "contents are gone")
 
     def cap_value(self, slot: int) -> tuple[int, int, int, int, int]:
         """(p, lo, rlen, wlen, tag) as a launch passes it; ``slot`` is the argument index.
@@ -357,6 +380,7 @@ def alloc_device(shape: int | Sequence[int], dtype: Any = np.float32, perms: str
     drv.device()
     _pace()
     drain_all()
+    epoch = drv.context_epoch()  # before the allocation: a reset after it makes it lost
     L, f = drv.lib(), drv.ffi()
     p = f.new("CUdeviceptr *")
     if nbytes:
@@ -373,7 +397,7 @@ def alloc_device(shape: int | Sequence[int], dtype: Any = np.float32, perms: str
         except drv.CudaError:
             _free_payload(p[0])
             raise
-    return DeviceCapability(p[0], shape, dt, perms, name)
+    return DeviceCapability(p[0], shape, dt, perms, name, epoch=epoch)
 
 
 def to_device(array: Any, perms: str = "rw", name: str | None = None) -> DeviceCapability:

@@ -5,6 +5,13 @@ toolkit upgrade or a changed option never reuses a stale binary.  When
 ``libnvrtc`` cannot be found but ``nvcc`` is on PATH, ``nvcc -cubin`` is used
 instead (same cache, key marked "nvcc"): that also lets the code generator be
 tested on machines that have the compiler but no GPU.
+
+A verified source the compiler still refuses raises ``CompileError`` on kernel
+lines (:func:`cuda_compile_error`): the front end's diagnostics carry them through
+the lowering's ``#line`` directives; ptxas's (too much shared or local memory, a
+parameter space overflowed) and the module loader's name an entry function
+instead, which is put on its kernel's line.  The message keeps the errors (the
+runtime prelude's warnings stay in ``compiler_output``).
 """
 
 from __future__ import annotations
@@ -12,11 +19,13 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..build import cache_dir as build_cache_dir
@@ -114,10 +123,13 @@ def cache_dir() -> Path:
 
 
 def compile_cubin(source: str, *, arch: str = "sm_90", options: tuple[str, ...] = (),
-                  name: str = "kernel.cu") -> bytes:
+                  name: str = "kernel.cu",
+                  entries: Mapping[str, tuple[str, int]] | None = None) -> bytes:
     """Compile CUDA C source to a cubin for ``arch``; cached by content hash.
 
-    Raises CompileError with the compiler log when compilation fails.
+    Raises CompileError with the compiler log when compilation fails, its
+    diagnostics on kernel lines (``entries``: entry symbol -> (kernel, line), for
+    those that name a function: :func:`cuda_compile_error`).
     """
     opts = (f"--gpu-architecture={arch}", "--std=c++17", *options)
     ver = version()
@@ -129,14 +141,15 @@ def compile_cubin(source: str, *, arch: str = "sm_90", options: tuple[str, ...] 
         return path.read_bytes()
     f, L = _load()
     if L is not None:
-        cubin = _nvrtc(f, L, source, opts, name)
+        cubin = _nvrtc(f, L, source, opts, name, entries or {})
     else:
-        cubin = _nvcc(source, arch, options)
+        cubin = _nvcc(source, arch, options, entries or {})
     publish(path, cubin)   # concurrent compilers never see a torn file
     return cubin
 
 
-def _nvrtc(f, L, source: str, opts: tuple[str, ...], name: str) -> bytes:
+def _nvrtc(f, L, source: str, opts: tuple[str, ...], name: str,
+           entries: Mapping[str, tuple[str, int]]) -> bytes:
     prog = f.new("nvrtcProgram *")
     rc = L.nvrtcCreateProgram(prog, source.encode(), name.encode(), 0, f.NULL, f.NULL)
     if rc != 0:
@@ -151,9 +164,9 @@ def _nvrtc(f, L, source: str, opts: tuple[str, ...], name: str) -> bytes:
         L.nvrtcGetProgramLog(prog[0], log_buf)
         log = f.string(log_buf).decode(errors="replace")
         if rc != 0:
-            # the log names kernel lines ("kernel(12): error: ..."): the lowering's #line
-            raise compile_error(f"the CUDA C of {name} (NVRTC: "
-                                f"{f.string(L.nvrtcGetErrorString(rc)).decode()})", log)
+            raise cuda_compile_error(f"the CUDA C of {name} (NVRTC: "
+                                     f"{f.string(L.nvrtcGetErrorString(rc)).decode()})", log,
+                                     entries)
         L.nvrtcGetCUBINSize(prog[0], n)
         buf = f.new("char[]", n[0])
         L.nvrtcGetCUBIN(prog[0], buf)
@@ -162,7 +175,8 @@ def _nvrtc(f, L, source: str, opts: tuple[str, ...], name: str) -> bytes:
         L.nvrtcDestroyProgram(prog)
 
 
-def _nvcc(source: str, arch: str, options: tuple[str, ...]) -> bytes:
+def _nvcc(source: str, arch: str, options: tuple[str, ...],
+          entries: Mapping[str, tuple[str, int]]) -> bytes:
     nvcc = shutil.which("nvcc")
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.cu")
@@ -171,5 +185,47 @@ def _nvcc(source: str, arch: str, options: tuple[str, ...]) -> bytes:
         cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", *options, "-o", out, src]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
-            raise compile_error("the CUDA C (nvcc)", r.stderr + r.stdout, {src: "<generated CUDA>"})
+            raise cuda_compile_error("the CUDA C (nvcc)", r.stderr + r.stdout, entries,
+                                     {src: "<generated CUDA>"})
         return Path(out).read_bytes()
+
+
+#: A diagnostic's first line (the lines after it, indented or blank, are its excerpt).
+_HEADER = re.compile(r"^(?:\S.*\(\d+\)|kernel:\d+|(?:ptxas|nvcc|nvlink)\b).*?:", re.IGNORECASE)
+_PTXAS = re.compile(r"^ptxas\s+(error|fatal|warning)\s*:\s*(.*)$", re.IGNORECASE)
+_SEVERE = re.compile(r"\b(error|fatal)\b", re.IGNORECASE)
+_ON_LINE = re.compile(r"^kernel\(\d+\):")
+
+
+def cuda_compile_error(what: str, log: str, entries: Mapping[str, tuple[str, int]],
+                       files: dict[str, str] | None = None) -> CompileError:
+    """The CompileError for a compiler's (or the module loader's) ``log``: each
+    diagnostic that names an entry symbol of ``entries`` (symbol -> (kernel, line)),
+    ptxas's or the front end's about the function as a whole, goes onto that kernel's
+    line, symbols read as kernel names, and the message keeps the diagnostics that are
+    errors (all of them when none is); its ``compiler_output`` is the whole log,
+    unmapped."""
+    symbols = re.compile("|".join(rf"'?\b{re.escape(s)}\b'?" for s in entries) or "(?!)")
+
+    def named(m: re.Match) -> str:  # the symbol as its kernel's name, quoted once
+        return f"'{entries[m.group(0).strip(chr(39))][0]}'"
+
+    blocks: list[list[str]] = []
+    for raw in log.splitlines():
+        found = symbols.search(raw)
+        if found is not None:  # about the function as a whole: on its KERNEL line
+            line = entries[found.group(0).strip("'")][1]
+            m = _PTXAS.match(raw.strip())
+            if m is not None:
+                raw = f"kernel({line}): ptxas {m.group(1).lower()}: {m.group(2)}"
+            else:  # (the __global__ wrapper follows the body without a #line of its own)
+                raw = _ON_LINE.sub(f"kernel({line}):", raw, count=1)
+        raw = symbols.sub(named, raw)
+        if not blocks or _HEADER.match(raw):
+            blocks.append([raw])
+        else:
+            blocks[-1].append(raw)
+    errors = [b for b in blocks if _SEVERE.search(b[0])]
+    err = compile_error(what, "\n".join(line for b in errors or blocks for line in b), files)
+    err.compiler_output = log
+    return err

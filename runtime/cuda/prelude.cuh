@@ -9,7 +9,7 @@
  * over a block, warp collectives and tensor-core MMA.
  */
 #pragma nv_diag_suppress 177   /* unused helpers of the runtime are expected */
-#pragma nv_diag_suppress 550   /* the pollcheck counter is unused in raw mode */
+#pragma nv_diag_suppress 550   /* the poll clock is unused in raw mode */
 #define RT_DEVICE_LANE 1
 #include "cap_abi.h"   /* cap_t, fault/dtype codes, RT_INB, rt_gpu_fault (capabilities/abi.py) */
 
@@ -28,9 +28,12 @@ static __device__ __forceinline__ long long rt_thread_idx(void) { return (long l
 /* The launch refuses any other block size (launches.check_block): nothing left to do here. */
 #define rt_require_block_dim(n) ((void)0)
 static __device__ __forceinline__ long long rt_block_dim(void) { return (long long)blockDim.x; }
-/* The thread's pollcheck counter, the hidden first parameter of every device
- * function in checked mode: one count across calls (after inlining, a register). */
+/* The thread's poll clock, the hidden first parameter of every device function in
+ * checked mode: the clock (low 32 bits) at the thread's last read of the sequence
+ * record, one value across calls (after inlining, a register). */
 typedef unsigned int &rt_pc_t;
+static __device__ __forceinline__ unsigned int rt_poll_clock(void)
+{ return (unsigned int)clock64(); }
 
 /* ---- fault paths ----
  * The fault paths are inlined, not calls: a call's argument set-up and ABI kept
@@ -113,7 +116,21 @@ static __device__ __forceinline__ void rt_poll_slow(void)
     }
     if (*(volatile int *)&r->flag) rt_exit_block(2);   /* another block faulted */
 }
-#define RT_POLL(pc) ((((pc) += 1u) & 1023u) == 0u ? rt_poll_slow() : (void)0)
+/* A pollcheck reads the record once RT_POLL_CYCLES (~20 us) have passed since the
+ * thread's last read: the time between two reads is bounded by the clock, not by how
+ * many polls a loop makes or what its iterations cost (hoist/polls.py bounds the work
+ * between two polls).  Unsigned difference: a clock that went back (a block resumed on
+ * another SM) reads at once. */
+#define RT_POLL_CYCLES 32768u
+static __device__ __forceinline__ void rt_poll(unsigned int &pc)
+{
+    unsigned int now = rt_poll_clock();
+    if (now - pc >= RT_POLL_CYCLES) {
+        pc = now;
+        rt_poll_slow();
+    }
+}
+#define RT_POLL(pc) rt_poll(pc)
 #define RT_POLL_NOW() rt_poll_slow()      /* after a quiet (versioned, short) loop */
 /* Kernel entry: a launch whose sequence already faulted or was cancelled exits
  * before touching memory (the record is sticky until the host resets it). */
@@ -296,7 +313,7 @@ static __device__ __forceinline__ unsigned int rt_warp_live(void)
     unsigned int n = blockDim.x - (threadIdx.x & ~31u);
     return n >= 32u ? 0xffffffffu : ((1u << n) - 1u);
 }
-/* Loop versioning's warp vote (runtime/compiler/hoist.py GPU_WARP_VOTE): the fast copy of a
+/* Loop versioning's warp vote (runtime/compiler/hoist/ GPU_WARP_VOTE): the fast copy of a
  * loop with warp collectives runs only if every live lane's guard holds. */
 static __device__ __forceinline__ int rt_warp_all(int ok)
 { return __all_sync(rt_warp_live(), ok); }

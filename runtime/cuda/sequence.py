@@ -7,8 +7,11 @@ and :func:`sync` waits once and raises the sequence's first fault.  The holds
 of a sequence's launches are dropped at that sync, so a payload outlives
 every launch that may use it (runtime/cuda/memory.py).  A deadline raises
 the record's cancel flag; a kernel that has not stopped once the grace after
-it has passed keeps its holds (``current.stuck``) until a later sync finds
-the stream idle.
+it has passed (a barrier or shuffle that some threads never reach, which the
+verifier missed, or a raw kernel, which has no pollchecks) can only be ended by
+destroying its context: the lane resets it (driver.reset_context), which loses
+every device buffer allocated before (memory.py), and raises KernelTimeout
+saying so; kernels load again at their next launch (kernel.py).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class _Sequence:
         self.lock = threading.RLock()
         self.launches: list[tuple[CudaKernel, list[str]]] = []  # per launch: kernel, buffer names
         self.held: list[Any] = []   # collector holds of the pending launches
-        self.stuck: list[Any] = []  # holds of launches still running after a timeout's grace
+        self.stuck: list[Any] = []  # holds of launches that may still run (Ctrl-C in a wait)
 
 
 current = _Sequence()
@@ -106,8 +109,8 @@ _CANCEL_OFFSET = record_ffi().offsetof("rt_gpu_fault", "cancel")
 
 def cancel(record: int) -> None:
     """Raise the record's cancel flag through the side stream (the launch stream is
-    busy): every thread reads it at its next amortised pollcheck and exits, and
-    the launches still queued exit at entry."""
+    busy): every thread reads it at its next pollcheck that reads the record (within
+    RT_POLL_CYCLES) and exits, and the launches still queued exit at entry."""
     L, f = drv.lib(), drv.ffi()
     one = f.new("int *", 1)
     side = drv.device().side_stream
@@ -160,6 +163,10 @@ def sync_locked(timeout: float | None, sequence: bool = True) -> None:
         first, last = launches[0][0].name, launches[-1][0].name
         what = first if len(launches) == 1 else (
             f"sequence of {len(launches)} launches ({first} .. {last})")
+        if not drained:  # still running after the grace: only destroying its context ends it
+            drv.reset_context()
+            unhold_all(current.stuck)  # no kernel of the old context runs any more
+            raise KernelTimeout(what, timeout or 0.0, context_reset=True, grace=CANCEL_GRACE)
         raise KernelTimeout(what, timeout or 0.0)
 
 
