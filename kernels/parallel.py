@@ -40,6 +40,13 @@ TW_MAX = 64
 #: with 2 workers a group leaves no worker for the tiles; below 1024 rows it
 #: was not measured (bench/results/cpu-gstep-2026-12-03.txt).
 GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
+#: The tall path (qrt_tall: rows shared out between the workers): matrices at
+#: least TALL_RATIO times as tall as wide and TALL_MIN_ROWS tall, cut into about
+#: TALL_CHUNKS chunks of rows (each worker takes whole chunks; more chunks than
+#: workers balance better, fewer add fewer shares of W to sum).
+TALL_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 1024, 32
+#: Panel width of the tall path.
+TALL_NB = 16
 
 
 @cache
@@ -52,6 +59,13 @@ def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
     src = sources.source(family, dtype)
     suffix = "f64" if dtype == "float64" else "f32"
     return tuple(runtime.compile(src, f"{w}_{suffix}", checked=checked) for w in which)
+
+
+def tall_kernel_for(dtype: str, checked: bool) -> Any:
+    """The compiled qrt_tall for ``dtype`` (built on first use only)."""
+    from ..runtime.kernel import cflags
+
+    return _kernels(dtype, checked, tuple(cflags()), ("qrt_tall",), "qrt_tall")[0]
 
 
 def kernels_for(dtype: str, checked: bool) -> tuple[Any, Any]:
@@ -118,6 +132,32 @@ def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
     return 0
 
 
+def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
+    """Share the rows of each matrix out between the workers (qrt_tall) when the
+    column tiles of the steps would leave workers idle: a batch smaller than the
+    pool of float32 matrices at least TALL_RATIO times as tall as wide whose
+    trailing columns make fewer tiles than there are workers.  float32 only, for
+    the reason of :func:`default_group` (the panel's sums in double)."""
+    return (threads > 1 and batch < threads and dtype == "float32" and m >= TALL_RATIO * n
+            and m >= TALL_MIN_ROWS and -(-n // TW_MAX) < threads)
+
+
+def tall_chunk_rows(m: int) -> int:
+    """Rows per chunk of qrt_tall (a multiple of 64 giving about TALL_CHUNKS chunks):
+    a function of m alone, so that the result does not depend on the worker count."""
+    return 64 * max(1, m // (64 * TALL_CHUNKS))
+
+
+def tall_work_elems(m: int, n: int, nb: int, ch: int) -> int:
+    """qrt_tall's float workspace: T (nb x nb), W (nb x n) and a share of W per chunk."""
+    return nb * nb + nb * n + -(-m // ch) * nb * n
+
+
+def tall_sums_elems(m: int, ch: int) -> int:
+    """Doubles of qrt_tall's S (gpanel_qr's chunk sums and pivot rows, two parities)."""
+    return 2 * (64 * -(-m // ch) + 64)
+
+
 def group_work_elems(m: int) -> int:
     """Doubles of qrt_gstep's S (the panel's chunk sums and pivot rows, two parities)."""
     return 2 * (64 * -(-m // 64) + 64)
@@ -131,14 +171,15 @@ def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
     return grid * (m * nb + nb * nb + m)
 
 
-def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: bool,
+def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, checked: bool,
         grid: int | None, timeout: float | None, steps: bool | None = None,
         trace: list[tuple[int, int, float]] | None = None, group: int | None = None,
-        n: int | None = None) -> None:
+        n: int | None = None, tall: bool | None = None) -> None:
     """Factor ``h`` (batch x m x ld, C order, ``dtype``) in place; tau receives the scales.
 
     The matrices are the first ``n`` columns of each row (default: all ``ld``);
-    the kernels never touch the others (:func:`padded_ld`).
+    the kernels never touch the others (:func:`padded_ld`).  ``nb``: the panel
+    width, None for the path's default (:func:`default_nb`, or TALL_NB).
 
     ``steps`` forces the launch sequence (True) or one block per matrix
     (False); None decides by batch size and worker count.  ``timeout`` covers
@@ -148,17 +189,79 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     (j = -1: the first panel; one entry with j = -2 for a one-launch run).
     ``group`` forces the group look-ahead panel (qrt_gstep, batch 1) with that
     many blocks (0: qrt_step); None decides by :func:`default_group` (never
-    with an explicit ``grid``).
+    with an explicit ``grid``).  ``tall`` forces the rows-shared path (qrt_tall,
+    one launch per matrix on every worker; float32) or refuses it; None decides
+    by :func:`use_tall` where nothing else (steps, grid, group) is forced.
     """
-    from .. import capabilities, runtime
+    from .. import runtime
 
     batch, m, ld = h.shape
     n = ld if n is None else int(n)
     if not 1 <= n <= ld:
         raise ValueError(f"n={n} columns do not fit rows of {ld}")
+    tw = max(1, min(TW_MAX, tw))
+    if tall is None:
+        tall = (steps is None and grid is None and group is None
+                and use_tall(batch, m, n, dtype, runtime.threads()))
+    if nb is None:
+        nb = TALL_NB if tall else default_nb(m, n)
     # A panel never needs to be wider than the matrix: smaller workspace, same result.
     nb = max(1, min(NB_MAX, nb, min(m, n)))
-    tw = max(1, min(TW_MAX, tw))
+    if tall:
+        if steps or grid is not None or group:
+            raise ValueError("tall= runs its own launches: no steps, grid or group with it")
+        if dtype != "float32":
+            raise ValueError("the tall path sums in double and factors float32 only")
+        _run_tall(h, tau, dtype, nb, checked, timeout, n, trace)
+        return
+    _run_columns(h, tau, dtype, nb, tw, checked, grid, timeout, steps, trace, group, n)
+
+
+def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: bool,
+              timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None
+              ) -> None:
+    """qrt_tall on each matrix of ``h`` in turn, every worker in its group; ``trace``
+    gets (matrix, blocks, seconds) per launch."""
+    from .. import capabilities, runtime
+
+    batch, m, ld = h.shape
+    ch = tall_chunk_rows(m)
+    blocks = max(1, min(runtime.threads(), -(-m // ch)))
+    kern = tall_kernel_for(dtype, checked)
+    hc = capabilities.wrap(h, name="qr.a")
+    tc = capabilities.wrap(tau, name="qr.tau")
+    work = capabilities.alloc((tall_work_elems(m, n, nb, ch),), h.dtype, name="qr.work")
+    sums = capabilities.alloc((tall_sums_elems(m, ch),), np.float64, name="qr.sums")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    clock = time.perf_counter
+    try:
+        for b in range(batch):
+            left = None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise runtime.KernelTimeout(kern.name, timeout)
+            t0 = clock()
+            try:
+                runtime.launch(kern, [hc, tc, work, sums], args=(b, m, n, nb, ch, ld),
+                               grid=blocks, timeout=left, group=blocks)
+            except runtime.KernelTimeout as e:
+                raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
+            if trace is not None:
+                trace.append((b, blocks, clock() - t0))
+    finally:
+        work.free()
+        sums.free()
+
+
+def _run_columns(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int,
+                 checked: bool, grid: int | None, timeout: float | None, steps: bool | None,
+                 trace: list[tuple[int, int, float]] | None, group: int | None, n: int
+                 ) -> None:
+    """:func:`run` by one block per matrix or by steps of column tiles."""
+    from .. import capabilities, runtime
+
+    batch, m, ld = h.shape
     if steps is None:
         steps = use_steps(batch, m, n, nb, runtime.threads())
     if group is None:

@@ -16,12 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import capqr
 import numpy as np
 import pytest
 from capqr import kernels, runtime
 from capqr.kernels import check, parallel, qr, sources
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where this process imported capqr from (its parent folder): the subprocesses must
+#: import the same copy, which the checkout's root (itself the package) is not.
+IMPORT_ROOT = str(Path(capqr.__file__).parent.parent)
 
 
 def _rand(shape, dtype=np.float32, seed=0):
@@ -165,7 +169,7 @@ def test_same_result_for_any_worker_count():
     parallel.run(a, t, "float32", 32, 24, True, None, None, steps=True)
     want = hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest()
     for threads in ("1", "3"):
-        env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=IMPORT_ROOT)
         out = subprocess.run([sys.executable, "-c", _HASH_SCRIPT], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
@@ -444,7 +448,7 @@ def test_tall_single_matrix_on_a_large_pool():
     """A single tall float32 matrix too narrow for the steps (two panels or fewer) on a
     pool large enough for the group panel factors as one block: the automatic group
     choice follows the steps decision (it picked the group panel and refused it)."""
-    env = dict(os.environ, CAPQR_THREADS="8", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, CAPQR_THREADS="8", PYTHONPATH=IMPORT_ROOT)
     out = subprocess.run([sys.executable, "-c", _TALL_SCRIPT], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
