@@ -40,13 +40,16 @@ TW_MAX = 64
 #: with 2 workers a group leaves no worker for the tiles; below 1024 rows it
 #: was not measured (bench/results/cpu-gstep-2026-12-03.txt).
 GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
-#: The tall path (qrt_tall: rows shared out between the workers): matrices at
-#: least TALL_RATIO times as tall as wide and TALL_MIN_ROWS tall, cut into about
+#: The tall path (qrt_tall: rows shared out between the workers, use_tall): matrices
+#: at least TALL_RATIO times as tall as wide and TALL_MIN_ROWS tall, cut into about
 #: TALL_CHUNKS chunks of rows (each worker takes whole chunks; more chunks than
-#: workers balance better, fewer add fewer shares of W to sum).
-TALL_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 1024, 32
-#: Panel width of the tall path.
-TALL_NB = 16
+#: workers balance better, fewer add fewer shares of W to sum).  On the 2-core VM
+#: (2 workers, median of 7, interleaved) it took 37 vs 56 ms at 65536 x 64, 22 vs 34
+#: at 16384 x 128, 29 vs 30 at 8192 x 256, and lost at 4096 x 512 (45 vs 37) and
+#: 2048 x 256: there the columns make as many tiles as workers, and it is taken only
+#: from TALL_ALWAYS_RATIO on.  Panel width TALL_NB: 16 and 32 within 3% there.
+TALL_RATIO, TALL_ALWAYS_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 64, 1024, 32
+TALL_NB = 32
 
 
 @cache
@@ -133,13 +136,15 @@ def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
 
 
 def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
-    """Share the rows of each matrix out between the workers (qrt_tall) when the
-    column tiles of the steps would leave workers idle: a batch smaller than the
-    pool of float32 matrices at least TALL_RATIO times as tall as wide whose
-    trailing columns make fewer tiles than there are workers.  float32 only, for
-    the reason of :func:`default_group` (the panel's sums in double)."""
-    return (threads > 1 and batch < threads and dtype == "float32" and m >= TALL_RATIO * n
-            and m >= TALL_MIN_ROWS and -(-n // TW_MAX) < threads)
+    """Share the rows of each matrix out between the workers (qrt_tall) for a batch
+    smaller than the pool of float32 matrices at least TALL_RATIO times as tall as
+    wide, where the column tiles of the steps would leave workers idle (fewer tiles
+    than workers) or the panel, which the steps factor on one block, is most of the
+    work (TALL_ALWAYS_RATIO times as tall as wide).  float32 only, for the reason
+    of :func:`default_group` (the panel's sums in double)."""
+    return (threads > 1 and batch < threads and dtype == "float32" and m >= TALL_MIN_ROWS
+            and m >= TALL_RATIO * n
+            and (-(-n // TW_MAX) < threads or m >= TALL_ALWAYS_RATIO * n))
 
 
 def tall_chunk_rows(m: int) -> int:

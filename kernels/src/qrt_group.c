@@ -24,8 +24,7 @@
  * rescaling loop is for (so float32 only: kernels/parallel.py).
  *
  * S: 2 * (64 * nc + 64) doubles, nc = ceil(mr / ch).  Block 0 writes TAU and, with
- * want_t, T (without it the sums skip the Gram entries).  The rows below the two
- * pivot rows are worked on 64 at a time in a local tile (one check per tile).
+ * want_t, T (without it the sums skip the Gram entries).
  */
 static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, cap_t T,
                       int64_t ldt, int64_t want_t, cap_t S, int64_t g, int64_t G, int64_t ch)
@@ -34,7 +33,6 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
     double s[64];
     double piv[64];
     float w[64];
-    float pp[64][64];
     if (jb > 64)
         jb = 64;
     ch = ch < 1 ? 1 : ch;
@@ -80,8 +78,6 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
         float scalef = (float)scale;
         /* columns whose sums the next reflector needs (all of them for T's Gram entries) */
         int64_t c_lo = want_t ? 0 : p + 1;
-        /* the tile holds the columns H_p changes (p on) and those summed */
-        int64_t c_ld = p < 0 ? 0 : (c_lo < p ? c_lo : p);
         for (int64_t k = k0; k < k1; k++) {
             int64_t tb = ch * k;
             int64_t te = mr < ch * k + ch ? mr : ch * k + ch;
@@ -105,41 +101,46 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
                     for (int64_t c = 0; c < jb; c++)
                         cap_store_f64(Sn, 64 * nc + c, (double)cap_load_f32(P, t * ldp + c));
             }
-            /* the rows below them, 64 at a time in the local tile pp: H_p applied to
-             * each row, then the sums, four rows per pass over acc, added in the
-             * order of t as one row at a time would */
+            /* the rows below them, 64 at a time (they stay in L1 between the two
+             * sweeps): H_p applied to each row, then the sums, four rows per pass
+             * over acc, added in the order of t as one row at a time would.  Each
+             * sweep is a rectangular nest with affine indices: one guard for all
+             * its accesses (docs/hoisting.md). */
             for (int64_t t0 = tb > p + 2 ? tb : p + 2; t0 < te; t0 += 64) {
                 int64_t kc = te - t0 < 64 ? te - t0 : 64;
-                cap_tile_load_f32(P, t0 * ldp + c_ld, ldp, kc, jb - c_ld, pp, c_ld, 64);
                 if (tau != 0.0) {
+                    /* from the vector of 8 that holds column p + 1 on: whole vectors,
+                     * the columns up to p stored back as they are */
+                    int64_t c8 = (p + 1) / 8 * 8;
                     for (int64_t tt = 0; tt < kc; tt++) {
-                        float v = pp[tt][p] * scalef;
-                        pp[tt][p] = v;
-                        for (int64_t c = p + 1; c < jb; c++)
-                            pp[tt][c] = fmaf(-v, w[c], pp[tt][c]);
+                        float v = cap_load_f32(P, (t0 + tt) * ldp + p) * scalef;
+                        cap_store_f32(P, (t0 + tt) * ldp + p, v);
+                        for (int64_t c = c8; c < jb; c++) {
+                            float x = cap_load_f32(P, (t0 + tt) * ldp + c);
+                            cap_store_f32(P, (t0 + tt) * ldp + c, c > p ? fmaf(-v, w[c], x) : x);
+                        }
                     }
                 }
                 if (p + 1 < jb) {
                     int64_t kq = kc / 4;
                     for (int64_t u = 0; u < kq; u++) {
-                        double x0 = (double)pp[4 * u][p + 1];
-                        double x1 = (double)pp[4 * u + 1][p + 1];
-                        double x2 = (double)pp[4 * u + 2][p + 1];
-                        double x3 = (double)pp[4 * u + 3][p + 1];
+                        double x0 = (double)cap_load_f32(P, (t0 + 4 * u) * ldp + p + 1);
+                        double x1 = (double)cap_load_f32(P, (t0 + 4 * u + 1) * ldp + p + 1);
+                        double x2 = (double)cap_load_f32(P, (t0 + 4 * u + 2) * ldp + p + 1);
+                        double x3 = (double)cap_load_f32(P, (t0 + 4 * u + 3) * ldp + p + 1);
                         for (int64_t c = c_lo; c < jb; c++)
-                            acc[c] = fma(x3, (double)pp[4 * u + 3][c],
-                                         fma(x2, (double)pp[4 * u + 2][c],
-                                             fma(x1, (double)pp[4 * u + 1][c],
-                                                 fma(x0, (double)pp[4 * u][c], acc[c]))));
+                            acc[c] = fma(x3, (double)cap_load_f32(P, (t0 + 4 * u + 3) * ldp + c),
+                                         fma(x2, (double)cap_load_f32(P, (t0 + 4 * u + 2) * ldp + c),
+                                             fma(x1, (double)cap_load_f32(P, (t0 + 4 * u + 1) * ldp + c),
+                                                 fma(x0, (double)cap_load_f32(P, (t0 + 4 * u) * ldp + c),
+                                                     acc[c]))));
                     }
                     for (int64_t tt = 4 * kq; tt < kc; tt++) {
-                        double x = (double)pp[tt][p + 1];
+                        double x = (double)cap_load_f32(P, (t0 + tt) * ldp + p + 1);
                         for (int64_t c = c_lo; c < jb; c++)
-                            acc[c] = fma(x, (double)pp[tt][c], acc[c]);
+                            acc[c] = fma(x, (double)cap_load_f32(P, (t0 + tt) * ldp + c), acc[c]);
                     }
                 }
-                if (tau != 0.0)
-                    cap_tile_store_f32(P, t0 * ldp + p, ldp, kc, jb - p, pp, p, 64);
             }
             if (p + 1 < jb)
                 for (int64_t c = c_lo; c < jb; c++)
