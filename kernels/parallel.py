@@ -18,6 +18,14 @@ other blocks update tiles.  Its panel sums in double and in a fixed chunk
 order, so its result does not depend on the group size or the worker count,
 but it is not bitwise the per-matrix kernel's (rounding differs; both pass
 the same checks).
+
+Tall float32 matrices in a batch smaller than the pool (:func:`use_tall`:
+65536 x 64, 8192 x 256 on 16 workers) run ``qrt_tall`` instead, one launch per
+matrix (kernels/src/qrt_tall.c): the rows, not the columns, are shared out
+between every worker, panels and trailing updates alike, so a matrix of one or
+a few panels keeps every worker busy.  Its result does not depend on the worker
+count either (chunks of rows sized by m alone, sums in chunk order) and has
+the group panel's rounding (tests/test_qr_tall.py).
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ from . import sources
 #: Largest panel width and column tile (qrt.c's local tiles are 64 x 64).
 NB_MAX = 64
 TW_MAX = 64
+#: The narrowest tile step_tile_width balances down to: every tile packs the panel's
+#: V once per 64 rows whatever its width.
+TW_MIN = 16
 #: Group size of the look-ahead panel, and the pool size and panel height from
 #: which it is used.  On the 16-core H200 host a group of 4 was fastest at
 #: n = 1024 (99 vs 81 GF/s by qrt_step, median) and even with it at 2048 / 4096;
@@ -107,15 +118,36 @@ def working_ld(batch: int, m: int, n: int, nb: int, itemsize: int, threads: int)
     return padded_ld(n, itemsize) if use_steps(batch, m, n, nb, threads) else n
 
 
-def step_items(batch: int, m: int, n: int, nb: int, j: int, tw: int) -> int:
-    """Work items of ``qrt_step(j)`` (the same count the kernel derives)."""
+def _step_parts(m: int, n: int, nb: int, j: int) -> tuple[int, int]:
+    """(1 if ``qrt_step(j)`` factors a next panel else 0, the trailing columns its tiles
+    update), per matrix, as the kernel derives them."""
     k = min(m, n)
     jb = min(nb, k - j) if j >= 0 else 0
     jn = j + nb if j >= 0 else 0
     jbn = min(nb, k - jn) if jn < k else 0
     cs = jn + jbn if jbn > 0 else j + jb
-    ntiles = -(-(n - cs) // tw) if j >= 0 and cs < n else 0
-    return batch * ((1 if jbn > 0 else 0) + ntiles)
+    return (1 if jbn > 0 else 0), (n - cs if j >= 0 and cs < n else 0)
+
+
+def step_items(batch: int, m: int, n: int, nb: int, j: int, tw: int) -> int:
+    """Work items of ``qrt_step(j)`` (the same count the kernel derives)."""
+    npan, cols = _step_parts(m, n, nb, j)
+    return batch * (npan + -(-cols // tw))
+
+
+def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
+                    workers: int) -> int:
+    """Column-tile width for ``qrt_step(j)`` whose tiles ``workers`` blocks share: the
+    tiles of width ``tw`` take some number of rounds of the workers, and the width
+    chosen is the narrowest (down to TW_MIN, a multiple of 8) that takes no more, so
+    that the last round is not left to a few of them.  A tile's result does not depend
+    on its width, so neither does the factorisation."""
+    cols = _step_parts(m, n, nb, j)[1]
+    if cols == 0 or workers < 2:
+        return tw
+    slots = -(-batch * -(-cols // tw) // workers) * workers
+    width = -(-cols // (slots // batch)) if slots >= batch else tw
+    return max(min(tw, TW_MIN), min(tw, -(-width // 8) * 8))
 
 
 def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
@@ -296,12 +328,17 @@ def _run_columns(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int,
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         caps = [hc, tc, work] if sums is None else [hc, tc, work, sums]
+        threads = runtime.threads()
         for j in [-1, *range(0, min(m, n), nb)]:
-            items = step_items(batch, m, n, nb, j, tw)
+            has_panel = _step_parts(m, n, nb, j)[0]
+            tw_j = tw
+            if grid is None:  # the tiles share the workers the panels leave them
+                tw_j = step_tile_width(batch, m, n, nb, j, tw,
+                                       threads - (group if group else batch * has_panel))
+            items = step_items(batch, m, n, nb, j, tw_j)
             if items == 0:
                 continue
             if group:  # the panel item becomes the group's blocks 0 .. group-1
-                has_panel = (j + nb if j >= 0 else 0) < min(m, n)
                 items += group - 1 if has_panel else group
             left = None
             if deadline is not None:
@@ -312,11 +349,11 @@ def _run_columns(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int,
             t0 = clock()
             try:
                 if group:
-                    runtime.launch(kgroup, caps, args=(m, n, nb, j, tw, group, ld),
+                    runtime.launch(kgroup, caps, args=(m, n, nb, j, tw_j, group, ld),
                                    grid=blocks, timeout=left, group=group)
                 else:
-                    runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw, ld), grid=blocks,
-                                   timeout=left)
+                    runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw_j, ld),
+                                   grid=blocks, timeout=left)
             except runtime.KernelTimeout as e:
                 raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
             if trace is not None:
