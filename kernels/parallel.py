@@ -202,10 +202,9 @@ def group_work_elems(m: int) -> int:
 
 def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
     """Workspace elements (P, T, a column X): per block (qrt) or per matrix, two slots
-    (qrt_step)."""
-    if steps:
-        return batch * 2 * (m * nb + nb * nb + m)
-    return grid * (m * nb + nb * nb + m)
+    (qrt_step), each rounded up to 16 elements as qrt.c's slot_elems does."""
+    slot = -(-(m * nb + nb * nb + m) // 16) * 16
+    return batch * 2 * slot if steps else grid * slot
 
 
 def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, checked: bool,

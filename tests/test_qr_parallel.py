@@ -177,6 +177,19 @@ def test_same_result_for_any_worker_count():
         assert out.stdout.strip() == want, f"CAPQR_THREADS={threads}"
 
 
+def test_workspace_slots_are_whole_lines():
+    """Each slot (steps) or block region (one block per matrix) is a whole number of
+    16 elements, so every slot starts on a line as the workspace does; the steps on
+    m = 150 (slots of 5974 elements before rounding) fault if the kernel's offsets
+    (qrt.c slot_elems) round further than work_elems sizes the workspace."""
+    for m, nb in ((150, 32), (137, 17), (33, 64)):
+        assert parallel.work_elems(1, m, nb, True, 1) % 32 == 0
+        assert parallel.work_elems(1, m, nb, False, 3) % 48 == 0
+    a3 = _rand((2, 150, 150), seed=16)
+    H, tau = _run(a3, steps=True, nb=32)
+    assert check(a3, H, tau).ok
+
+
 def test_step_tile_width():
     """The narrowest width (a multiple of 8, at least TW_MIN) that keeps the rounds of
     tiles the workers need at the full width."""
