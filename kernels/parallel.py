@@ -18,6 +18,14 @@ other blocks update tiles.  Its panel sums in double and in a fixed chunk
 order, so its result does not depend on the group size or the worker count,
 but it is not bitwise the per-matrix kernel's (rounding differs; both pass
 the same checks).
+
+Tall float32 matrices in a batch smaller than the pool (:func:`use_tall`:
+65536 x 64, 8192 x 256 on 16 workers) run ``qrt_tall`` instead, one launch per
+matrix (kernels/src/qrt_tall.c): the rows, not the columns, are shared out
+between every worker, panels and trailing updates alike, so a matrix of one or
+a few panels keeps every worker busy.  Its result does not depend on the worker
+count either (chunks of rows sized by m alone, sums in chunk order) and has
+the group panel's rounding (tests/test_qr_tall.py).
 """
 
 from __future__ import annotations
@@ -34,12 +42,25 @@ from . import sources
 #: Largest panel width and column tile (qrt.c's local tiles are 64 x 64).
 NB_MAX = 64
 TW_MAX = 64
+#: The narrowest tile step_tile_width balances down to: every tile packs the panel's
+#: V once per 64 rows whatever its width.
+TW_MIN = 16
 #: Group size of the look-ahead panel, and the pool size and panel height from
 #: which it is used.  On the 16-core H200 host a group of 4 was fastest at
 #: n = 1024 (99 vs 81 GF/s by qrt_step, median) and even with it at 2048 / 4096;
 #: with 2 workers a group leaves no worker for the tiles; below 1024 rows it
 #: was not measured (bench/results/cpu-gstep-2026-12-03.txt).
 GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
+#: The tall path (qrt_tall: rows shared out between the workers, use_tall): matrices
+#: at least TALL_RATIO times as tall as wide and TALL_MIN_ROWS tall, cut into about
+#: TALL_CHUNKS chunks of rows (each worker takes whole chunks; more chunks than
+#: workers balance better, fewer add fewer shares of W to sum).  On the 2-core VM
+#: (2 workers, median of 7, interleaved) it took 37 vs 56 ms at 65536 x 64, 22 vs 34
+#: at 16384 x 128, 29 vs 30 at 8192 x 256, and lost at 4096 x 512 (45 vs 37) and
+#: 2048 x 256: there the columns make as many tiles as workers, and it is taken only
+#: from TALL_ALWAYS_RATIO on.  Panel width TALL_NB: 16 and 32 within 3% there.
+TALL_RATIO, TALL_ALWAYS_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 64, 1024, 32
+TALL_NB = 32
 
 
 @cache
@@ -52,6 +73,13 @@ def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
     src = sources.source(family, dtype)
     suffix = "f64" if dtype == "float64" else "f32"
     return tuple(runtime.compile(src, f"{w}_{suffix}", checked=checked) for w in which)
+
+
+def tall_kernel_for(dtype: str, checked: bool) -> Any:
+    """The compiled qrt_tall for ``dtype`` (built on first use only)."""
+    from ..runtime.kernel import cflags
+
+    return _kernels(dtype, checked, tuple(cflags()), ("qrt_tall",), "qrt_tall")[0]
 
 
 def kernels_for(dtype: str, checked: bool) -> tuple[Any, Any]:
@@ -90,15 +118,36 @@ def working_ld(batch: int, m: int, n: int, nb: int, itemsize: int, threads: int)
     return padded_ld(n, itemsize) if use_steps(batch, m, n, nb, threads) else n
 
 
-def step_items(batch: int, m: int, n: int, nb: int, j: int, tw: int) -> int:
-    """Work items of ``qrt_step(j)`` (the same count the kernel derives)."""
+def _step_parts(m: int, n: int, nb: int, j: int) -> tuple[int, int]:
+    """(1 if ``qrt_step(j)`` factors a next panel else 0, the trailing columns its tiles
+    update), per matrix, as the kernel derives them."""
     k = min(m, n)
     jb = min(nb, k - j) if j >= 0 else 0
     jn = j + nb if j >= 0 else 0
     jbn = min(nb, k - jn) if jn < k else 0
     cs = jn + jbn if jbn > 0 else j + jb
-    ntiles = -(-(n - cs) // tw) if j >= 0 and cs < n else 0
-    return batch * ((1 if jbn > 0 else 0) + ntiles)
+    return (1 if jbn > 0 else 0), (n - cs if j >= 0 and cs < n else 0)
+
+
+def step_items(batch: int, m: int, n: int, nb: int, j: int, tw: int) -> int:
+    """Work items of ``qrt_step(j)`` (the same count the kernel derives)."""
+    npan, cols = _step_parts(m, n, nb, j)
+    return batch * (npan + -(-cols // tw))
+
+
+def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
+                    workers: int) -> int:
+    """Column-tile width for ``qrt_step(j)`` whose tiles ``workers`` blocks share: the
+    tiles of width ``tw`` take some number of rounds of the workers, and the width
+    chosen is the narrowest (down to TW_MIN, a multiple of 8) that takes no more, so
+    that the last round is not left to a few of them.  A tile's result does not depend
+    on its width, so neither does the factorisation."""
+    cols = _step_parts(m, n, nb, j)[1]
+    if cols == 0 or workers < 2:
+        return tw
+    slots = -(-batch * -(-cols // tw) // workers) * workers
+    width = -(-cols // (slots // batch)) if slots >= batch else tw
+    return max(min(tw, TW_MIN), min(tw, -(-width // 8) * 8))
 
 
 def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
@@ -118,6 +167,34 @@ def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
     return 0
 
 
+def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
+    """Share the rows of each matrix out between the workers (qrt_tall) for a batch
+    smaller than the pool of float32 matrices at least TALL_RATIO times as tall as
+    wide, where the column tiles of the steps would leave workers idle (fewer tiles
+    than workers) or the panel, which the steps factor on one block, is most of the
+    work (TALL_ALWAYS_RATIO times as tall as wide).  float32 only, for the reason
+    of :func:`default_group` (the panel's sums in double)."""
+    return (threads > 1 and batch < threads and dtype == "float32" and m >= TALL_MIN_ROWS
+            and m >= TALL_RATIO * n
+            and (-(-n // TW_MAX) < threads or m >= TALL_ALWAYS_RATIO * n))
+
+
+def tall_chunk_rows(m: int) -> int:
+    """Rows per chunk of qrt_tall (a multiple of 64 giving about TALL_CHUNKS chunks):
+    a function of m alone, so that the result does not depend on the worker count."""
+    return 64 * max(1, m // (64 * TALL_CHUNKS))
+
+
+def tall_work_elems(m: int, n: int, nb: int, ch: int) -> int:
+    """qrt_tall's float workspace: T (nb x nb), W (nb x n) and a share of W per chunk."""
+    return nb * nb + nb * n + -(-m // ch) * nb * n
+
+
+def tall_sums_elems(m: int, ch: int) -> int:
+    """Doubles of qrt_tall's S (gpanel_qr's chunk sums and pivot rows, two parities)."""
+    return 2 * (64 * -(-m // ch) + 64)
+
+
 def group_work_elems(m: int) -> int:
     """Doubles of qrt_gstep's S (the panel's chunk sums and pivot rows, two parities)."""
     return 2 * (64 * -(-m // 64) + 64)
@@ -125,20 +202,20 @@ def group_work_elems(m: int) -> int:
 
 def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
     """Workspace elements (P, T, a column X): per block (qrt) or per matrix, two slots
-    (qrt_step)."""
-    if steps:
-        return batch * 2 * (m * nb + nb * nb + m)
-    return grid * (m * nb + nb * nb + m)
+    (qrt_step), each rounded up to 16 elements as qrt.c's slot_elems does."""
+    slot = -(-(m * nb + nb * nb + m) // 16) * 16
+    return batch * 2 * slot if steps else grid * slot
 
 
-def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: bool,
+def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, checked: bool,
         grid: int | None, timeout: float | None, steps: bool | None = None,
         trace: list[tuple[int, int, float]] | None = None, group: int | None = None,
-        n: int | None = None) -> None:
+        n: int | None = None, tall: bool | None = None) -> None:
     """Factor ``h`` (batch x m x ld, C order, ``dtype``) in place; tau receives the scales.
 
     The matrices are the first ``n`` columns of each row (default: all ``ld``);
-    the kernels never touch the others (:func:`padded_ld`).
+    the kernels never touch the others (:func:`padded_ld`).  ``nb``: the panel
+    width, None for the path's default (:func:`default_nb`, or TALL_NB).
 
     ``steps`` forces the launch sequence (True) or one block per matrix
     (False); None decides by batch size and worker count.  ``timeout`` covers
@@ -148,17 +225,79 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
     (j = -1: the first panel; one entry with j = -2 for a one-launch run).
     ``group`` forces the group look-ahead panel (qrt_gstep, batch 1) with that
     many blocks (0: qrt_step); None decides by :func:`default_group` (never
-    with an explicit ``grid``).
+    with an explicit ``grid``).  ``tall`` forces the rows-shared path (qrt_tall,
+    one launch per matrix on every worker; float32) or refuses it; None decides
+    by :func:`use_tall` where nothing else (steps, grid, group) is forced.
     """
-    from .. import capabilities, runtime
+    from .. import runtime
 
     batch, m, ld = h.shape
     n = ld if n is None else int(n)
     if not 1 <= n <= ld:
         raise ValueError(f"n={n} columns do not fit rows of {ld}")
+    tw = max(1, min(TW_MAX, tw))
+    if tall is None:
+        tall = (steps is None and grid is None and group is None
+                and use_tall(batch, m, n, dtype, runtime.threads()))
+    if nb is None:
+        nb = TALL_NB if tall else default_nb(m, n)
     # A panel never needs to be wider than the matrix: smaller workspace, same result.
     nb = max(1, min(NB_MAX, nb, min(m, n)))
-    tw = max(1, min(TW_MAX, tw))
+    if tall:
+        if steps or grid is not None or group:
+            raise ValueError("tall= runs its own launches: no steps, grid or group with it")
+        if dtype != "float32":
+            raise ValueError("the tall path sums in double and factors float32 only")
+        _run_tall(h, tau, dtype, nb, checked, timeout, n, trace)
+        return
+    _run_columns(h, tau, dtype, nb, tw, checked, grid, timeout, steps, trace, group, n)
+
+
+def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: bool,
+              timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None
+              ) -> None:
+    """qrt_tall on each matrix of ``h`` in turn, every worker in its group; ``trace``
+    gets (matrix, blocks, seconds) per launch."""
+    from .. import capabilities, runtime
+
+    batch, m, ld = h.shape
+    ch = tall_chunk_rows(m)
+    blocks = max(1, min(runtime.threads(), -(-m // ch)))
+    kern = tall_kernel_for(dtype, checked)
+    hc = capabilities.wrap(h, name="qr.a")
+    tc = capabilities.wrap(tau, name="qr.tau")
+    work = capabilities.alloc((tall_work_elems(m, n, nb, ch),), h.dtype, name="qr.work")
+    sums = capabilities.alloc((tall_sums_elems(m, ch),), np.float64, name="qr.sums")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    clock = time.perf_counter
+    try:
+        for b in range(batch):
+            left = None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise runtime.KernelTimeout(kern.name, timeout)
+            t0 = clock()
+            try:
+                runtime.launch(kern, [hc, tc, work, sums], args=(b, m, n, nb, ch, ld),
+                               grid=blocks, timeout=left, group=blocks)
+            except runtime.KernelTimeout as e:
+                raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
+            if trace is not None:
+                trace.append((b, blocks, clock() - t0))
+    finally:
+        work.free()
+        sums.free()
+
+
+def _run_columns(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int,
+                 checked: bool, grid: int | None, timeout: float | None, steps: bool | None,
+                 trace: list[tuple[int, int, float]] | None, group: int | None, n: int
+                 ) -> None:
+    """:func:`run` by one block per matrix or by steps of column tiles."""
+    from .. import capabilities, runtime
+
+    batch, m, ld = h.shape
     if steps is None:
         steps = use_steps(batch, m, n, nb, runtime.threads())
     if group is None:
@@ -188,12 +327,17 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         caps = [hc, tc, work] if sums is None else [hc, tc, work, sums]
+        threads = runtime.threads()
         for j in [-1, *range(0, min(m, n), nb)]:
-            items = step_items(batch, m, n, nb, j, tw)
+            has_panel = _step_parts(m, n, nb, j)[0]
+            tw_j = tw
+            if grid is None:  # the tiles share the workers the panels leave them
+                tw_j = step_tile_width(batch, m, n, nb, j, tw,
+                                       threads - (group if group else batch * has_panel))
+            items = step_items(batch, m, n, nb, j, tw_j)
             if items == 0:
                 continue
             if group:  # the panel item becomes the group's blocks 0 .. group-1
-                has_panel = (j + nb if j >= 0 else 0) < min(m, n)
                 items += group - 1 if has_panel else group
             left = None
             if deadline is not None:
@@ -204,11 +348,11 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int, checked: b
             t0 = clock()
             try:
                 if group:
-                    runtime.launch(kgroup, caps, args=(m, n, nb, j, tw, group, ld),
+                    runtime.launch(kgroup, caps, args=(m, n, nb, j, tw_j, group, ld),
                                    grid=blocks, timeout=left, group=group)
                 else:
-                    runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw, ld), grid=blocks,
-                                   timeout=left)
+                    runtime.launch(kstep, caps, args=(batch, m, n, nb, j, tw_j, ld),
+                                   grid=blocks, timeout=left)
             except runtime.KernelTimeout as e:
                 raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
             if trace is not None:

@@ -317,7 +317,9 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
         tdt = np.dtype(dt)
     tau = np.zeros((batch, k), dtype=tdt)
     if v.family == "qrt":
-        parallel.run(h, tau, dt, b, v.params["tw"], checked, grid, timeout, n=n)
+        # without an nb, the path parallel.run takes chooses its own panel width
+        parallel.run(h, tau, dt, None if nb is None else b, v.params["tw"], checked, grid,
+                     timeout, n=n)
         return _result(_unpadded(h, n), tau, batched, is_torch)
     g = batch if grid is None else max(1, min(int(grid), batch))
     kern = _kernel(v.family, dt, checked)

@@ -22,6 +22,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "geqrf_f16": ("householder.c", "gemm.c", "geqrf_f16.c"),
     "qrt": ("householder.c", "tile.c", "qrt.c"),
     "qrt_group": ("householder.c", "tile.c", "qrt.c", "qrt_group.c"),
+    "qrt_tall": ("householder.c", "tile.c", "qrt.c", "qrt_group.c", "qrt_tall.c"),
     "copy": ("copy.c",),
 }
 
@@ -50,6 +51,7 @@ _F64_SUBS: list[tuple[str, str]] = [
     (r"\bqrt_f32\b", "qrt_f64"),
     (r"\bqrt_step_f32\b", "qrt_step_f64"),
     (r"\bqrt_gstep_f32\b", "qrt_gstep_f64"),
+    (r"\bqrt_tall_f32\b", "qrt_tall_f64"),
     (r"\bcopy_f32\b", "copy_f64"),
     (r"\bfloat\b", "double"),
     (r"\b(sqrt|fabs|copysign|hypot|fmax|fmin|fma)f\(", r"\1("),

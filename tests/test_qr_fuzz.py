@@ -131,6 +131,25 @@ def test_fuzz_f16_never_silent(shape, kind, seed, nb):
         assert check(A16, H, tau).lapack_ok, str(check(A16, H, tau))
 
 
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.tuples(st.integers(1, 2), st.integers(64, 1500), st.integers(1, 80)),
+       kind=st.sampled_from([k for k in VALUE_CLASSES if k != "nonfinite"]),
+       seed=st.integers(0, 2**16), nb=st.integers(1, 64))
+def test_fuzz_tall_numerics(shape, kind, seed, nb):
+    """The tall path (rows shared out between the workers, sums in double, no rescaling
+    loop) on the value classes, forced on whatever the pool and shape."""
+    from capqr.kernels import parallel
+
+    batch, m, n = shape
+    A = make_matrix(kind, batch, m, min(n, m), seed).astype(np.float32)
+    H = A.copy()
+    tau = np.zeros((batch, min(A.shape[1:])), np.float32)
+    parallel.run(H, tau, "float32", nb, 64, True, None, None, tall=True)
+    rep = check(A, H, tau)
+    assert rep.ok, f"{kind} {A.shape} nb={nb}\n{rep}"
+
+
 # ---------------------------------------------------------------- safety fuzz
 
 GUARD = 256

@@ -16,12 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import capqr
 import numpy as np
 import pytest
 from capqr import kernels, runtime
 from capqr.kernels import check, parallel, qr, sources
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where this process imported capqr from (its parent folder): the subprocesses must
+#: import the same copy, which the checkout's root (itself the package) is not.
+IMPORT_ROOT = str(Path(capqr.__file__).parent.parent)
 
 
 def _rand(shape, dtype=np.float32, seed=0):
@@ -160,16 +164,67 @@ def test_unpadding_moves_every_matrix_of_a_batch():
 
 
 def test_same_result_for_any_worker_count():
+    """Also with 16 workers, whose steps balance their tiles down to 16 columns."""
     a = np.random.default_rng(5).standard_normal((1, 200, 200)).astype(np.float32)
     t = np.zeros((1, 200), np.float32)
     parallel.run(a, t, "float32", 32, 24, True, None, None, steps=True)
     want = hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest()
-    for threads in ("1", "3"):
-        env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=str(ROOT))
+    for threads in ("1", "3", "16"):
+        env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=IMPORT_ROOT)
         out = subprocess.run([sys.executable, "-c", _HASH_SCRIPT], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip() == want, f"CAPQR_THREADS={threads}"
+
+
+def test_workspace_slots_are_whole_lines():
+    """Each slot (steps) or block region (one block per matrix) is a whole number of
+    16 elements, so every slot starts on a line as the workspace does; the steps on
+    m = 150 (slots of 5974 elements before rounding) fault if the kernel's offsets
+    (qrt.c slot_elems) round further than work_elems sizes the workspace."""
+    for m, nb in ((150, 32), (137, 17), (33, 64)):
+        assert parallel.work_elems(1, m, nb, True, 1) % 32 == 0
+        assert parallel.work_elems(1, m, nb, False, 3) % 48 == 0
+    a3 = _rand((2, 150, 150), seed=16)
+    H, tau = _run(a3, steps=True, nb=32)
+    assert check(a3, H, tau).ok
+
+
+def test_step_tile_width():
+    """The narrowest width (a multiple of 8, at least TW_MIN) that keeps the rounds of
+    tiles the workers need at the full width."""
+    # n = 4096, step 0: 3968 trailing columns, 62 tiles of 64 = 6 rounds of 12
+    # workers, 72 tiles of 56 as well
+    assert parallel.step_tile_width(1, 4096, 4096, 64, 0, 64, 12) == 56
+    assert parallel.step_tile_width(1, 4096, 4096, 64, 3840, 64, 12) == parallel.TW_MIN
+    assert parallel.step_tile_width(1, 4096, 4096, 64, 0, 64, 1) == 64   # one worker
+    assert parallel.step_tile_width(1, 4096, 4096, 64, -1, 64, 12) == 64  # no tiles
+    assert parallel.step_tile_width(8, 2048, 2048, 64, 0, 64, 8) == 64    # whole rounds
+    assert parallel.step_tile_width(1, 200, 200, 32, 0, 12, 16) == 12     # never wider
+
+
+_GROUP_HASH_SCRIPT = """
+import hashlib
+import numpy as np
+from capqr.kernels import parallel
+a = np.random.default_rng(6).standard_normal((1, 1100, 300)).astype(np.float32)
+t = np.zeros((1, 300), np.float32)
+parallel.run(a, t, "float32", 32, 64, True, None, None)
+print(hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest())
+"""
+
+
+def test_group_steps_same_result_for_8_and_16_workers():
+    """The group look-ahead steps with 4 and 12 tile blocks (tiles balanced to different
+    widths): bitwise the same."""
+    out = {}
+    for threads in ("8", "16"):
+        env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=IMPORT_ROOT)
+        res = subprocess.run([sys.executable, "-c", _GROUP_HASH_SCRIPT], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        out[threads] = res.stdout.strip()
+    assert out["8"] == out["16"] and len(out["8"]) == 64
 
 
 # The store-back loop of larfb_tile's step 3 writes one column too many: inside
@@ -444,7 +499,7 @@ def test_tall_single_matrix_on_a_large_pool():
     """A single tall float32 matrix too narrow for the steps (two panels or fewer) on a
     pool large enough for the group panel factors as one block: the automatic group
     choice follows the steps decision (it picked the group panel and refused it)."""
-    env = dict(os.environ, CAPQR_THREADS="8", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, CAPQR_THREADS="8", PYTHONPATH=IMPORT_ROOT)
     out = subprocess.run([sys.executable, "-c", _TALL_SCRIPT], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

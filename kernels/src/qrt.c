@@ -234,10 +234,12 @@ static int64_t panel_width(int64_t k, int64_t j, int64_t nb)
 /* A matrix's workspace is two slots of slot_elems(m, nb) elements, each holding a
  * packed panel (m rows of stride nb), its T (nb x nb, at slot_t) and a column of m.
  * Panel j's slot is (j / nb) % 2 (the first panel's, j < 0, is slot 0), so the
- * look-ahead panel fills one slot while the tiles read the other. */
+ * look-ahead panel fills one slot while the tiles read the other.  A slot is a
+ * whole number of 16 elements, so that on a workspace that starts on a cache line
+ * (every collector payload does) every slot does too, whatever m. */
 static int64_t slot_elems(int64_t m, int64_t nb)
 {
-    return m * nb + nb * nb + m;
+    return (m * nb + nb * nb + m + 15) / 16 * 16;
 }
 
 static cap_t panel_slot(cap_t ws, int64_t m, int64_t nb, int64_t j)
@@ -260,15 +262,14 @@ static cap_t slot_v(cap_t slot, int64_t nb, int64_t j)
 /* The matrices of a: batch x m rows of ld >= n elements (rows padded to whole
  * cache lines keep tiles of neighbouring blocks off each other's lines),
  * matrix b at b * m * ld; an ld below n is taken as n.
- * work: grid * (m*nb + nb*nb + m) elements (P, T and a column X per block). */
+ * work: grid * slot_elems(m, nb) elements (P, T and a column X per block). */
 KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
                     int64_t nb, int64_t ld)
 {
     int64_t k = m < n ? m : n;
     nb = clamp_i64(nb, 1, 64);
     ld = ld < n ? n : ld;
-    int64_t wsz = m * nb + nb * nb + m;
-    cap_t P = cap_offset_f32(work, rt_block_idx() * wsz);
+    cap_t P = cap_offset_f32(work, rt_block_idx() * slot_elems(m, nb));
     cap_t T = cap_offset_f32(P, m * nb);
     cap_t X = cap_offset_f32(T, nb * nb);
     for (int64_t b = rt_block_idx(); b < batch; b += rt_grid_dim()) {
@@ -290,7 +291,7 @@ KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, in
  * j >= 0 (panel j factored, its V and T in workspace slot (j / nb) % 2):
  * items are, per matrix, the next panel (update + factor into the other
  * slot) if there is one, then the remaining columns in tiles of tw (1..64).
- * work: batch * 2 * (m*nb + nb*nb + m) elements, one region per matrix
+ * work: batch * 2 * slot_elems(m, nb) elements, one region per matrix
  * (items of a matrix run on different blocks and share its slots).  Rows of
  * ld elements, as for qrt_f32.
  */

@@ -8,9 +8,10 @@
 /*
  * The look-ahead panel of a single matrix on a group of blocks (rt_group_sync):
  * xGEQR2 + xLARFT of P (mr x jb, row t at P[t * ldp + p], jb <= 64) by blocks
- * g = 0 .. G-1, one barrier per column.  The rows are cut into chunks of 64;
- * block g owns chunks [g nc / G, (g+1) nc / G).  In the pass that applies
- * H_p to its rows a block also forms, per chunk, the partial sums
+ * g = 0 .. G-1, one barrier per column.  The rows are cut into chunks of ch
+ * (qrt_gstep: 64, qrt_tall: a count fixed by m); block g owns chunks
+ * [g nc / G, (g+1) nc / G).  In the pass that applies H_p to its rows a
+ * block also forms, per chunk, the partial sums
  * s_c = sum over rows t > p+1 of P[t][p+1] P[t][c] (double) for every column
  * c, and the owner of row p+1 copies that row (the next pivot row) aside.
  * After the barrier every block adds the chunks' partials in chunk order, so
@@ -22,10 +23,11 @@
  * of float data cannot overflow or underflow there, which is what xLARFG's
  * rescaling loop is for (so float32 only: kernels/parallel.py).
  *
- * S: 2 * (64 * nc + 64) doubles, nc = ceil(mr / 64).  Block 0 writes TAU and T.
+ * S: 2 * (64 * nc + 64) doubles, nc = ceil(mr / ch).  Block 0 writes TAU and, with
+ * want_t, T (without it the sums skip the Gram entries).
  */
 static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, cap_t T,
-                      int64_t ldt, cap_t S, int64_t g, int64_t G)
+                      int64_t ldt, int64_t want_t, cap_t S, int64_t g, int64_t G, int64_t ch)
 {
     double acc[64];
     double s[64];
@@ -33,7 +35,8 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
     float w[64];
     if (jb > 64)
         jb = 64;
-    int64_t nc = (mr + 63) / 64;
+    ch = ch < 1 ? 1 : ch;
+    int64_t nc = (mr + ch - 1) / ch;
     int64_t k0 = g * nc / G;
     int64_t k1 = (g + 1) * nc / G;
     int64_t half = 64 * nc + 64;
@@ -50,8 +53,10 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
                 s[c] = 0.0;
                 piv[c] = cap_load_f64(Sp, 64 * nc + c);
             }
+            /* the pass for p - 1 formed the Gram entries only for T */
+            int64_t c_sum = want_t ? 0 : p;
             for (int64_t k = 0; k < nc; k++)
-                for (int64_t c = 0; c < jb; c++)
+                for (int64_t c = c_sum; c < jb; c++)
                     s[c] = s[c] + cap_load_f64(Sp, 64 * k + c);
             double alpha = piv[p];
             double xn2 = s[p];
@@ -65,18 +70,21 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
                 w[c] = c > p ? (float)(tau * (piv[c] + s[c] * scale)) : 0.0f;
             if (g == 0) {
                 cap_store_f32(TAU, p, (float)tau);
-                for (int64_t c = 0; c < p; c++)
+                for (int64_t c = 0; want_t && c < p; c++)
                     cap_store_f32(T, p * ldt + c, (float)(piv[c] + s[c] * scale));
             }
         }
         cap_t Sn = cap_offset_f64(S, ((p + 1) % 2) * half);
         float scalef = (float)scale;
+        /* columns whose sums the next reflector needs (all of them for T's Gram entries) */
+        int64_t c_lo = want_t ? 0 : p + 1;
         for (int64_t k = k0; k < k1; k++) {
-            int64_t tb = 64 * k > p ? 64 * k : p;
-            int64_t te = mr < 64 * k + 64 ? mr : 64 * k + 64;
-            for (int64_t c = 0; c < jb; c++)
+            int64_t tb = ch * k;
+            int64_t te = mr < ch * k + ch ? mr : ch * k + ch;
+            for (int64_t c = 0; c < 64; c++)
                 acc[c] = 0.0;
-            for (int64_t t = tb; t < te; t++) {
+            /* the pivot rows p and p + 1 where this chunk holds them */
+            for (int64_t t = tb > p ? tb : p; t < te && t <= p + 1; t++) {
                 if (t == p) {
                     for (int64_t c = p + 1; c < jb; c++)
                         cap_store_f32(P, t * ldp + c, cap_load_f32(P, t * ldp + c) - w[c]);
@@ -89,23 +97,57 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
                     for (int64_t c = p + 1; c < jb; c++)
                         cap_store_f32(P, t * ldp + c, fmaf(-v, w[c], cap_load_f32(P, t * ldp + c)));
                 }
-                if (p + 1 >= jb)
-                    continue;
-                if (t == p + 1) {
+                if (p + 1 < jb)
                     for (int64_t c = 0; c < jb; c++)
                         cap_store_f64(Sn, 64 * nc + c, (double)cap_load_f32(P, t * ldp + c));
-                    continue;
+            }
+            /* the rows below them, 64 at a time (they stay in L1 between the two
+             * sweeps): H_p applied to each row, then the sums, four rows per pass
+             * over acc, added in the order of t as one row at a time would.  Each
+             * sweep is a rectangular nest with affine indices: one guard for all
+             * its accesses (docs/hoisting.md). */
+            for (int64_t t0 = tb > p + 2 ? tb : p + 2; t0 < te; t0 += 64) {
+                int64_t kc = te - t0 < 64 ? te - t0 : 64;
+                if (tau != 0.0) {
+                    /* from the vector of 8 that holds column p + 1 on: whole vectors,
+                     * the columns up to p stored back as they are */
+                    int64_t c8 = (p + 1) / 8 * 8;
+                    for (int64_t tt = 0; tt < kc; tt++) {
+                        float v = cap_load_f32(P, (t0 + tt) * ldp + p) * scalef;
+                        cap_store_f32(P, (t0 + tt) * ldp + p, v);
+                        for (int64_t c = c8; c < jb; c++) {
+                            float x = cap_load_f32(P, (t0 + tt) * ldp + c);
+                            cap_store_f32(P, (t0 + tt) * ldp + c, c > p ? fmaf(-v, w[c], x) : x);
+                        }
+                    }
                 }
-                double x = (double)cap_load_f32(P, t * ldp + p + 1);
-                for (int64_t c = 0; c < jb; c++)
-                    acc[c] = fma(x, (double)cap_load_f32(P, t * ldp + c), acc[c]);
+                if (p + 1 < jb) {
+                    int64_t kq = kc / 4;
+                    for (int64_t u = 0; u < kq; u++) {
+                        double x0 = (double)cap_load_f32(P, (t0 + 4 * u) * ldp + p + 1);
+                        double x1 = (double)cap_load_f32(P, (t0 + 4 * u + 1) * ldp + p + 1);
+                        double x2 = (double)cap_load_f32(P, (t0 + 4 * u + 2) * ldp + p + 1);
+                        double x3 = (double)cap_load_f32(P, (t0 + 4 * u + 3) * ldp + p + 1);
+                        for (int64_t c = c_lo; c < jb; c++)
+                            acc[c] = fma(x3, (double)cap_load_f32(P, (t0 + 4 * u + 3) * ldp + c),
+                                         fma(x2, (double)cap_load_f32(P, (t0 + 4 * u + 2) * ldp + c),
+                                             fma(x1, (double)cap_load_f32(P, (t0 + 4 * u + 1) * ldp + c),
+                                                 fma(x0, (double)cap_load_f32(P, (t0 + 4 * u) * ldp + c),
+                                                     acc[c]))));
+                    }
+                    for (int64_t tt = 4 * kq; tt < kc; tt++) {
+                        double x = (double)cap_load_f32(P, (t0 + tt) * ldp + p + 1);
+                        for (int64_t c = c_lo; c < jb; c++)
+                            acc[c] = fma(x, (double)cap_load_f32(P, (t0 + tt) * ldp + c), acc[c]);
+                    }
+                }
             }
             if (p + 1 < jb)
-                for (int64_t c = 0; c < jb; c++)
+                for (int64_t c = c_lo; c < jb; c++)
                     cap_store_f64(Sn, 64 * k + c, acc[c]);
         }
     }
-    if (g == 0)
+    if (g == 0 && want_t)
         larft_from_gram(T, ldt, TAU, jb);
 }
 
@@ -165,7 +207,7 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
         rt_group_sync();
     }
     gpanel_qr(cap_offset_f32(Pn, top * nb), nb, mr - top, jbn, cap_offset_f32(tau, jn), Tn, nb,
-              S, blk, G);
+              1, S, blk, G, 64);
     rt_group_sync();
     for (int64_t t = lo; t < hi; t++)
         for (int64_t p = 0; p < jbn; p++)

@@ -24,9 +24,18 @@
  * Packing the C chunk (64 rows, n floats apart) is the costly memory access:
  * it is paid twice per panel against 4 * jb flops per element, so a wider
  * panel (jb = 64) halves its share.
+ *
+ * larfb_rows is the same update split for a tall matrix whose rows are shared
+ * out between blocks (qrt_tall in kernels/src/qrt_tall.c): it works on rows
+ * [t_lo, t_hi) of V and C only, and mode selects the part: 0 all of it (as
+ * larfb_tile, whose rows are [0, mr)), 1 step 1 alone, storing this range's
+ * share of V^T C into W (jb x cw, element (p, l) at W[p * ldw + l]), 2 step 3
+ * alone with W given (T^T times the sum of every range's share).  Each range
+ * runs the same arithmetic on its rows as the whole update does.
  */
-static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
-                       cap_t A, int64_t ld, int64_t r0, int64_t c0, int64_t cw, int64_t mr)
+static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
+                       cap_t A, int64_t ld, int64_t r0, int64_t c0, int64_t cw,
+                       int64_t t_lo, int64_t t_hi, int64_t mode, cap_t W, int64_t ldw)
 {
     float w[64][64];
     float cp[64][64];
@@ -49,11 +58,11 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
         cwp = 64;
     for (int64_t p = 0; p < jbp; p++)
         for (int64_t l = 0; l < cwp; l++)
-            w[p][l] = 0.0f;
+            w[p][l] = (mode == 2 && p < jb && l < cw) ? cap_load_f32(W, p * ldw + l) : 0.0f;
     /* Two passes over the 64-row chunks, which pack C and V the same way: pass 0
      * is step 1, W = V^T C; pass 1 is step 3, C -= V W, after step 2. */
-    for (int64_t pass = 0; pass < 2; pass++) {
-        if (pass == 1) {
+    for (int64_t pass = mode == 2 ? 1 : 0; pass < (mode == 1 ? 1 : 2); pass++) {
+        if (pass == 1 && mode == 0) {
             /* Step 2: W := T^T W; row p needs rows q <= p, so go from the bottom up. */
             for (int64_t p = jb - 1; p >= 0; p--) {
                 float tpp = cap_load_f32(T, p * ldt + p);
@@ -66,8 +75,8 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                 }
             }
         }
-        for (int64_t t0 = 0; t0 < mr; t0 += 64) {
-            int64_t kc = mr - t0 < 64 ? mr - t0 : 64;
+        for (int64_t t0 = t_lo; t0 < t_hi; t0 += 64) {
+            int64_t kc = t_hi - t0 < 64 ? t_hi - t0 : 64;
             for (int64_t tt = 0; tt < kc; tt++) {
                 int64_t rc = (r0 + t0 + tt) * ld + c0;
                 for (int64_t l = 0; l < cw; l++)
@@ -158,4 +167,14 @@ static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
             }
         }
     }
+    if (mode == 1)
+        for (int64_t p = 0; p < jb; p++)
+            for (int64_t l = 0; l < cw; l++)
+                cap_store_f32(W, p * ldw + l, w[p][l]);
+}
+
+static void larfb_tile(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
+                       cap_t A, int64_t ld, int64_t r0, int64_t c0, int64_t cw, int64_t mr)
+{
+    larfb_rows(P, ldp, jb, T, ldt, A, ld, r0, c0, cw, 0, mr, 0, T, 0);
 }
