@@ -77,7 +77,7 @@ def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
 
 def tall_kernel_for(dtype: str, checked: bool) -> Any:
     """The compiled qrt_tall for ``dtype`` (built on first use only)."""
-    from ..runtime.kernel import cflags
+    from ..runtime.cpu.kernel import cflags
 
     return _kernels(dtype, checked, tuple(cflags()), ("qrt_tall",), "qrt_tall")[0]
 

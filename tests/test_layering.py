@@ -153,3 +153,21 @@ def test_the_lanes_import_each_other_only_through_launch() -> None:
            for a, b in (("cpu", "cuda"), ("cuda", "cpu"))
            if m.startswith(f"capqr.runtime.{a}") and d.startswith(f"capqr.runtime.{b}")]
     assert bad == []
+
+
+def test_every_relative_import_names_a_module_that_exists() -> None:
+    """Function-level imports included: a module moved without its importers updated
+    fails only when that function first runs (kernels.parallel once imported
+    runtime.kernel after it had moved to runtime.cpu.kernel)."""
+    mods = _modules()
+    bad = []
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        here = name.split(".") if is_pkg else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = ".".join(here[: len(here) - node.level + 1]
+                                + ([node.module] if node.module else []))
+                if base not in mods:
+                    bad.append(f"{name}:{node.lineno} imports missing {base}")
+    assert bad == []
