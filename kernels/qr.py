@@ -35,12 +35,14 @@ def work_size(grid: int, m: int, n: int, nb: int | None) -> int:
     """Elements of the ``work`` scratch buffer a QR kernel launched on ``grid`` blocks gets.
 
     One slot per block: a row of ``n`` for the unblocked kernel (``nb=None``,
-    kernels/src/geqr2.c) and ``m*nb + nb*nb + max(nb, m)`` for the blocked ones
-    (panel P, T matrix, then a scratch row of nb for geqrf.c or a column of m
-    for the per-matrix kernel of qrt.c).  Every caller (``qr``, the bench
-    runner, the search gate, the tests) sizes ``work`` with this.
+    kernels/src/geqr2.c) and ``m*nb + nb*nb + max(nb, m)`` rounded up to 16
+    elements for the blocked ones (panel P, T matrix, then a scratch row of nb
+    for geqrf.c or a column of m for the per-matrix kernel of qrt.c, whose
+    slot_elems rounds its slots up to whole cache lines the same way).  Every
+    caller (``qr``, the bench runner, the search gate, the tests) sizes ``work``
+    with this.
     """
-    per_block = n if nb is None else m * nb + nb * nb + max(nb, m)
+    per_block = n if nb is None else -(-(m * nb + nb * nb + max(nb, m)) // 16) * 16
     return grid * per_block
 
 
