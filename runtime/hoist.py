@@ -117,6 +117,13 @@ QUIET_LOOPS = (QuietFor, QuietWhile, QuietDoWhile)
 _QUIET = {c_ast.For: QuietFor, c_ast.While: QuietWhile, c_ast.DoWhile: QuietDoWhile}
 
 
+class Versioned(c_ast.If):
+    """``if (guard) fast copy else checked copy``: iffalse is the checked code that
+    runs (and faults at the exact access) when the guard fails."""
+
+    __slots__ = ()
+
+
 class PollPoint(c_ast.Node):
     """One pollcheck, after a quiet loop."""
 
@@ -659,7 +666,8 @@ def _version(loop: c_ast.For, ctx: _Ctx, innermost: bool = True, nested: bool = 
     ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, guard_terms, covered,
                                     fast_block is not fast))
     fast_then = c_ast.Compound([fast_block])
-    out = c_ast.Compound(span.decls(is_int) + hoisted + [c_ast.If(cond, fast_then, slow)])
+    guarded = Versioned(cond, fast_then, slow, loop.coord)
+    out = c_ast.Compound(span.decls(is_int) + hoisted + [guarded])
     if innermost:
         ctx.inner[id(out)] = _Inner(out, var, span, terms, fast_then, covered)
     return out
@@ -1780,7 +1788,8 @@ def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx) -> c_ast.Compou
                                     False))
     ok = c_ast.Decl(g.ok, [], [], [], [], c_ast.TypeDecl(g.ok, [], None, c_ast.IdentifierType(
         ["int"])), _const(1), None)
-    return c_ast.Compound(pre + [ok] + g.decls + [c_ast.If(cond, c_ast.Compound([fast]), node)])
+    guarded = Versioned(cond, c_ast.Compound([fast]), node, node.coord)
+    return c_ast.Compound(pre + [ok] + g.decls + [guarded])
 
 
 def _levels(node: c_ast.Node) -> int:

@@ -1046,6 +1046,8 @@ class _Instrumenter:
         # user's names, as do fault records (array names) and kernel signatures
         self.user_names = user_names(verified.parsed.ast)
         self.dynamic: dict[str, int] = {}
+        #: each function's lowered AST, as printed (runtime/cuda/census.py reads them)
+        self.lowered: dict[str, c_ast.FuncDef] = {}
 
     def array_id(self, name: str) -> int:
         self.arrays.append(name)
@@ -1091,6 +1093,7 @@ class _Instrumenter:
             fn.body.block_items = [poll] + list(fn.body.block_items or [])
         _map_types(fn)
         rename_user_names(fn, self.user_names)
+        self.lowered[name] = fn
         body = self.gen.visit(fn.body)
         if rw.has_loop and not self.checked:
             # Raw mode never reads the counter (RT_POLL is empty there).
