@@ -124,6 +124,13 @@ class Versioned(c_ast.If):
     __slots__ = ()
 
 
+class VersionedValue(c_ast.TernaryOp):
+    """``guard ? fast copy : checked copy`` of a declaration's initialiser (a cover
+    guard's, see below): iffalse is the checked expression."""
+
+    __slots__ = ()
+
+
 class PollPoint(c_ast.Node):
     """One pollcheck, after a quiet loop."""
 
@@ -1184,7 +1191,9 @@ def _is_int(expr: c_ast.Node) -> c_ast.FuncCall:
 #                        and the guard checks that the last step cannot wrap
 #   T x = E;             [lo(E), hi(E)] when x is not assigned again in its scope
 #   +, -, *, / by a positive literal, casts, min/max ternaries (t < jb ? t : jb)
-#   if (v < E) / c ? :   v narrowed to [lo(v), min(hi(v), hi(E) - 1)] inside
+#   if (v < E) / c ? :   v narrowed to [lo(v), min(hi(v), hi(E) - 1)] inside;
+#                        v + e < E (v - e, e + v) narrows v to E - e, when the
+#                        interval of v + e says the sum cannot wrap
 #
 # Every bound is computed with overflow-checked arithmetic (a bound that
 # overflows fails the guard), and a subexpression of int (32-bit) type must stay
@@ -1194,7 +1203,12 @@ def _is_int(expr: c_ast.Node) -> c_ast.FuncCall:
 # in-bounds ones is in bounds) or the local array is covered.  All or nothing:
 # if any scalar access of the nest cannot be bounded, the nest is not guarded
 # here and the loops inside it are considered in turn.  An interval that comes
-# out empty belongs to code that never runs in the nest.  The fast copy is the
+# out empty belongs to code that never runs (every interval encloses its value
+# whenever the code runs): a counter's, or a name narrowed by a condition that
+# fails for this thread.  The code after it carries that as a guard variable
+# (0 where it cannot run), and its accesses leave the hulls alone there, so a
+# thread whose rows end above the matrix is not held to bounds of rows it never
+# touches; a hull that stays empty holds.  The fast copy is the
 # nest with every access unchecked; the checked copy is the nest as the
 # versioning above leaves it, so a failing guard still ends in the exact fault.
 
@@ -1204,6 +1218,9 @@ _I32_MAX = (1 << 31) - 1
 _I32_MIN = -(1 << 31)
 _Bound = int | str          # a Python constant or the name of a guard variable
 _Ival = tuple[_Bound, _Bound]
+#: The environments' entry (no C name) for where their code can run: (r, r), r 1, 0 or
+#: a guard variable that is 0 where an interval on the way there came out empty.
+_REACH = "#reach"
 
 
 class _NoBound(Exception):
@@ -1234,22 +1251,60 @@ class _NestGuard:
     def terms(self) -> list[c_ast.Node]:
         return [self._term(key, iv) for key, iv in self.hulls.items()]
 
-    def _term(self, key: tuple, iv: _Ival) -> c_ast.FuncCall:
+    def _term(self, key: tuple, iv: _Ival) -> c_ast.Node:
+        """One hull's range check; an empty hull (lo > hi) holds.  Every interval
+        encloses its index's value whenever the access runs, so a hull that comes
+        out empty (each of its intervals then does) belongs to accesses that never
+        run: a condition that fails for this thread (if (t < j) with t >= nb)."""
         lo, hi = iv
         d = c_ast.BinaryOp("-", self._node(hi), self._node(lo))
         if key[0] == "cap":
             _kind, cap, size, store = key
             cap_node = copy.deepcopy(self.cap_exprs.get(cap, c_ast.ID(cap)))
-            return c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
+            check = c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
                 cap_node, self._node(lo), d, _const(1), _const(size), _const(store)]))
-        return c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
-            self._node(lo), d, _const(1), _const(key[1])]))
+        else:
+            check = c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
+                self._node(lo), d, _const(1), _const(key[1])]))
+        if isinstance(lo, int) and isinstance(hi, int):
+            return _const(1) if lo > hi else check
+        return c_ast.BinaryOp("||", c_ast.BinaryOp(">", self._node(lo), self._node(hi)), check)
 
-    def _cover(self, key: tuple, iv: _Ival) -> None:
+    def _cover(self, key: tuple, iv: _Ival, env: dict[str, _Ival | None]) -> None:
+        r = self._reach(env)
+        if r == 0:
+            return  # the access never runs
+        if r != 1:  # where it cannot run it leaves the hull alone (an empty interval)
+            iv = (self._new(c_ast.TernaryOp(c_ast.ID(r), self._node(iv[0]), self._node(_I64_MAX))),
+                  self._new(c_ast.TernaryOp(c_ast.ID(r), self._node(iv[1]), self._node(_I64_MIN))))
         if key in self.hulls:
             lo, hi = self.hulls[key]
             iv = (self._pick("<", lo, iv[0]), self._pick(">", hi, iv[1]))
         self.hulls[key] = iv
+
+    # -- where the code can run -------------------------------------------
+    @staticmethod
+    def _reach(env: dict[str, _Ival | None]) -> _Bound:
+        """1, 0, or the guard variable that is 0 where env's code cannot run."""
+        iv = env.get(_REACH)
+        return 1 if iv is None else iv[0]
+
+    def _narrowed(self, env: dict[str, _Ival | None], lo: _Bound, hi: _Bound) -> None:
+        """env's code runs only where [lo, hi] (an interval of it) is not empty."""
+        r = self._reach(env)
+        if r == 0:
+            return
+        if isinstance(lo, int) and isinstance(hi, int):
+            if lo > hi:
+                env[_REACH] = (0, 0)
+            return
+        key = ("reach", r, lo, hi)
+        if key not in self.memo:
+            cond: c_ast.Node = c_ast.BinaryOp("<=", self._node(lo), self._node(hi))
+            if r != 1:
+                cond = c_ast.BinaryOp("&&", c_ast.ID(r), cond)
+            self.memo[key] = self._new(cond)
+        env[_REACH] = (self.memo[key], self.memo[key])
 
     # -- guard variables and checked arithmetic --------------------------
     def _new(self, init: c_ast.Node | None = None) -> str:
@@ -1261,8 +1316,8 @@ class _NestGuard:
     @staticmethod
     def _node(b: _Bound) -> c_ast.Node:
         if isinstance(b, int):
-            if b == _I64_MIN:
-                return c_ast.BinaryOp("-", _const(_I64_MAX), _const(1))
+            if b == _I64_MIN:  # -2^63 has no literal of its own
+                return c_ast.BinaryOp("-", c_ast.UnaryOp("-", _const(_I64_MAX)), _const(1))
             return _const(b) if b >= 0 else c_ast.UnaryOp("-", _const(-b))
         return c_ast.ID(b)
 
@@ -1387,11 +1442,18 @@ class _NestGuard:
             if lo == hi:
                 return self._mod(lo, c), self._mod(lo, c)
             # C's remainder takes the dividend's sign: in [0, min(hi, c-1)] when
-            # lo >= 0, else in [-(c-1), c-1]
+            # lo >= 0, else in [-(c-1), c-1] (a symbolic lo: chosen at the guard)
             top = self._ovf("rt_sub_ovf", c, 1)
             if isinstance(lo, int) and lo >= 0:
                 return 0, self._pick("<", hi, top)
-            return self._ovf("rt_sub_ovf", 1, c), top
+            if isinstance(lo, int):
+                return self._ovf("rt_sub_ovf", 1, c), top
+            nonneg = c_ast.BinaryOp(">=", c_ast.ID(lo), _const(0))
+            return (self._new(c_ast.TernaryOp(nonneg, _const(0),
+                                              self._node(self._ovf("rt_sub_ovf", 1, c)))),
+                    self._new(c_ast.TernaryOp(copy.deepcopy(nonneg),
+                                              self._node(self._pick("<", hi, top)),
+                                              self._node(top))))
         if isinstance(e, c_ast.TernaryOp):
             if not pure_expr(e.cond):
                 raise _NoBound
@@ -1448,7 +1510,7 @@ class _NestGuard:
                ) -> dict[str, _Ival | None]:
         """env narrowed by what ``cond`` (pure) says when it holds (comparisons of a
         variable with an expression, joined by &&; when it fails, !(v < E) too)."""
-        facts: list[tuple[str, str, c_ast.Node]] = []
+        facts: list[tuple] = []  # (name, op, other[, the compared sum])
         flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
         mirror = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
@@ -1463,17 +1525,23 @@ class _NestGuard:
                 collect(c.expr, not pos)
             elif isinstance(c, c_ast.BinaryOp) and c.op in flip:
                 op = c.op if pos else flip[c.op]
-                if isinstance(c.left, c_ast.ID):
-                    facts.append((c.left.name, op, c.right))
-                if isinstance(c.right, c_ast.ID):
-                    facts.append((c.right.name, mirror[op], c.left))
+                for side, other, sop in ((c.left, c.right, op), (c.right, c.left, mirror[op])):
+                    if isinstance(side, c_ast.ID):
+                        facts.append((side.name, sop, other))
+                    elif shifted := _shifted(side):
+                        # x + e < E: x < E - e, when x + e cannot wrap (its interval,
+                        # overflow-checked, says so)
+                        facts.append((shifted[0], sop, c_ast.BinaryOp(
+                            "-" if shifted[1] == "+" else "+", other, shifted[2]), side))
 
         collect(cond, holds)
         if not facts:
             return env
         out = dict(env)
-        for name, op, other in facts:
+        for name, op, other, *whole in facts:
             try:
+                for w in whole:
+                    self.ival(w, env)  # x + e does not wrap
                 cur = self._ival(c_ast.ID(name), out)
                 lo_o, hi_o = self.ival(other, env)
                 lo, hi = cur
@@ -1486,6 +1554,7 @@ class _NestGuard:
                 else:
                     lo = self._pick(">", lo, lo_o)
                 out[name] = (lo, hi)
+                self._narrowed(out, lo, hi)
             except _NoBound:
                 continue  # no narrowing from this fact
         return out
@@ -1619,6 +1688,7 @@ class _NestGuard:
         self.expr(f.cond, env)
         body = dict(env)
         body[var] = iv
+        self._narrowed(body, *iv)  # an empty counter interval: the body never runs
         self.stmt(f.stmt, body)
 
     def _le(self, b: _Bound, limit: int) -> None:
@@ -1663,7 +1733,7 @@ class _NestGuard:
                         cap.name in self.written and cap.name not in self.cap_exprs):
                     raise _NoBound
                 store = 1 if e.name.name.startswith("cap_store_") else 0
-                self._cover(("cap", cap.name, ELEM_SIZE[t], store), self.ival(idx, env))
+                self._cover(("cap", cap.name, ELEM_SIZE[t], store), self.ival(idx, env), env)
                 return
         if isinstance(e, c_ast.ArrayRef):
             base, chain = array_chain(e)
@@ -1672,7 +1742,7 @@ class _NestGuard:
                 self.expr(ref.subscript, env)
                 if dims is None or depth >= len(dims) or isinstance(ref, UncheckedRef):
                     continue
-                self._cover(("array", dims[depth]), self.ival(ref.subscript, env))
+                self._cover(("array", dims[depth]), self.ival(ref.subscript, env), env)
             return
         if isinstance(e, (c_ast.For, c_ast.While, c_ast.DoWhile, c_ast.Compound, c_ast.If)):
             self.stmt(e, env)
@@ -1681,6 +1751,17 @@ class _NestGuard:
             self.expr(c, env)
 
     ok = "__nok"  # replaced per nest in build()
+
+
+def _shifted(e: c_ast.Node) -> tuple[str, str, c_ast.Node] | None:
+    """x + e, e + x or x - e (x a name, e pure) -> (x, '+' or '-', e), else None."""
+    if not (isinstance(e, c_ast.BinaryOp) and e.op in ("+", "-")):
+        return None
+    if isinstance(e.left, c_ast.ID) and pure_expr(e.right):
+        return e.left.name, e.op, e.right
+    if e.op == "+" and isinstance(e.right, c_ast.ID) and pure_expr(e.left):
+        return e.right.name, "+", e.left
+    return None
 
 
 def _minmax(e: c_ast.TernaryOp) -> str | None:
@@ -1731,7 +1812,7 @@ def _nest_walk(node: c_ast.Node, ctx: _Ctx) -> None:
             if not isinstance(item, c_ast.Node):
                 continue
             if isinstance(item, c_ast.For) and not isinstance(item, QUIET_LOOPS):
-                new = _nest_version(item, ctx)
+                new = _nest_version(item, ctx) or _cover_version(item, ctx)
                 if new is not None:
                     if isinstance(val, list):
                         val[idx] = new
@@ -1763,8 +1844,9 @@ def _body_version(body: c_ast.Compound, ctx: _Ctx) -> tuple[c_ast.Compound, c_as
     return None if new is None else (new, rest)
 
 
-def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx) -> c_ast.Compound | None:
-    """``if (intervals of every access of node in range) fast copy else node``."""
+def _interval_guard(node: c_ast.Node, ctx: _Ctx) -> tuple[_NestGuard, c_ast.Node] | None:
+    """The interval guard of every access under ``node`` (its guard variables and
+    its condition), or None if some access has no bound (or there is none)."""
     ctx.counter += 1
     g = _NestGuard(node, ctx, ctx.counter)
     g.ok = f"__n{ctx.counter}_ok"
@@ -1774,8 +1856,6 @@ def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx) -> c_ast.Compou
         return None
     if not g.terms:
         return None
-    fast = copy.deepcopy(node)
-    covered = _mark_unchecked(fast, ctx)
     cond: c_ast.Node = c_ast.ID(g.ok)
     for c in g.conds:
         cond = c_ast.BinaryOp("&&", cond, c)
@@ -1783,13 +1863,113 @@ def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx) -> c_ast.Compou
     for t in g.terms:
         terms = c_ast.BinaryOp("&", terms, t)
     # conditions first (&&): the range terms read bounds the conditions vouch for
-    cond = c_ast.BinaryOp("&&", cond, terms)
+    return g, c_ast.BinaryOp("&&", cond, terms)
+
+
+def _int_decl(name: str, init: c_ast.Node) -> c_ast.Decl:
+    return c_ast.Decl(name, [], [], [], [], c_ast.TypeDecl(name, [], None, c_ast.IdentifierType(
+        ["int"])), init, None)
+
+
+def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx) -> c_ast.Compound | None:
+    """``if (intervals of every access of node in range) fast copy else node``."""
+    built = _interval_guard(node, ctx)
+    if built is None:
+        return None
+    g, cond = built
+    fast = copy.deepcopy(node)
+    covered = _mark_unchecked(fast, ctx)
     ctx.table.loops.append(LoopPlan(node.coord.line if node.coord else 0, list(g.terms), covered,
                                     False))
-    ok = c_ast.Decl(g.ok, [], [], [], [], c_ast.TypeDecl(g.ok, [], None, c_ast.IdentifierType(
-        ["int"])), _const(1), None)
     guarded = Versioned(cond, c_ast.Compound([fast]), node, node.coord)
-    return c_ast.Compound(pre + [ok] + g.decls + [guarded])
+    return c_ast.Compound(pre + [_int_decl(g.ok, _const(1))] + g.decls + [guarded])
+
+
+# ---------------------------------------------------------------------------
+# Cover guards (GPU): one interval guard before a loop that waits at a barrier.
+#
+# Such a loop is never duplicated (threads whose guards differ would wait at two
+# different barriers), so without a cover its inner loops are versioned one by
+# one and each guard runs on every iteration of it (the QR panels: six to eight
+# per column).  A cover guard bounds every access of the whole loop, all its
+# iterations, with the nest guards' intervals, once, before the loop; inside it,
+# every barrier-free statement with a checked access becomes
+# ``if (cover) fast copy else statement`` (a declaration's initialiser:
+# ``cover ? fast : initialiser``, so the name stays in scope), and no copy holds
+# a barrier.  When the cover holds, no access of the loop leaves its buffer or
+# array; when it fails, each statement runs as the versioning leaves it and
+# faults at the exact access.  A loop that reaches a warp collective takes the
+# cover by a vote of the whole warp, so its lanes run the same copies and meet at
+# the same collectives (the loop, waiting at a barrier, is entered by the whole
+# block: the verifier admits barriers only under block-uniform control).  On the
+# CPU (one thread per block) the whole-body guard may enclose barriers instead.
+
+
+def _cover_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Compound | None:
+    """``cover = intervals of every access of loop in range; loop`` with its
+    barrier-free statements versioned by the cover, or None."""
+    # (a loop that reaches only warp collectives is versioned itself, under a vote)
+    blocking = ctx.barriers - WARP_FUNCS if ctx.warp_vote else ctx.barriers
+    if ctx.one_thread_blocks or not _has_barrier(loop.stmt, ctx.waits, blocking):
+        return None
+    if not _cover_split(copy.deepcopy(loop.stmt), "", ctx, []):
+        return None  # no barrier-free statement with a checked access
+    built = _interval_guard(loop, ctx)
+    if built is None:
+        return None
+    g, cond = built
+    cover = f"{g.prefix}cover"
+    voted = ctx.warp_vote is not None and _has_barrier(loop.stmt, barriers=WARP_FUNCS)
+    if voted:
+        cond = c_ast.FuncCall(c_ast.ID(ctx.warp_vote), c_ast.ExprList([cond]))
+    covered: list[c_ast.Node] = []
+    loop.stmt = _cover_stmt(loop.stmt, cover, ctx, covered, voted)
+    ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, list(g.terms), covered,
+                                    False))
+    return c_ast.Compound([_int_decl(g.ok, _const(1))] + g.decls + [_int_decl(cover, cond), loop])
+
+
+def _cover_split(node: c_ast.Node, cover: str, ctx: _Ctx, covered: list[c_ast.Node],
+                 voted: bool = False) -> bool:
+    """Version the barrier-free statements under ``node`` by ``cover`` in place;
+    whether there was one with a checked access."""
+    before = len(covered)
+    _cover_stmt(node, cover, ctx, covered, voted)
+    return len(covered) > before
+
+
+def _cover_stmt(node: c_ast.Node, cover: str, ctx: _Ctx, covered: list[c_ast.Node],
+                voted: bool) -> c_ast.Node:
+    # with the warp's vote, its collectives may sit in a versioned statement
+    blocking = ctx.barriers - WARP_FUNCS if voted else ctx.barriers
+    if _has_barrier(node, ctx.waits, blocking):
+        # the statements around the barrier, each on its own
+        if isinstance(node, c_ast.Compound):
+            items = node.block_items or []
+            for k, item in enumerate(items):
+                items[k] = _cover_stmt(item, cover, ctx, covered, voted)
+        elif isinstance(node, c_ast.If):
+            node.iftrue = _cover_stmt(node.iftrue, cover, ctx, covered, voted)
+            if node.iffalse is not None:
+                node.iffalse = _cover_stmt(node.iffalse, cover, ctx, covered, voted)
+        elif isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)) and node.stmt is not None:
+            node.stmt = _cover_stmt(node.stmt, cover, ctx, covered, voted)
+        return node
+    if isinstance(node, c_ast.Decl):
+        if node.init is None or isinstance(node.init, c_ast.InitList):
+            return node
+        fast = copy.deepcopy(node.init)
+        marked = _mark_unchecked(fast, ctx)
+        if marked:
+            covered += marked
+            node.init = VersionedValue(c_ast.ID(cover), fast, node.init, node.coord)
+        return node
+    fast = copy.deepcopy(node)
+    marked = _mark_unchecked(fast, ctx)
+    if not marked:
+        return node
+    covered += marked
+    return Versioned(c_ast.ID(cover), c_ast.Compound([fast]), node, node.coord)
 
 
 def _levels(node: c_ast.Node) -> int:

@@ -24,6 +24,7 @@ import re
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,7 @@ class Kernel:
     params: list[tuple[str, str]]
     fn: Any
     local_arrays: list[str]  # the names behind a local-array fault's slot -(id + 1)
+    lib: Any = None          # the compiled library (a test's own symbols: build's edit)
 
     def capability_fault(self, fault: dict[str, int]) -> Any:
         """The CapabilityFault the GPU lane raises for this fault record (its own
@@ -384,14 +386,19 @@ def host_cpp(cuda_text: str, dynamic_bytes: int = 0) -> str:
             "\"caps are passed as abi.CAP_WORDS\");\n")
 
 
-def build(source: str, checked: bool = True, workdir: Path | None = None) -> dict[str, Kernel]:
-    """Compile ``source``'s CUDA lowering for the CPU; returns its kernels by name."""
+def build(source: str, checked: bool = True, workdir: Path | None = None, hoist: bool = True,
+          edit: Callable[[str], str] | None = None) -> dict[str, Kernel]:
+    """Compile ``source``'s CUDA lowering for the CPU; returns its kernels by name.
+    ``hoist=False``: every access checked where it is made (the oracle of the
+    versioning); ``edit``: a test's change to the generated CUDA (to count events
+    through extern "C" functions of its own, read with ``Kernel.lib``)."""
     global _ffi
     import cffi
     from capqr.runtime.cuda import translate
 
-    cs = translate(source, checked=checked)
-    text = host_cpp(cs.text, max(cs.dynamic_smem.values(), default=0))
+    cs = translate(source, checked=checked, hoist=hoist)
+    cuda_text = cs.text if edit is None else edit(cs.text)
+    text = host_cpp(cuda_text, max(cs.dynamic_smem.values(), default=0))
     text += "".join(_launcher(k, sig.params, checked, sig.group_sync)
                     for k, sig in cs.kernels.items())
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -416,5 +423,5 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
         sym = f"emu_{entry_symbol(k)}"
         _ffi.cdef(f"void {sym}(const void *, const long long *, const double *, "
                   "rt_gpu_fault *, int, int);", override=True)
-        kernels[k] = Kernel(k, sig.params, getattr(lib, sym), list(cs.local_arrays))
+        kernels[k] = Kernel(k, sig.params, getattr(lib, sym), list(cs.local_arrays), lib)
     return kernels

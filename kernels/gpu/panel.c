@@ -34,39 +34,40 @@ KERNEL void gpu_qr_panel(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t k0, in
     int64_t lane = t % 32;
     int64_t warp = t / 32;
     int64_t nw = P / 32;
-    int64_t col = k0 + lane;
     cap_t M = cap_offset_f32(A, b * n * n);
     cap_t tb = cap_offset_f32(tau, b * n);
     cap_t TT = cap_offset_f32(Tw, b * 1024);
     for (int64_t j = 0; j < nb; j++) {
         int64_t kj = k0 + j;
-        /* this thread's rows: r1 + i * nw, i < cnt; four per step so that eight loads
-         * are in flight before the first multiply (in-order issue) */
+        /* this thread's rows: r1, r1 + nw, ... below n; four per step so that eight
+         * loads are in flight before the first multiply (in-order issue), the rest
+         * (fewer than four) from rtail on.  The loops are bounded by n itself, so one
+         * interval check before the column loop covers every column's rows. */
         int64_t r1 = kj + 1 + warp;
         int64_t cnt = r1 < n ? (n - r1 + nw - 1) / nw : 0;
-        int64_t c4 = cnt - cnt % 4;
+        int64_t rtail = r1 + cnt / 4 * 4 * nw;
         double q = 0.0;
         if (lane < nb) {
+            int64_t c = k0 + lane;
             double q1 = 0.0;
             double q2 = 0.0;
             double q3 = 0.0;
-            for (int64_t i = 0; i < c4; i += 4) {
-                float x0 = cap_load_f32(M, (r1 + i * nw) * n + kj);
-                float x1 = cap_load_f32(M, (r1 + i * nw + nw) * n + kj);
-                float x2 = cap_load_f32(M, (r1 + i * nw + 2 * nw) * n + kj);
-                float x3 = cap_load_f32(M, (r1 + i * nw + 3 * nw) * n + kj);
-                float y0 = cap_load_f32(M, (r1 + i * nw) * n + col);
-                float y1 = cap_load_f32(M, (r1 + i * nw + nw) * n + col);
-                float y2 = cap_load_f32(M, (r1 + i * nw + 2 * nw) * n + col);
-                float y3 = cap_load_f32(M, (r1 + i * nw + 3 * nw) * n + col);
+            for (int64_t r = r1; r < n - 3 * nw; r += 4 * nw) {
+                float x0 = cap_load_f32(M, r * n + kj);
+                float x1 = cap_load_f32(M, (r + nw) * n + kj);
+                float x2 = cap_load_f32(M, (r + 2 * nw) * n + kj);
+                float x3 = cap_load_f32(M, (r + 3 * nw) * n + kj);
+                float y0 = cap_load_f32(M, r * n + c);
+                float y1 = cap_load_f32(M, (r + nw) * n + c);
+                float y2 = cap_load_f32(M, (r + 2 * nw) * n + c);
+                float y3 = cap_load_f32(M, (r + 3 * nw) * n + c);
                 q += (double)x0 * (double)y0;
                 q1 += (double)x1 * (double)y1;
                 q2 += (double)x2 * (double)y2;
                 q3 += (double)x3 * (double)y3;
             }
-            for (int64_t i = c4; i < cnt; i++)
-                q += (double)cap_load_f32(M, (r1 + i * nw) * n + kj)
-                     * (double)cap_load_f32(M, (r1 + i * nw) * n + col);
+            for (int64_t r = rtail; r < n; r += nw)
+                q += (double)cap_load_f32(M, r * n + kj) * (double)cap_load_f32(M, r * n + c);
             q = (q + q1) + (q2 + q3);
         }
         smem_red[warp * 32 + lane] = q;
@@ -98,49 +99,50 @@ KERNEL void gpu_qr_panel(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t k0, in
         }
         rt_sync_threads();
         if (lane > j && lane < nb) {
+            int64_t cu = k0 + lane;
             float wc = smem_w[lane];
-            for (int64_t i = 0; i < c4; i += 4) {
-                float x0 = cap_load_f32(M, (r1 + i * nw) * n + kj);
-                float x1 = cap_load_f32(M, (r1 + i * nw + nw) * n + kj);
-                float x2 = cap_load_f32(M, (r1 + i * nw + 2 * nw) * n + kj);
-                float x3 = cap_load_f32(M, (r1 + i * nw + 3 * nw) * n + kj);
-                float a0 = cap_load_f32(M, (r1 + i * nw) * n + col);
-                float a1 = cap_load_f32(M, (r1 + i * nw + nw) * n + col);
-                float a2 = cap_load_f32(M, (r1 + i * nw + 2 * nw) * n + col);
-                float a3 = cap_load_f32(M, (r1 + i * nw + 3 * nw) * n + col);
+            for (int64_t r = r1; r < n - 3 * nw; r += 4 * nw) {
+                float x0 = cap_load_f32(M, r * n + kj);
+                float x1 = cap_load_f32(M, (r + nw) * n + kj);
+                float x2 = cap_load_f32(M, (r + 2 * nw) * n + kj);
+                float x3 = cap_load_f32(M, (r + 3 * nw) * n + kj);
+                float a0 = cap_load_f32(M, r * n + cu);
+                float a1 = cap_load_f32(M, (r + nw) * n + cu);
+                float a2 = cap_load_f32(M, (r + 2 * nw) * n + cu);
+                float a3 = cap_load_f32(M, (r + 3 * nw) * n + cu);
                 float v0 = x0 * scalef;
                 float v1 = x1 * scalef;
                 float v2 = x2 * scalef;
                 float v3 = x3 * scalef;
-                cap_store_f32(M, (r1 + i * nw) * n + col, fmaf(-v0, wc, a0));
-                cap_store_f32(M, (r1 + i * nw + nw) * n + col, fmaf(-v1, wc, a1));
-                cap_store_f32(M, (r1 + i * nw + 2 * nw) * n + col, fmaf(-v2, wc, a2));
-                cap_store_f32(M, (r1 + i * nw + 3 * nw) * n + col, fmaf(-v3, wc, a3));
+                cap_store_f32(M, r * n + cu, fmaf(-v0, wc, a0));
+                cap_store_f32(M, (r + nw) * n + cu, fmaf(-v1, wc, a1));
+                cap_store_f32(M, (r + 2 * nw) * n + cu, fmaf(-v2, wc, a2));
+                cap_store_f32(M, (r + 3 * nw) * n + cu, fmaf(-v3, wc, a3));
             }
-            for (int64_t i = c4; i < cnt; i++) {
-                float v = cap_load_f32(M, (r1 + i * nw) * n + kj) * scalef;
-                cap_store_f32(M, (r1 + i * nw) * n + col,
-                              fmaf(-v, wc, cap_load_f32(M, (r1 + i * nw) * n + col)));
+            for (int64_t r = rtail; r < n; r += nw) {
+                float v = cap_load_f32(M, r * n + kj) * scalef;
+                cap_store_f32(M, r * n + cu, fmaf(-v, wc, cap_load_f32(M, r * n + cu)));
             }
             if (warp == 0)
-                cap_store_f32(M, kj * n + col, cap_load_f32(M, kj * n + col) - wc);
+                cap_store_f32(M, kj * n + cu, cap_load_f32(M, kj * n + cu) - wc);
         }
         rt_sync_threads();
+        /* v = x / (alpha - beta): rows kj + 1 + t, + P, ... (as the sums, four per step) */
         int64_t rc = kj + 1 + t;
         int64_t cc = rc < n ? (n - rc + P - 1) / P : 0;
-        int64_t cc4 = cc - cc % 4;
-        for (int64_t i = 0; i < cc4; i += 4) {
-            float x0 = cap_load_f32(M, (rc + i * P) * n + kj);
-            float x1 = cap_load_f32(M, (rc + i * P + P) * n + kj);
-            float x2 = cap_load_f32(M, (rc + i * P + 2 * P) * n + kj);
-            float x3 = cap_load_f32(M, (rc + i * P + 3 * P) * n + kj);
-            cap_store_f32(M, (rc + i * P) * n + kj, x0 * scalef);
-            cap_store_f32(M, (rc + i * P + P) * n + kj, x1 * scalef);
-            cap_store_f32(M, (rc + i * P + 2 * P) * n + kj, x2 * scalef);
-            cap_store_f32(M, (rc + i * P + 3 * P) * n + kj, x3 * scalef);
+        int64_t rctail = rc + cc / 4 * 4 * P;
+        for (int64_t r = rc; r < n - 3 * P; r += 4 * P) {
+            float x0 = cap_load_f32(M, r * n + kj);
+            float x1 = cap_load_f32(M, (r + P) * n + kj);
+            float x2 = cap_load_f32(M, (r + 2 * P) * n + kj);
+            float x3 = cap_load_f32(M, (r + 3 * P) * n + kj);
+            cap_store_f32(M, r * n + kj, x0 * scalef);
+            cap_store_f32(M, (r + P) * n + kj, x1 * scalef);
+            cap_store_f32(M, (r + 2 * P) * n + kj, x2 * scalef);
+            cap_store_f32(M, (r + 3 * P) * n + kj, x3 * scalef);
         }
-        for (int64_t i = cc4; i < cc; i++)
-            cap_store_f32(M, (rc + i * P) * n + kj, cap_load_f32(M, (rc + i * P) * n + kj) * scalef);
+        for (int64_t r = rctail; r < n; r += P)
+            cap_store_f32(M, r * n + kj, cap_load_f32(M, r * n + kj) * scalef);
         if (t == 0) {
             cap_store_f32(M, kj * n + kj, (float)beta);
             cap_store_f32(tb, kj, (float)tk);

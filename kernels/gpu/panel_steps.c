@@ -133,7 +133,7 @@ KERNEL void gpu_qr_steps(cap_t A, cap_t tau, cap_t Tw, cap_t D, int64_t n, int64
                 if (t < p)
                     cap_store_f32(TT, p * 32 + t, (float)(smem_pv[t] + smem_s[t] * scale));
                 if (t == 0)
-                    cap_store_f32(tau, b * n + kp, (float)tk);
+                    cap_store_f32(tau, b * n + k0 + p, (float)tk);
             }
         }
         if (p + 1 < nb) {
