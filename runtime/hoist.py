@@ -1435,22 +1435,29 @@ class _NestGuard:
             return (self._pick("<", self._pick("<", ps[0], ps[1]), self._pick("<", ps[2], ps[3])),
                     self._pick(">", self._pick(">", ps[0], ps[1]), self._pick(">", ps[2], ps[3])))
         if isinstance(e, c_ast.BinaryOp) and e.op in ("/", "%"):
-            c = self._divisor(e.right, env)
+            c0, c1 = self._divisor(e.right, env)
             lo, hi = self.ival(e.left, env)
-            if e.op == "/":  # truncating division by c > 0 is monotone
-                return (self._div(lo, c), self._div(hi, c))
-            if lo == hi:
-                return self._mod(lo, c), self._mod(lo, c)
+            if e.op == "/":
+                if c0 == c1:  # truncating division by c > 0 is monotone
+                    return (self._div(lo, c0), self._div(hi, c0))
+                # and, for a fixed dividend, monotone in c > 0: the box's corners
+                qs = [self._div(b, c) for b in (lo, hi) for c in (c0, c1)]
+                qlo = qhi = qs[0]
+                for q in qs[1:]:
+                    qlo, qhi = self._pick("<", qlo, q), self._pick(">", qhi, q)
+                return qlo, qhi
+            if lo == hi and c0 == c1:
+                return self._mod(lo, c0), self._mod(lo, c0)
             # C's remainder takes the dividend's sign: in [0, min(hi, c-1)] when
             # lo >= 0, else in [-(c-1), c-1] (a symbolic lo: chosen at the guard)
-            top = self._ovf("rt_sub_ovf", c, 1)
+            top = self._ovf("rt_sub_ovf", c1, 1)
             if isinstance(lo, int) and lo >= 0:
                 return 0, self._pick("<", hi, top)
             if isinstance(lo, int):
-                return self._ovf("rt_sub_ovf", 1, c), top
+                return self._ovf("rt_sub_ovf", 1, c1), top
             nonneg = c_ast.BinaryOp(">=", c_ast.ID(lo), _const(0))
             return (self._new(c_ast.TernaryOp(nonneg, _const(0),
-                                              self._node(self._ovf("rt_sub_ovf", 1, c)))),
+                                              self._node(self._ovf("rt_sub_ovf", 1, c1)))),
                     self._new(c_ast.TernaryOp(copy.deepcopy(nonneg),
                                               self._node(self._pick("<", hi, top)),
                                               self._node(top))))
@@ -1470,20 +1477,21 @@ class _NestGuard:
             return self._pick("<", a[0], b[0]), self._pick(">", a[1], b[1])
         raise _NoBound
 
-    def _divisor(self, e: c_ast.Node, env: dict[str, _Ival | None]) -> _Bound:
-        """A divisor that is one positive value at the guard: a literal, a name
-        bound to one constant, or one symbolic value the guard requires > 0."""
+    def _divisor(self, e: c_ast.Node, env: dict[str, _Ival | None]) -> _Ival:
+        """A divisor's interval, positive at the guard: a literal, or bounds the
+        guard requires > 0 (one value, or a range: n - j over a loop's columns)."""
         c = int_literal(e)
         if c is not None:
             if c <= 0:
                 raise _NoBound
-            return c
+            return c, c
         lo, hi = self.ival(e, env)
-        if lo != hi or (isinstance(lo, int) and lo <= 0):
-            raise _NoBound
-        if not isinstance(lo, int):
+        if isinstance(lo, int):
+            if lo <= 0:
+                raise _NoBound
+        else:
             self._require(c_ast.BinaryOp(">", self._node(lo), _const(0)))
-        return lo
+        return lo, hi
 
     def _div(self, b: _Bound, c: _Bound) -> _Bound:
         if isinstance(b, int) and isinstance(c, int):
@@ -1662,10 +1670,16 @@ class _NestGuard:
         elif pure_expr(step) and not (_ids(step) & self.written):
             s = self._new(copy.deepcopy(step))
         else:
-            # a step the nest computes (int64_t nw = P / 32;): one value at the guard
+            # a step the nest computes (int64_t nw = P / 32;), one value or a range
+            # (a column's row groups): the counter's interval does not depend on it,
+            # the guard requires it positive and checks the last step with its top
             lo_s, s = self.ival(step, env)
             if lo_s != s:
-                raise _NoBound
+                if isinstance(lo_s, int):
+                    if lo_s <= 0:
+                        raise _NoBound
+                else:
+                    self._require(c_ast.BinaryOp(">", c_ast.ID(lo_s), _const(0)))
         if isinstance(s, int):
             if not 0 < s <= 1 << 20:
                 raise _NoBound

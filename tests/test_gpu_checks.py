@@ -100,3 +100,24 @@ def test_cover_guards_hold_on_the_qr_plans(tmp_path_factory) -> None:
     assert kinds == set(KINDS)
     for lib in {id(k.lib): k.lib for k in emulated.values()}.values():
         assert lib.capqr_emu_covers(0) > 0 and lib.capqr_emu_covers(1) == 0
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
+@pytest.mark.parametrize("cap,threads", gen_whole.CLASSES[:3])
+def test_cover_guards_hold_on_gpu_qr_whole(tmp_path_factory, cap: int, threads: int) -> None:
+    """gpu_qr_whole (one block per matrix): its column loop's cover holds on the
+    emulated lane for a batch at the class's largest size and one below it, and
+    the result passes kernels.check."""
+    import emulate_cuda
+    import numpy as np
+    from capqr import kernels
+
+    k = emulate_cuda.build(gen_whole.source(cap, threads), workdir=tmp_path_factory.mktemp("emu"),
+                           edit=_count_covers)["gpu_qr_whole"]
+    emulate_cuda._ffi.cdef("long long capqr_emu_covers(int failed);", override=True)
+    for n in (cap, cap - 7):
+        a = np.random.default_rng(n).standard_normal((2, n, n)).astype(np.float32)
+        H, tau = a.copy(), np.zeros((2, n), np.float32)
+        assert k.launch([H, tau, n, 2], 2, threads) is None
+        assert kernels.check(a, H, tau).ok
+    assert k.lib.capqr_emu_covers(0) > 0 and k.lib.capqr_emu_covers(1) == 0

@@ -617,7 +617,21 @@ KERNEL void tri_store(cap_t x, int64_t rows, int64_t jb, int64_t ld, int64_t off
     }
 }
 """
-NEST_GUARD_NAMES = ["tri_min", "down", "ragged", "wrap32", "tri_store"]
+NEST_GUARD_SRC += """
+KERNEL void groups(cap_t x, int64_t nn, int64_t p, int64_t ld, int64_t off, int64_t c)
+{
+    for (int64_t j = 0; j < nn; j++) {
+        int64_t na = nn - j;
+        int64_t pa = p / na;
+        int64_t ga = pa < 1 ? 1 : (pa < 4 ? pa : 4);
+        for (int64_t r = j + p % na; r < nn; r += ga)
+            for (int l = 0; l < 2; l++)
+                cap_store_f32(x, r * ld + p % na + l + off, 1.0f);
+    }
+}
+"""
+# (groups: a divisor and a step that change with j, bounded over all columns)
+NEST_GUARD_NAMES = ["tri_min", "down", "ragged", "wrap32", "tri_store", "groups"]
 
 
 @pytest.fixture(scope="module")

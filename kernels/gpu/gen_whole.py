@@ -80,31 +80,38 @@ KERNEL void gpu_qr_whole(cap_t A, cap_t tau, int64_t n, int64_t batch)
         if (j > 0) {{
             /* column j - 1 and row j - 1, as its step left them to do */
             int64_t p = j - 1;
-            for (int64_t i = t; i < n - p; i += P) {{
-                if (i == 0) {{
+            for (int64_t k = p + t; k < n; k += P) {{
+                if (k == p) {{
                     smem_a[p * {ld} + p] = pbeta;
                     smem_tau[p] = ptau;
                 }} else {{
-                    smem_a[(p + i) * {ld} + p] = smem_a[(p + i) * {ld} + p] * pscale;
-                    smem_a[p * {ld} + p + i] = smem_a[p * {ld} + p + i] - smem_w[p + i];
+                    smem_a[k * {ld} + p] = smem_a[k * {ld} + p] * pscale;
+                    smem_a[p * {ld} + k] = smem_a[p * {ld} + k] - smem_w[k];
                 }}
             }}
         }}
+        /* ga row groups of na columns: thread t = ra * na + ca sums column j + ca of
+         * the rows j + 1 + ra, + ga, ...  The tests ca + j < n and the bound gn of the
+         * ga * na sums (at most P) always hold; they state what the range checks
+         * before the column loop need (kernels/gpu/__init__.py: one check per kernel). */
         int64_t na = n - j;
-        int64_t ga = P / na < {G_MAX} ? P / na : {G_MAX};
+        int64_t pa = P / na;
+        int64_t ga = pa < {G_MAX} ? pa : {G_MAX};
+        int64_t gn = ga * na < P ? ga * na : P;
         int64_t ca = t % na;
         int64_t ra = t / na;
-        if (ra < ga) {{
+        int64_t cq = j + ca;
+        if (ra < ga && cq < n) {{
             double q = 0.0;
             for (int64_t r = j + 1 + ra; r < n; r += ga)
-                q = fma((double)smem_a[r * {ld} + j], (double)smem_a[r * {ld} + j + ca], q);
-            smem_red[ra * na + ca] = q;
+                q = fma((double)smem_a[r * {ld} + j], (double)smem_a[r * {ld} + cq], q);
+            smem_red[t] = q;
         }}
         rt_sync_threads();
         double alpha = (double)smem_a[j * {ld} + j];
         double xn2 = 0.0;
-        for (int64_t g = 0; g < ga; g++)
-            xn2 += smem_red[g * na];
+        for (int64_t e = 0; e < gn; e += na)
+            xn2 += smem_red[e];
         double tk = 0.0;
         double beta = alpha;
         double scale = 0.0;
@@ -116,14 +123,15 @@ KERNEL void gpu_qr_whole(cap_t A, cap_t tau, int64_t n, int64_t batch)
         float scalef = (float)scale;
         int64_t nc = na - 1;
         if (nc > 0) {{
-            int64_t gc = P / nc < {G_MAX} ? P / nc : {G_MAX};
+            int64_t pc = P / nc;
+            int64_t gc = pc < {G_MAX} ? pc : {G_MAX};
             int64_t cc = t % nc;
             int64_t rc = t / nc;
-            if (rc < gc) {{
-                int64_t c = j + 1 + cc;
+            int64_t c = j + 1 + cc;
+            if (rc < gc && c < n) {{
                 double s = 0.0;
-                for (int64_t g = 0; g < ga; g++)
-                    s += smem_red[g * na + 1 + cc];
+                for (int64_t e = 1 + cc; e < gn; e += na)
+                    s += smem_red[e];
                 float wc = (float)(tk * ((double)smem_a[j * {ld} + c] + s * scale));
                 if (rc == 0)
                     smem_w[c] = wc;
