@@ -124,13 +124,6 @@ class Versioned(c_ast.If):
     __slots__ = ()
 
 
-class VersionedValue(c_ast.TernaryOp):
-    """``guard ? fast copy : checked copy`` of a declaration's initialiser (a cover
-    guard's, see below): iffalse is the checked expression."""
-
-    __slots__ = ()
-
-
 class PollPoint(c_ast.Node):
     """One pollcheck, after a quiet loop."""
 
@@ -192,6 +185,9 @@ class Versioning:
     """The side table of one function's loop versioning."""
 
     loops: list[LoopPlan] = field(default_factory=list)
+    #: cover guards computed by functions of their own (GPU, see _outline): the
+    #: lowering emits them, not inlined, before the function that calls them
+    guards: list[c_ast.FuncDef] = field(default_factory=list)
 
 #: A loop nest polls once after itself when the outer loop has fewer than
 #: OUTER_SHORT_TRIP iterations and every inner loop at most INNER_CONST_TRIP (a
@@ -216,6 +212,9 @@ GPU_BARRIERS = BARRIERS | {"rt_group_sync"}
 #: The GPU lowering's warp vote (``__all_sync`` over the warp's live lanes): it lets a
 #: loop with warp collectives (but no block barrier) be versioned, see the module doc.
 GPU_WARP_VOTE = "rt_warp_all"
+#: The GPU lowering's block vote (``__syncthreads_and``): a loop with block barriers
+#: runs its unchecked copy only if every thread's cover guard holds (below).
+GPU_BLOCK_VOTE = "rt_block_all"
 
 
 @dataclass
@@ -232,12 +231,15 @@ class _Ctx:
     one_thread_blocks: bool = False      # barriers never wait (see hoist_function)
     barriers: frozenset[str] = BARRIERS  # the lane's barrier calls
     warp_vote: str | None = None         # the lane's warp vote (GPU_WARP_VOTE), if any
+    block_vote: str | None = None        # the lane's block vote (GPU_BLOCK_VOTE), if any
+    name: str = ""                       # the function's name (its outlined guards')
+    decl_types: dict[str, list[str]] = field(default_factory=dict)  # scalar name -> type
 
 
 def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
                    waits: frozenset[str] = frozenset(), one_thread_blocks: bool = False,
-                   barriers: frozenset[str] = BARRIERS, warp_vote: str | None = None
-                   ) -> Versioning:
+                   barriers: frozenset[str] = BARRIERS, warp_vote: str | None = None,
+                   block_vote: str | None = None) -> Versioning:
     """Version every eligible loop of ``func`` in place; return the side table.
 
     ``arrays`` maps the function's local arrays to their dimensions
@@ -247,7 +249,9 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
     for both lanes).  ``waits``: the source's :func:`waiting_helpers`; ``barriers``:
     the lane's barrier calls (BARRIERS, GPU_BARRIERS); ``warp_vote``: the lane's
-    warp vote (GPU_WARP_VOTE), which admits loops with warp collectives.
+    warp vote (GPU_WARP_VOTE), which admits loops with warp collectives;
+    ``block_vote``: the lane's block vote (GPU_BLOCK_VOTE), which admits loops with
+    block barriers behind one cover guard.
     ``one_thread_blocks``: the lane runs one thread per block (the CPU), so a
     barrier never waits for another thread and a whole-body guard may enclose
     tile copies.  (On the GPU a per-thread guard around a barrier would split
@@ -255,7 +259,8 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     measured slower than none: bench/results/gpuprof-wholebody-guard-2026-12-03.txt.)
     """
     ctx = _Ctx(arrays, int_types(func), waits=waits, one_thread_blocks=one_thread_blocks,
-               barriers=barriers, warp_vote=warp_vote)
+               barriers=barriers, warp_vote=warp_vote, block_vote=block_vote,
+               name=func.decl.name, decl_types=_scalar_types(func))
     whole = _body_version(func.body, ctx)
     if whole is not None:
         func.body, checked = whole
@@ -1235,7 +1240,6 @@ class _NestGuard:
         self.prefix = f"__n{k}_"
         self.count = 0
         self.decls: list[c_ast.Node] = []   # int64_t guard variables, in order
-        self.conds: list[c_ast.Node] = []   # conditions, all must hold
         self.written = _assigned(loop)      # names the nest declares or assigns
         # one hull per buffer (cap, element size, store) or local-array extent: the
         # indices between two in-bounds ones are in bounds, so checking the
@@ -1354,10 +1358,13 @@ class _NestGuard:
         return self.memo[(op, a, b)]
 
     def _require(self, cond: c_ast.Node) -> None:
+        """The guard holds only if cond does: folded into ok where it arises, so the
+        values it reads need no register until the end (the guard variables are
+        safe to compute whatever an earlier condition said: _div, _mod)."""
         key = ("require", c_generator.CGenerator().visit(cond))
         if key not in self.memo:
             self.memo[key] = 0
-            self.conds.append(cond)
+            self.decls.append(c_ast.Assignment("&=", c_ast.ID(self.ok), cond))
 
     def _in_int(self, iv: _Ival) -> None:
         lo, hi = iv
@@ -1870,14 +1877,11 @@ def _interval_guard(node: c_ast.Node, ctx: _Ctx) -> tuple[_NestGuard, c_ast.Node
         return None
     if not g.terms:
         return None
-    cond: c_ast.Node = c_ast.ID(g.ok)
-    for c in g.conds:
-        cond = c_ast.BinaryOp("&&", cond, c)
     terms: c_ast.Node = _const(1)
     for t in g.terms:
         terms = c_ast.BinaryOp("&", terms, t)
     # conditions first (&&): the range terms read bounds the conditions vouch for
-    return g, c_ast.BinaryOp("&&", cond, terms)
+    return g, c_ast.BinaryOp("&&", c_ast.ID(g.ok), terms)
 
 
 def _int_decl(name: str, init: c_ast.Node) -> c_ast.Decl:
@@ -1885,105 +1889,111 @@ def _int_decl(name: str, init: c_ast.Node) -> c_ast.Decl:
         ["int"])), init, None)
 
 
-def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx) -> c_ast.Compound | None:
-    """``if (intervals of every access of node in range) fast copy else node``."""
+def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: _Ctx, vote: str | None = None
+             ) -> c_ast.Compound | None:
+    """``if (intervals of every access of node in range) fast copy else node``; with
+    ``vote``, the condition is that call of it (the whole block's vote), computed by
+    a function of its own where it can be (_outline)."""
     built = _interval_guard(node, ctx)
     if built is None:
         return None
     g, cond = built
+    compute = [_int_decl(g.ok, _const(1))] + g.decls
+    if vote is not None:
+        call = _outline(g, compute, cond, ctx)
+        if call is not None:
+            cond, compute = call, []
+        cond = c_ast.FuncCall(c_ast.ID(vote), c_ast.ExprList([cond]))
     fast = copy.deepcopy(node)
     covered = _mark_unchecked(fast, ctx)
     ctx.table.loops.append(LoopPlan(node.coord.line if node.coord else 0, list(g.terms), covered,
                                     False))
     guarded = Versioned(cond, c_ast.Compound([fast]), node, node.coord)
-    return c_ast.Compound(pre + [_int_decl(g.ok, _const(1))] + g.decls + [guarded])
+    return c_ast.Compound(pre + compute + [guarded])
+
+
+#: Outlined guards keep each bound in a register where they compute it
+#: (instrument_cuda's prelude: an empty asm on the GPU, nothing elsewhere).
+GUARD_PINS = {"int": "rt_pin_i32", "int64_t": "rt_pin_i64"}
+
+
+def _outline(g: _NestGuard, compute: list[c_ast.Node], cond: c_ast.Node, ctx: _Ctx
+             ) -> c_ast.FuncCall | None:
+    """A cover guard as a function of its own, ``int __rtg<k>_<f>(free names)``, added to
+    the side table; the call, or None where a free name's type is not one known scalar.
+
+    A loop's cover guard computes hundreds of bounds once.  Inlined, NVVM interleaves
+    them with each other and with the loop (ptxas -v, sm_90, gpu_qr_panel at 64
+    registers: 1.1 KB of spills per thread, none without the guard); in a function
+    of its own, each bound pinned where it is computed, they are a sequence that
+    needs few registers at a time and leave the loop's own allocation alone."""
+    body: list[c_ast.Node] = []
+    for item in compute:
+        body.append(item)
+        if isinstance(item, c_ast.Decl):
+            ty = " ".join(item.type.type.names)
+            item.init = c_ast.FuncCall(c_ast.ID(GUARD_PINS[ty]), c_ast.ExprList([item.init]))
+        else:  # ok &= (a condition): kept in order too
+            body.append(c_ast.Assignment("=", c_ast.ID(g.ok), c_ast.FuncCall(
+                c_ast.ID(GUARD_PINS["int"]), c_ast.ExprList([c_ast.ID(g.ok)]))))
+    body.append(c_ast.Return(cond))
+    own = {g.ok} | {d.name for d in compute if isinstance(d, c_ast.Decl)}
+    free = sorted(_ids(c_ast.Compound(body)) - own)
+    if any(ctx.decl_types.get(n) is None for n in free):
+        return None
+    params = [c_ast.Decl(n, [], [], [], [], c_ast.TypeDecl(n, [], None, c_ast.IdentifierType(
+        list(ctx.decl_types[n]))), None, None) for n in free]
+    name = f"__rtg{len(ctx.table.guards) + 1}_{ctx.name}"
+    fdecl = c_ast.FuncDecl(c_ast.ParamList(params), c_ast.TypeDecl(
+        name, [], None, c_ast.IdentifierType(["int"])))
+    ctx.table.guards.append(c_ast.FuncDef(c_ast.Decl(name, [], [], ["static"], [], fdecl, None,
+                                                     None), None, c_ast.Compound(body)))
+    return c_ast.FuncCall(c_ast.ID(name), c_ast.ExprList([c_ast.ID(n) for n in free]))
+
+
+def _scalar_types(func: c_ast.FuncDef) -> dict[str, list[str]]:
+    """Names of func's scalar parameters and locals -> their type names, where every
+    declaration of the name agrees (else None: a guard over it stays inline)."""
+    out: dict[str, list[str] | None] = {}
+
+    class V(c_ast.NodeVisitor):
+        def visit_Decl(self, d: c_ast.Decl) -> None:
+            if isinstance(d.type, c_ast.TypeDecl) and isinstance(d.type.type,
+                                                                 c_ast.IdentifierType):
+                names = list(d.type.type.names)
+                out[d.name] = names if out.get(d.name, names) == names else None
+            self.generic_visit(d)
+
+    V().visit(func.decl)
+    V().visit(func.body)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 # ---------------------------------------------------------------------------
 # Cover guards (GPU): one interval guard before a loop that waits at a barrier.
 #
-# Such a loop is never duplicated (threads whose guards differ would wait at two
-# different barriers), so without a cover its inner loops are versioned one by
-# one and each guard runs on every iteration of it (the QR panels: six to eight
-# per column).  A cover guard bounds every access of the whole loop, all its
-# iterations, with the nest guards' intervals, once, before the loop; inside it,
-# every barrier-free statement with a checked access becomes
-# ``if (cover) fast copy else statement`` (a declaration's initialiser:
-# ``cover ? fast : initialiser``, so the name stays in scope), and no copy holds
-# a barrier.  When the cover holds, no access of the loop leaves its buffer or
-# array; when it fails, each statement runs as the versioning leaves it and
-# faults at the exact access.  A loop that reaches a warp collective takes the
-# cover by a vote of the whole warp, so its lanes run the same copies and meet at
-# the same collectives (the loop, waiting at a barrier, is entered by the whole
-# block: the verifier admits barriers only under block-uniform control).  On the
-# CPU (one thread per block) the whole-body guard may enclose barriers instead.
+# Per thread, such a loop is never duplicated: threads whose guards differ would
+# wait at two different barriers.  So its inner loops were versioned one by one,
+# each guard evaluated on every iteration of it (the QR panels: six to eight per
+# column).  A cover guard bounds every access of the whole loop, all iterations,
+# with the nest guards' intervals, once, and the whole block votes on it
+# (GPU_BLOCK_VOTE: __syncthreads_and): every thread runs the unchecked copy of the
+# loop, or every thread the checked one (versioned as before, so a failing cover
+# still ends in the exact fault), and each barrier is met by the whole block.  The
+# vote is itself a barrier; the loop, which waits at one, is entered by the whole
+# block (the verifier admits barriers only under block-uniform control), and a
+# thread that faulted before it has set the block's fault flag, which the vote
+# reads as the barriers do.  One more barrier per loop, not per iteration.
 
 
 def _cover_version(loop: c_ast.For, ctx: _Ctx) -> c_ast.Compound | None:
-    """``cover = intervals of every access of loop in range; loop`` with its
-    barrier-free statements versioned by the cover, or None."""
-    # (a loop that reaches only warp collectives is versioned itself, under a vote)
+    """``if (block_vote(intervals of every access of loop in range)) fast copy else
+    loop``, for a loop that waits at a block barrier on a lane with a block vote."""
+    # (a loop that reaches only warp collectives is versioned itself, under a warp vote)
     blocking = ctx.barriers - WARP_FUNCS if ctx.warp_vote else ctx.barriers
-    if ctx.one_thread_blocks or not _has_barrier(loop.stmt, ctx.waits, blocking):
+    if ctx.block_vote is None or not _has_barrier(loop.stmt, ctx.waits, blocking):
         return None
-    if not _cover_split(copy.deepcopy(loop.stmt), "", ctx, []):
-        return None  # no barrier-free statement with a checked access
-    built = _interval_guard(loop, ctx)
-    if built is None:
-        return None
-    g, cond = built
-    cover = f"{g.prefix}cover"
-    voted = ctx.warp_vote is not None and _has_barrier(loop.stmt, barriers=WARP_FUNCS)
-    if voted:
-        cond = c_ast.FuncCall(c_ast.ID(ctx.warp_vote), c_ast.ExprList([cond]))
-    covered: list[c_ast.Node] = []
-    loop.stmt = _cover_stmt(loop.stmt, cover, ctx, covered, voted)
-    ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, list(g.terms), covered,
-                                    False))
-    return c_ast.Compound([_int_decl(g.ok, _const(1))] + g.decls + [_int_decl(cover, cond), loop])
-
-
-def _cover_split(node: c_ast.Node, cover: str, ctx: _Ctx, covered: list[c_ast.Node],
-                 voted: bool = False) -> bool:
-    """Version the barrier-free statements under ``node`` by ``cover`` in place;
-    whether there was one with a checked access."""
-    before = len(covered)
-    _cover_stmt(node, cover, ctx, covered, voted)
-    return len(covered) > before
-
-
-def _cover_stmt(node: c_ast.Node, cover: str, ctx: _Ctx, covered: list[c_ast.Node],
-                voted: bool) -> c_ast.Node:
-    # with the warp's vote, its collectives may sit in a versioned statement
-    blocking = ctx.barriers - WARP_FUNCS if voted else ctx.barriers
-    if _has_barrier(node, ctx.waits, blocking):
-        # the statements around the barrier, each on its own
-        if isinstance(node, c_ast.Compound):
-            items = node.block_items or []
-            for k, item in enumerate(items):
-                items[k] = _cover_stmt(item, cover, ctx, covered, voted)
-        elif isinstance(node, c_ast.If):
-            node.iftrue = _cover_stmt(node.iftrue, cover, ctx, covered, voted)
-            if node.iffalse is not None:
-                node.iffalse = _cover_stmt(node.iffalse, cover, ctx, covered, voted)
-        elif isinstance(node, (c_ast.For, c_ast.While, c_ast.DoWhile)) and node.stmt is not None:
-            node.stmt = _cover_stmt(node.stmt, cover, ctx, covered, voted)
-        return node
-    if isinstance(node, c_ast.Decl):
-        if node.init is None or isinstance(node.init, c_ast.InitList):
-            return node
-        fast = copy.deepcopy(node.init)
-        marked = _mark_unchecked(fast, ctx)
-        if marked:
-            covered += marked
-            node.init = VersionedValue(c_ast.ID(cover), fast, node.init, node.coord)
-        return node
-    fast = copy.deepcopy(node)
-    marked = _mark_unchecked(fast, ctx)
-    if not marked:
-        return node
-    covered += marked
-    return Versioned(c_ast.ID(cover), c_ast.Compound([fast]), node, node.coord)
+    return _guarded(loop, [], ctx, vote=ctx.block_vote)
 
 
 def _levels(node: c_ast.Node) -> int:

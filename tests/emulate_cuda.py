@@ -68,7 +68,7 @@ struct rt_emu_latch {
     void operator()() noexcept { rt_emu_bfault_seen[b] = rt_emu_bfault_live[b]; }
 };
 struct rt_emu_warp { std::barrier<> *bar; unsigned long long slot[32]; };
-struct rt_emu_block { std::barrier<rt_emu_latch> *bar; rt_emu_warp *warps; };
+struct rt_emu_block { std::barrier<rt_emu_latch> *bar; rt_emu_warp *warps; int vote_failed; };
 static thread_local rt_emu_block *rt_emu_self;
 struct rt_emu_exited {};
 static inline rt_emu_warp &rt_emu_my_warp(void) { return rt_emu_self->warps[threadIdx.x / 32]; }
@@ -79,6 +79,17 @@ static inline void rt_emu_exit(void)
     throw rt_emu_exited();
 }
 static inline void __syncthreads(void) { rt_emu_self->bar->arrive_and_wait(); }
+/* A block vote: cleared, then every live thread's vote in, then read by all. */
+static inline int __syncthreads_and(int p)
+{
+    if (threadIdx.x == 0) __atomic_store_n(&rt_emu_self->vote_failed, 0, 5);
+    __syncthreads();
+    if (!p) __atomic_store_n(&rt_emu_self->vote_failed, 1, 5);
+    __syncthreads();
+    int all = !__atomic_load_n(&rt_emu_self->vote_failed, 5);
+    __syncthreads();
+    return all;
+}
 static inline void __syncwarp(void) { rt_emu_my_warp().bar->arrive_and_wait(); }
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __threadfence_block(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

@@ -58,17 +58,19 @@ def test_gpu_qr_hot_loops_have_no_per_element_checks(kind: str) -> None:
 
 
 #: Counts each cover guard (runtime/hoist.py: one interval check before a loop that
-#: waits at a barrier) as the emulated kernels evaluate it, and the ones that fail.
+#: waits at a barrier, computed by a function of its own) as the emulated threads
+#: evaluate it, and the ones that fail.
 _COVER_COUNTER = r"""
 #include <atomic>
 static std::atomic<long long> rt_emu_covers[2];
 extern "C" long long capqr_emu_covers(int failed) { return rt_emu_covers[failed].load(); }
+static int rt_emu_cover(int ok) { rt_emu_covers[0]++; if (!ok) rt_emu_covers[1]++; return ok; }
 """
-_COVER = re.compile(r"(int (__n\d+_cover) = [^;]*;)")
+_COVER = re.compile(r"(__noinline__ int __rtg\w+\([^)]*\)\n\{.*?\n  return )(.*?);\n\}", re.S)
 
 
 def _count_covers(text: str) -> str:
-    text, found = _COVER.subn(r"\1 rt_emu_covers[0]++; if (!\2) rt_emu_covers[1]++;", text)
+    text, found = _COVER.subn(r"\1rt_emu_cover(\2);\n}", text)
     assert found, "no cover guard in the generated CUDA"
     return _COVER_COUNTER + text
 

@@ -945,8 +945,8 @@ def test_gpu_loops_with_warp_collectives_are_versioned_under_a_warp_vote() -> No
     """A shuffle in a loop no longer keeps every access checked: the loop is versioned,
     and the copy is chosen by a vote of the whole warp (rt_warp_all), so lanes whose
     guards differ still run the same copy and meet at the same shuffle
-    (tests/test_gpu_builtins.py runs it).  A block barrier still stops duplicating the
-    loop: its statements are versioned one by one under a cover guard taken before it."""
+    (tests/test_gpu_builtins.py runs it).  A loop with a block barrier is duplicated
+    only under a vote of the whole block on one cover guard taken before it."""
     from capqr.runtime.cuda import translate
 
     body = readable(translate(WARP_LOOP, checked=True).text).split("void __rtk_rot(", 1)[1]
@@ -954,14 +954,14 @@ def test_gpu_loops_with_warp_collectives_are_versioned_under_a_warp_vote() -> No
     assert "rt_uload_f32(x, " in body and "rt_load_f32(x, " in body  # fast and checked copies
     with_barrier = WARP_LOOP.replace("s += rt_shfl", "rt_sync_threads();\n        s += rt_shfl")
     body = readable(translate(with_barrier, checked=True).text).split("void __rtk_rot(", 1)[1]
-    assert body.count("for (long long i = 0;") == 1, body  # one copy of the loop
-    assert "int __n1_cover = rt_warp_all(" in body  # the loop reaches a shuffle: a vote
-    assert "if (__n1_cover)" in body and "rt_uload_f32(x, " in body and "rt_load_f32(x, " in body
+    assert "rt_warp_all(" not in body and "if (rt_block_all(__rtg1_rot(" in body, body
+    assert "rt_uload_f32(x, " in body and "rt_load_f32(x, " in body  # fast and checked copies
 
 
-# Cover guards (GPU): a loop that waits at a barrier is never duplicated; one interval
-# guard before it covers every access of all its iterations, and its barrier-free
-# statements run unchecked copies when it holds.  The loop below has the panel
+# Cover guards (GPU): a loop that waits at a barrier gets one interval guard before it
+# for every access of all its iterations, computed by a function of its own, and the
+# whole block votes on it: every thread runs the unchecked copy of the loop, or every
+# thread the checked one, so barriers stay matched.  The loop below has the panel
 # kernels' shapes: rows unrolled by two up to rows - P and a tail from a computed
 # start (both bounded by rows itself), a declaration whose initialiser loads, an
 # access narrowed by j + 2 < nc, a store only threads t < j make, a shared array.
@@ -1017,15 +1017,17 @@ def _cover_run(k, block: int, args: tuple) -> tuple:
 
 
 def test_loops_with_barriers_get_one_cover_guard(cover_builds) -> None:
-    """One copy of the loop; its statements versioned by a cover guard before it, which
-    holds on the emulated lane for in-range arguments (8 threads, so threads differ in
-    rows and in the t < j store) and leaves the bits of the fully checked build."""
+    """A fast and a checked copy of the loop, chosen by the block's vote on one cover
+    guard, which holds on the emulated lane for in-range arguments (8 threads, so
+    threads differ in rows and in the t < j store) and leaves the bits of the fully
+    checked build."""
     from capqr.runtime.cuda import translate
 
-    body = readable(translate(COVER_SRC).text).split("void __rtk_cover(", 1)[1]
-    assert body.count("for (long long j = 0;") == 1
-    assert "int __n1_cover = " in body and "if (__n1_cover)" in body
-    assert "float a = (__n1_cover) ? (rt_uload_f32(x, " in body
+    text = readable(translate(COVER_SRC).text)
+    assert "__noinline__ int __rtg1_cover(" in text
+    body = text.split("void __rtk_cover(", 1)[1]
+    assert body.count("for (long long j = 0;") == 2
+    assert "if (rt_block_all(__rtg1_cover(" in body and "float a = rt_uload_f32(x, " in body
     k = cover_builds["cover"]
     import emulate_cuda
 

@@ -3,9 +3,8 @@
 Loop versioning (runtime/hoist.py) and the static range proofs (runtime/ranges.py)
 decide which accesses run unchecked; this module counts what is left on the
 path a kernel takes when every guard holds (its *fast path*: the checked copy of
-each :class:`~runtime.hoist.Versioned` statement and
-:class:`~runtime.hoist.VersionedValue` initialiser is left out, since it runs
-only when its guard fails).  Counted inside loops (a loop's body, or a helper called
+each :class:`~runtime.hoist.Versioned` statement is left out, since it runs only
+when its guard fails).  Counted inside loops (a loop's body, or a helper called
 there), where a check runs once per iteration:
 
 * ``checks``: accesses that test their own index - ``rt_load_T``/``rt_store_T``
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pycparser import c_ast
 
 from ..astutil import USER_PREFIX
-from ..hoist import Versioned, VersionedValue
+from ..hoist import Versioned
 from ..parse import parse
 from ..verifier import verify
 from .instrument_cuda import _Instrumenter
@@ -93,10 +92,6 @@ def loop_checks(source: str) -> dict[str, LoopChecks]:
             if looped and preds:
                 res.guards.append((",".join(sorted(set(preds))), n.coord.line if n.coord else 0))
             walk(n.iftrue, looped, res, stack)  # the checked copy is not the fast path
-            return
-        if isinstance(n, VersionedValue):
-            walk(n.cond, looped, res, stack)
-            walk(n.iftrue, looped, res, stack)
             return
         if isinstance(n, c_ast.FuncCall):
             name = _name(n)

@@ -71,6 +71,7 @@ from ..astutil import (
 from ..dialect_api import MMA_ARRAY_ARGS, MMA_FUNCS, TILE_FUNCS, WARP_FUNCS
 from ..hoist import (
     GPU_BARRIERS,
+    GPU_BLOCK_VOTE,
     GPU_WARP_VOTE,
     QUIET_LOOPS,
     PollPoint,
@@ -200,6 +201,31 @@ static __device__ __forceinline__ void rt_sync_threads(void)
 {
     __syncthreads();
     if (__rt_bfault) asm volatile("exit;");   /* a thread of this block faulted */
+}
+/* Outlined cover guards (runtime/hoist.py GUARD_PINS): each bound stays where it is
+ * computed, so the guard needs few registers at a time. */
+static __device__ __forceinline__ long long rt_pin_i64(long long x)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+l"(x));
+#endif
+    return x;
+}
+static __device__ __forceinline__ int rt_pin_i32(int x)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+r"(x));
+#endif
+    return x;
+}
+/* Loop versioning's block vote (runtime/hoist.py GPU_BLOCK_VOTE): a loop that waits
+ * at a barrier runs its unchecked copy only if every thread's cover guard holds, so
+ * the whole block takes one copy; a barrier like rt_sync_threads. */
+static __device__ __forceinline__ int rt_block_all(int ok)
+{
+    ok = __syncthreads_and(ok);
+    if (__rt_bfault) asm volatile("exit;");
+    return ok;
 }
 /* The grid barrier's words live in the sequence record (reset with it). */
 #define RT_GROUP_WORDS() (&__rt_bseq->group)
@@ -1076,12 +1102,14 @@ class _Instrumenter:
     def function(self, fn: c_ast.FuncDef) -> tuple[str, KernelSig | None]:
         name = fn.decl.name
         arrays = self.local_arrays(fn)
+        guards = ""
         if self.hoist:
             dims = {k: tuple(v) for k, v in arrays.items()}
             sig = self.verified.kernels.get(name)
             prove_subscripts(fn, dims, builtin_ranges("cuda", sig.block_dim if sig else None))
-            hoist_function(fn, dims, self.waits, barriers=GPU_BARRIERS,
-                           warp_vote=GPU_WARP_VOTE)
+            table = hoist_function(fn, dims, self.waits, barriers=GPU_BARRIERS,
+                                   warp_vote=GPU_WARP_VOTE, block_vote=GPU_BLOCK_VOTE)
+            guards = "".join(self.outlined_guard(g) for g in table.guards)
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
         if name in self.kernel_names:
@@ -1103,12 +1131,12 @@ class _Instrumenter:
         if self.checked:
             own_decl = _with_counter(own_decl)
         if name not in self.kernel_names:
-            return f"static __device__ __forceinline__ {own_decl}\n{body}\n", None
+            return f"{guards}static __device__ __forceinline__ {own_decl}\n{body}\n", None
         # Kernel: device body + __global__ wrapper that sets up the block's fault flag.
         sig = self.verified.kernels[name]
         decl_txt = self.gen.visit(fn.decl)
         inner = own_decl.replace(mangle(name) + "(", f"__rtk_{name}(", 1)
-        out = f"static __device__ __forceinline__ {inner}\n{body}\n"
+        out = f"{guards}static __device__ __forceinline__ {inner}\n{body}\n"
         argnames = ", ".join(mangle(n) for n, _ in sig.params)
         prologue = ""
         if self.checked:  # raw builds have neither the hidden parameters nor the entry check
@@ -1121,6 +1149,16 @@ class _Instrumenter:
         out += (f'extern "C" __global__ {decl_txt}\n{{\n{prologue}'
                 f"  __rtk_{name}({argnames});\n{leave}}}\n")
         return out, sig
+
+    def outlined_guard(self, fn: c_ast.FuncDef) -> str:
+        """A cover guard hoist.py made a function of its own (hoist._outline): not
+        inlined, so its bounds do not share registers with the loop it guards."""
+        _Rewriter(self, {}).visit(fn.body)
+        _map_types(fn)
+        rename_user_names(fn, self.user_names)
+        fn.decl.storage = []
+        decl, body = self.gen.visit(fn.decl), self.gen.visit(fn.body)
+        return f"static __device__ __noinline__ {decl}\n{body}\n"
 
     def run(self) -> CudaSource:
         parts = [("" if self.checked else "#define RT_RAW 1\n") + device_prelude()]
