@@ -1,8 +1,9 @@
 """The one-launch GPU QR kernel, gpu_qr_whole, for each size class.
 
-``python -m capqr.kernels.gpu.gen_whole`` writes kernels/gpu/whole.c (the largest class, for
-reading and review); :func:`source` gives the text of any class, which is what
-kernels.gpu compiles.  Edit this file, not whole.c.
+``python -m capqr.kernels.gpu.gen_whole`` writes kernels/gpu/whole.c (the largest class's
+kernel, for reading and review); :func:`source` gives the text of any class with the
+helpers it shares (kernels/sources.py), which is what kernels.gpu compiles.  Edit this
+file, not whole.c.
 
 The dialect's local arrays have literal sizes, so each class (capacity ``cap`` rows
 and columns, ``threads`` per block) is its own source: a 32 x 32 problem then takes
@@ -35,7 +36,16 @@ def shared_bytes(cap: int, threads: int) -> int:
 
 
 def source(cap: int, threads: int) -> str:
-    """The dialect source of gpu_qr_whole for matrices of at most cap x cap."""
+    """The dialect source of gpu_qr_whole for matrices of at most cap x cap: the files
+    it shares with the other GPU kernels (kernels/sources.py, gpu_whole), then
+    :func:`kernel_text`."""
+    from .. import sources
+
+    return sources.source("gpu_whole") + "\n" + kernel_text(cap, threads)
+
+
+def kernel_text(cap: int, threads: int) -> str:
+    """gpu_qr_whole itself for the class (whole.c holds the largest class's)."""
     ld = row_stride(cap)
     return f"""/*
  * Householder QR of a batch of small matrices, one block per matrix, one launch.
@@ -51,7 +61,8 @@ def source(cap: int, threads: int) -> str:
  *   sums  q_c = sum_{{r > j}} A[r][j] A[r][c] for c = j .. n-1 (q_j = |x|^2), by g
  *         row groups of threads per column (g * (n - j) <= {threads}, g <= {G_MAX}),
  *         each group's part to smem_red;
- *   then  alpha, beta, tau and 1 / (alpha - beta) as slarfg (every thread alike),
+ *   then  alpha, beta, tau and 1 / (alpha - beta) as slarfg (every thread alike;
+ *         kernels/src/gpu/reflector.c, composed before this kernel),
  *         w_c = tau (A[j][c] + q_c scale), and A[r][c] -= v_r w_c for r > j and
  *         c > j with v_r = A[r][j] scale, the rows again split among groups.
  * Row j and column j themselves (A[j][c] -= w_c, v scaled, beta on the diagonal)
@@ -112,14 +123,9 @@ KERNEL void gpu_qr_whole(cap_t A, cap_t tau, int64_t n, int64_t batch)
         double xn2 = 0.0;
         for (int64_t e = 0; e < gn; e += na)
             xn2 += smem_red[e];
-        double tk = 0.0;
-        double beta = alpha;
-        double scale = 0.0;
-        if (xn2 > 0.0) {{
-            beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
-            tk = (beta - alpha) / beta;
-            scale = 1.0 / (alpha - beta);
-        }}
+        double beta = reflector_beta(alpha, xn2);
+        double tk = reflector_tau(alpha, beta, xn2);
+        double scale = reflector_scale(alpha, beta, xn2);
         float scalef = (float)scale;
         int64_t nc = na - 1;
         if (nc > 0) {{
@@ -160,4 +166,4 @@ KERNEL void gpu_qr_whole(cap_t A, cap_t tau, int64_t n, int64_t batch)
 
 
 if __name__ == "__main__":
-    Path(__file__).with_name("whole.c").write_text(source(*CLASSES[-1]))
+    Path(__file__).with_name("whole.c").write_text(kernel_text(*CLASSES[-1]))

@@ -12,7 +12,8 @@
  *   sums  q_c = sum_{r > j} A[r][j] A[r][c] for c = j .. n-1 (q_j = |x|^2), by g
  *         row groups of threads per column (g * (n - j) <= 1024, g <= 8),
  *         each group's part to smem_red;
- *   then  alpha, beta, tau and 1 / (alpha - beta) as slarfg (every thread alike),
+ *   then  alpha, beta, tau and 1 / (alpha - beta) as slarfg (every thread alike;
+ *         kernels/src/gpu/reflector.c, composed before this kernel),
  *         w_c = tau (A[j][c] + q_c scale), and A[r][c] -= v_r w_c for r > j and
  *         c > j with v_r = A[r][j] scale, the rows again split among groups.
  * Row j and column j themselves (A[j][c] -= w_c, v scaled, beta on the diagonal)
@@ -73,14 +74,9 @@ KERNEL void gpu_qr_whole(cap_t A, cap_t tau, int64_t n, int64_t batch)
         double xn2 = 0.0;
         for (int64_t e = 0; e < gn; e += na)
             xn2 += smem_red[e];
-        double tk = 0.0;
-        double beta = alpha;
-        double scale = 0.0;
-        if (xn2 > 0.0) {
-            beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
-            tk = (beta - alpha) / beta;
-            scale = 1.0 / (alpha - beta);
-        }
+        double beta = reflector_beta(alpha, xn2);
+        double tk = reflector_tau(alpha, beta, xn2);
+        double scale = reflector_scale(alpha, beta, xn2);
         float scalef = (float)scale;
         int64_t nc = na - 1;
         if (nc > 0) {

@@ -3,11 +3,11 @@
  *
  * A holds `batch` row-major n x n float32 matrices; columns k0 .. k0+nb-1
  * (nb <= 32) of rows k0 .. n-1 are already updated by the earlier panels.
- * This kernel factors them as LAPACK's sgeqr2 does (same slarfg formulas:
- * beta = -sign(alpha) ||x||, tau = (beta - alpha) / beta, v = x / (alpha - beta)),
- * leaving R on/above the diagonal and v below it, tau[b*n + k0 + j], and the
- * compact-WY factor T (nb x nb upper triangular, zero-padded to 32 x 32) of
- * H(k0) ... H(k0+nb-1) = I - V T V^T in Tw[b*1024 ...] for gpu_qr_update.
+ * This kernel factors them as LAPACK's sgeqr2 does (the slarfg scalars of
+ * reflector.c), leaving R on/above the diagonal and v below it, tau[b*n + k0 + j],
+ * and the compact-WY factor T (nb x nb upper triangular, zero-padded to 32 x 32)
+ * of H(k0) ... H(k0+nb-1) = I - V T V^T in Tw[b*1024 ...] for gpu_qr_update
+ * (t_factor.c).  Composed with both files by kernels/sources.py (gpu_panel).
  *
  * Thread layout: lane = t % 32 is the panel column, warp w = t / 32 takes the
  * rows kj+1+w, kj+1+w+nw, ... (a warp reads one 128-byte row segment per
@@ -16,7 +16,8 @@
  * inputs neither overflow nor underflow); from it and row kj every thread
  * derives ||x||, tau, and v . a_c = A[kj][c] + scale * sum, so
  *   c > j:  w_c = tau (v . a_c), the update a_c -= v w_c;
- *   c < j:  y_cj = v_c . v_j, the column of T (slarft) formed at the end.
+ *   c < j:  y_cj = v_c . v_j, stored in row j of Tw's strictly lower triangle,
+ *           from which gpu_t_factor forms T at the end.
  * Four barriers per column.  Launched with 512 threads (written into the kernel
  * as P, so the loop steps and their hoisted range checks are constants).
  */
@@ -25,9 +26,6 @@ KERNEL void gpu_qr_panel(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t k0, in
     double smem_red[1024];
     double smem_tot[32];
     float smem_w[32];
-    float smem_y[1024];
-    float smem_tau[32];
-    float smem_tt[1024];
     int64_t b = rt_block_idx();
     int64_t t = rt_thread_idx();
     int64_t P = 512;    /* launched with exactly 512 threads: constant loop steps */
@@ -81,21 +79,16 @@ KERNEL void gpu_qr_panel(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t k0, in
         rt_sync_threads();
         double alpha = (double)cap_load_f32(M, kj * n + kj);
         double xn2 = smem_tot[j];
-        double tk = 0.0;
-        double beta = alpha;
-        double scale = 0.0;
-        if (xn2 > 0.0) {
-            beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
-            tk = (beta - alpha) / beta;
-            scale = 1.0 / (alpha - beta);
-        }
+        double beta = reflector_beta(alpha, xn2);
+        double tk = reflector_tau(alpha, beta, xn2);
+        double scale = reflector_scale(alpha, beta, xn2);
         float scalef = (float)scale;
         if (t < nb) {
             double d = (double)cap_load_f32(M, kj * n + k0 + t) + smem_tot[t] * scale;
             if (t > j)
                 smem_w[t] = (float)(tk * d);
             if (t < j)
-                smem_y[t * 32 + j] = (float)d;
+                cap_store_f32(TT, j * 32 + t, (float)d);
         }
         rt_sync_threads();
         if (lane > j && lane < nb) {
@@ -146,27 +139,8 @@ KERNEL void gpu_qr_panel(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t k0, in
         if (t == 0) {
             cap_store_f32(M, kj * n + kj, (float)beta);
             cap_store_f32(tb, kj, (float)tk);
-            smem_tau[j] = (float)tk;
         }
         rt_sync_threads();
     }
-    /* T (slarft, forward, columnwise): T[i][j] = -tau_j sum_{l=i}^{j-1} T[i][l] y[l][j].
-     * Thread i owns row i of T, so the recurrence needs no barrier. */
-    if (t < 32) {
-        for (int64_t j = 0; j < 32; j++) {
-            float v = 0.0f;
-            if (t < nb && j < nb) {
-                if (t == j)
-                    v = smem_tau[j];
-                if (t < j) {
-                    float s = 0.0f;
-                    for (int64_t l = t; l < j; l++)
-                        s = fmaf(smem_tt[t * 32 + l], smem_y[l * 32 + j], s);
-                    v = -smem_tau[j] * s;
-                }
-            }
-            smem_tt[t * 32 + j] = v;
-            cap_store_f32(TT, t * 32 + j, v);
-        }
-    }
+    gpu_t_factor(TT, tb, k0, nb);
 }
