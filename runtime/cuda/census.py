@@ -4,8 +4,9 @@ Loop versioning (runtime/compiler/hoist/) and the static range proofs
 (runtime/compiler/ranges.py) decide which accesses run unchecked; this module
 counts what is left on the path a kernel takes when every guard holds (its *fast
 path*: the checked copy of each :class:`~runtime.compiler.hoist.Versioned`
-statement is left out, since it runs only when its guard fails).  Counted inside loops (a loop's body, or a helper called
-there), where a check runs once per iteration:
+statement is left out, since it runs only when its guard fails).  Counted inside
+loops (a loop's body, or a helper called there), where a check runs once per
+iteration:
 
 * ``checks``: accesses that test their own index - ``rt_load_T``/``rt_store_T``
   (cap accesses) and ``rt_local_idx`` (local-array subscripts);
