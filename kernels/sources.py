@@ -1,4 +1,5 @@
-"""Kernel C sources: load the dialect files in ``kernels/src`` and compose them.
+"""Kernel C sources: load the dialect files in ``kernels/src`` (the GPU's in
+``kernels/src/gpu``) and compose them.
 
 Each kernel is built from shared helper files plus its own entry-point file;
 the float32 text is canonical and the float64 build is derived from it by a
@@ -24,6 +25,12 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "qrt_group": ("householder.c", "tile.c", "qrt.c", "qrt_group.c"),
     "qrt_tall": ("householder.c", "tile.c", "qrt.c", "qrt_group.c", "qrt_tall.c"),
     "copy": ("copy.c",),
+    # the GPU QR kernels (kernels/gpu): float32 only; gpu_whole's kernel is generated
+    # (kernels/gpu/gen_whole.py) and follows its shared files
+    "gpu_panel": ("gpu/reflector.c", "gpu/t_factor.c", "gpu/panel.c"),
+    "gpu_panel_small": ("gpu/reflector.c", "gpu/t_factor.c", "gpu/panel_small.c"),
+    "gpu_steps": ("gpu/reflector.c", "gpu/t_factor.c", "gpu/panel_steps.c"),
+    "gpu_whole": ("gpu/reflector.c",),
 }
 
 # The half-storage kernel's xLARFB reads and writes the trailing matrix (the

@@ -24,6 +24,7 @@ import re
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ struct rt_emu_latch {
     void operator()() noexcept { rt_emu_bfault_seen[b] = rt_emu_bfault_live[b]; }
 };
 struct rt_emu_warp { std::barrier<> *bar; unsigned long long slot[32]; };
-struct rt_emu_block { std::barrier<rt_emu_latch> *bar; rt_emu_warp *warps; };
+struct rt_emu_block { std::barrier<rt_emu_latch> *bar; rt_emu_warp *warps; int vote_failed; };
 static thread_local rt_emu_block *rt_emu_self;
 struct rt_emu_exited {};
 static inline rt_emu_warp &rt_emu_my_warp(void) { return rt_emu_self->warps[threadIdx.x / 32]; }
@@ -80,6 +81,17 @@ static inline void rt_emu_exit(void)
     throw rt_emu_exited();
 }
 static inline void __syncthreads(void) { rt_emu_self->bar->arrive_and_wait(); }
+/* A block vote: cleared, then every live thread's vote in, then read by all. */
+static inline int __syncthreads_and(int p)
+{
+    if (threadIdx.x == 0) __atomic_store_n(&rt_emu_self->vote_failed, 0, 5);
+    __syncthreads();
+    if (!p) __atomic_store_n(&rt_emu_self->vote_failed, 1, 5);
+    __syncthreads();
+    int all = !__atomic_load_n(&rt_emu_self->vote_failed, 5);
+    __syncthreads();
+    return all;
+}
 static inline void __syncwarp(void) { rt_emu_my_warp().bar->arrive_and_wait(); }
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __threadfence_block(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -214,6 +226,7 @@ class Kernel:
     params: list[tuple[str, str]]
     fn: Any
     local_arrays: list[str]  # the names behind a local-array fault's slot -(id + 1)
+    lib: Any = None          # the compiled library (a test's own symbols: build's edit)
 
     def capability_fault(self, fault: dict[str, int]) -> Any:
         """The CapabilityFault the GPU lane raises for this fault record (its own
@@ -395,14 +408,19 @@ def host_cpp(cuda_text: str, dynamic_bytes: int = 0) -> str:
             "\"caps are passed as abi.CAP_WORDS\");\n")
 
 
-def build(source: str, checked: bool = True, workdir: Path | None = None) -> dict[str, Kernel]:
-    """Compile ``source``'s CUDA lowering for the CPU; returns its kernels by name."""
+def build(source: str, checked: bool = True, workdir: Path | None = None, hoist: bool = True,
+          edit: Callable[[str], str] | None = None) -> dict[str, Kernel]:
+    """Compile ``source``'s CUDA lowering for the CPU; returns its kernels by name.
+    ``hoist=False``: every access checked where it is made (the oracle of the
+    versioning); ``edit``: a test's change to the generated CUDA (to count events
+    through extern "C" functions of its own, read with ``Kernel.lib``)."""
     global _ffi
     import cffi
     from capqr.runtime.cuda import translate
 
-    cs = translate(source, checked=checked)
-    text = host_cpp(cs.text, max(cs.dynamic_smem.values(), default=0))
+    cs = translate(source, checked=checked, hoist=hoist)
+    cuda_text = cs.text if edit is None else edit(cs.text)
+    text = host_cpp(cuda_text, max(cs.dynamic_smem.values(), default=0))
     text += "".join(_launcher(k, sig.params, checked, sig.group_sync)
                     for k, sig in cs.kernels.items())
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -427,5 +445,5 @@ def build(source: str, checked: bool = True, workdir: Path | None = None) -> dic
         sym = f"emu_{entry_symbol(k)}"
         _ffi.cdef(f"void {sym}(const void *, const long long *, const double *, "
                   "rt_gpu_fault *, int, int);", override=True)
-        kernels[k] = Kernel(k, sig.params, getattr(lib, sym), list(cs.local_arrays))
+        kernels[k] = Kernel(k, sig.params, getattr(lib, sym), list(cs.local_arrays), lib)
     return kernels

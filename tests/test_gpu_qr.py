@@ -327,7 +327,7 @@ def test_plan_one_launch_where_the_matrix_fits(monkeypatch) -> None:
 
 
 def test_whole_source_is_generated() -> None:
-    assert g.gen_whole.source(*g.gen_whole.CLASSES[-1]) == (
+    assert g.gen_whole.kernel_text(*g.gen_whole.CLASSES[-1]) == (
         Path(g.__file__).with_name("whole.c").read_text()), (
         "run python -m capqr.kernels.gpu.gen_whole")
 

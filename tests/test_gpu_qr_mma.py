@@ -74,11 +74,15 @@ def test_update_mma_source_is_generated() -> None:
 def test_update_mma_source_verifies_and_instruments() -> None:
     from capqr.runtime.cuda import translate
 
+    # the three MMA call sites, once each in the raw build; the checked build also has
+    # the unchecked copy of gpu_qr_update_mma_z's row loop (its cover guard, one block vote)
+    sites = {False: (2, 1), True: (3, 1)}
     for checked in (True, False):
         cs = translate(g.UPDATE_MMA_SOURCE, checked=checked)
         assert set(cs.kernels) == {"gpu_qr_update_mma_z", "gpu_qr_update_mma_apply"}
         assert all(sig.block_dim == g.UPDATE_BLOCK for sig in cs.kernels.values())
-        assert cs.text.count("rt_mma<1, 1>") == 2 and cs.text.count("rt_mma<1, 0>") == 1
+        assert (cs.text.count("rt_mma<1, 1>"), cs.text.count("rt_mma<1, 0>")) == sites[checked]
+        assert cs.text.count("rt_block_all(__rtg") == int(checked)
     assert g._kernel_spec("update_mma_apply") == (
         g.UPDATE_MMA_SOURCE, "gpu_qr_update_mma_apply", g.UPDATE_MMA_OPTIONS)
 

@@ -617,7 +617,21 @@ KERNEL void tri_store(cap_t x, int64_t rows, int64_t jb, int64_t ld, int64_t off
     }
 }
 """
-NEST_GUARD_NAMES = ["tri_min", "down", "ragged", "wrap32", "tri_store"]
+NEST_GUARD_SRC += """
+KERNEL void groups(cap_t x, int64_t nn, int64_t p, int64_t ld, int64_t off, int64_t c)
+{
+    for (int64_t j = 0; j < nn; j++) {
+        int64_t na = nn - j;
+        int64_t pa = p / na;
+        int64_t ga = pa < 1 ? 1 : (pa < 4 ? pa : 4);
+        for (int64_t r = j + p % na; r < nn; r += ga)
+            for (int l = 0; l < 2; l++)
+                cap_store_f32(x, r * ld + p % na + l + off, 1.0f);
+    }
+}
+"""
+# (groups: a divisor and a step that change with j, bounded over all columns)
+NEST_GUARD_NAMES = ["tri_min", "down", "ragged", "wrap32", "tri_store", "groups"]
 
 
 @pytest.fixture(scope="module")
@@ -931,7 +945,8 @@ def test_gpu_loops_with_warp_collectives_are_versioned_under_a_warp_vote() -> No
     """A shuffle in a loop no longer keeps every access checked: the loop is versioned,
     and the copy is chosen by a vote of the whole warp (rt_warp_all), so lanes whose
     guards differ still run the same copy and meet at the same shuffle
-    (tests/test_gpu_builtins.py runs it).  A block barrier still stops versioning."""
+    (tests/test_gpu_builtins.py runs it).  A loop with a block barrier is duplicated
+    only under a vote of the whole block on one cover guard taken before it."""
     from capqr.runtime.cuda import translate
 
     body = readable(translate(WARP_LOOP, checked=True).text).split("void __rtk_rot(", 1)[1]
@@ -939,4 +954,112 @@ def test_gpu_loops_with_warp_collectives_are_versioned_under_a_warp_vote() -> No
     assert "rt_uload_f32(x, " in body and "rt_load_f32(x, " in body  # fast and checked copies
     with_barrier = WARP_LOOP.replace("s += rt_shfl", "rt_sync_threads();\n        s += rt_shfl")
     body = readable(translate(with_barrier, checked=True).text).split("void __rtk_rot(", 1)[1]
-    assert "rt_warp_all(" not in body and "rt_uload_f32" not in body
+    assert "rt_warp_all(" not in body and "if (rt_block_all(__rtg1_rot(" in body, body
+    assert "rt_uload_f32(x, " in body and "rt_load_f32(x, " in body  # fast and checked copies
+
+
+# Cover guards (GPU): a loop that waits at a barrier gets one interval guard before it
+# for every access of all its iterations, computed by a function of its own, and the
+# whole block votes on it: every thread runs the unchecked copy of the loop, or every
+# thread the checked one, so barriers stay matched.  The loop below has the panel
+# kernels' shapes: rows unrolled by two up to rows - P and a tail from a computed
+# start (both bounded by rows itself), a declaration whose initialiser loads, an
+# access narrowed by j + 2 < nc, a store only threads t < j make, a shared array.
+COVER_SRC = """
+KERNEL void cover(cap_t x, cap_t y, int64_t nc, int64_t rows, int64_t ld, int64_t off)
+{
+    float smem_s[64];
+    int64_t t = rt_thread_idx();
+    int64_t P = rt_block_dim();
+    for (int64_t j = 0; j < nc; j++) {
+        float a = cap_load_f32(x, j * ld + off);
+        int64_t r1 = j + 1 + t;
+        int64_t cnt = r1 < rows ? (rows - r1 + P - 1) / P : 0;
+        int64_t rtail = r1 + cnt / 2 * 2 * P;
+        float q = 0.0f;
+        for (int64_t r = r1; r < rows - P; r += 2 * P)
+            q += cap_load_f32(x, r * ld + j + off) + cap_load_f32(x, (r + P) * ld + j + off);
+        for (int64_t r = rtail; r < rows; r += P)
+            q += cap_load_f32(x, r * ld + j + off);
+        if (j + 2 < nc)
+            q += cap_load_f32(x, (j + 2) * ld + off);
+        smem_s[t] = q + a;
+        rt_sync_threads();
+        if (t < j)
+            cap_store_f32(y, j * 8 + t, smem_s[(t + j) % 64]);
+        rt_sync_threads();
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cover_builds(tmp_path_factory) -> dict:
+    import shutil
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ on this machine")
+    from emulate_cuda import build
+    from test_gpu_checks import _count_covers
+
+    d = tmp_path_factory.mktemp("emu_cover")
+    return {"cover": build(COVER_SRC, workdir=d, edit=_count_covers)["cover"],
+            "checked": build(COVER_SRC, workdir=d, hoist=False)["cover"]}
+
+
+def _cover_run(k, block: int, args: tuple) -> tuple:
+    x = np.arange(200, dtype=np.float32) / 7
+    y = np.zeros(64, np.float32)
+    fault = k.launch([x, y, *args], 1, block)
+    if fault is not None:
+        fault = {f: fault[f] for f in ("kind", "access", "line", "index", "slot")}
+    return fault, x.tobytes(), y.tobytes()
+
+
+def test_loops_with_barriers_get_one_cover_guard(cover_builds) -> None:
+    """A fast and a checked copy of the loop, chosen by the block's vote on one cover
+    guard, which holds on the emulated lane for in-range arguments (8 threads, so
+    threads differ in rows and in the t < j store) and leaves the bits of the fully
+    checked build."""
+    from capqr.runtime.cuda import translate
+
+    text = readable(translate(COVER_SRC).text)
+    assert "__noinline__ int __rtg1_cover(" in text
+    body = text.split("void __rtk_cover(", 1)[1]
+    assert body.count("for (long long j = 0;") == 2
+    assert "if (rt_block_all(__rtg1_cover(" in body and "float a = rt_uload_f32(x, " in body
+    k = cover_builds["cover"]
+    import emulate_cuda
+
+    emulate_cuda._ffi.cdef("long long capqr_emu_covers(int failed);", override=True)
+    before = k.lib.capqr_emu_covers(0), k.lib.capqr_emu_covers(1)
+    # (8, 8, 25, 0): (j + 2) * ld lies in x only because j + 2 < nc narrows j;
+    # (6, 5, 30, 3): threads t >= 4 have no rows, their row intervals come out empty
+    for args in ((6, 20, 9, 3), (8, 17, 10, 0), (8, 8, 25, 0), (6, 5, 30, 3), (0, 5, 9, 0),
+                 (4, 0, 9, 0)):
+        assert _cover_run(k, 8, args) == _cover_run(cover_builds["checked"], 8, args)
+        assert _cover_run(k, 8, args)[0] is None
+    assert k.lib.capqr_emu_covers(0) > before[0] and k.lib.capqr_emu_covers(1) == before[1]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nc=st.integers(-1, 10), rows=st.integers(-3, 30),
+       ld=st.one_of(st.integers(-12, 12), st.sampled_from([2**61, -(2**62), 2**63 - 1, 2**31])),
+       off=st.one_of(st.integers(-40, 200), st.sampled_from([2**62, -(2**63), 2**63 - 1])))
+def test_cover_guards_equal_checked(cover_builds, nc, rows, ld, off) -> None:
+    """One thread (its fault is the launch's first): the covered build faults where the
+    fully checked one does, at the same access and index, and leaves the same bits."""
+    args = (nc, rows, ld, off)
+    assert _cover_run(cover_builds["cover"], 1, args) == _cover_run(cover_builds["checked"], 1,
+                                                                     args)
+
+
+def test_guard_bounds_print_the_int64_extremes() -> None:
+    """The guards compare with -2^63 (a downward loop's last step must not pass it),
+    which C can only write as an expression: it must print as that value."""
+    from capqr.runtime.compiler.hoist.nest_guard import _I64_MAX, _I64_MIN, NestGuard
+    from pycparser import c_generator
+
+    gen = c_generator.CGenerator()
+    for v in (_I64_MIN, _I64_MAX, -5, 0, 7):
+        assert eval(gen.visit(NestGuard._node(v))) == v

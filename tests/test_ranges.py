@@ -76,6 +76,57 @@ def test_a_subscript_off_by_one_still_faults_exactly() -> None:
     assert e.value.reason == "local-array" and e.value.index == 8 and e.value.buffer == "w"
 
 
+# Names declared again in another block, and names narrowed by a condition.
+SCOPED = """
+KERNEL void scoped(cap_t x, int64_t n)
+{
+    float w[8];
+    for (int i = 0; i < 8; i++) {
+        int64_t k = i / 2;
+        w[k + {a}] = 0.0f;
+    }
+    for (int i = 0; i < 8; i++) {
+        int64_t k = 7 - i;
+        w[k] = (float)(i + 1);
+    }
+    for (int i = 0; i < 16; i++) {
+        if (i < 8 && n > 0)
+            w[i + {b}] = w[i] + 1.0f;
+        else if (!(i < 8))
+            w[i - 8] = w[i - 8] + 2.0f;
+        int64_t j = i % 8;
+        w[j > 3 ? j - {c} : j] = 3.0f;
+    }
+    for (int i = 0; i < 8; i++)
+        cap_store_f32(x, i, w[i]);
+}
+"""
+
+
+@pytest.mark.parametrize("a,b,c,proved", [(0, 0, 0, True), (5, 0, 0, False),
+                                          (0, 1, 0, False), (0, 0, -4, False)])
+def test_redeclared_names_and_conditions_bound_subscripts(a, b, c, proved) -> None:
+    """k is a variable of each loop's own block, i < 8 bounds w[i + b] where it holds
+    (and w[i - 8] where it fails), j > 3 bounds j - c: every subscript
+    is proved, or, one bound off, keeps its check and faults exactly like the fully
+    checked build."""
+    src = SCOPED.replace("{a}", str(a)).replace("{b}", str(b)).replace("{c}", str(c))
+    fast = runtime.compile(src, "scoped")
+    slow = runtime.compile(src, "scoped", hoist=False)
+    body = readable(fast.c_source).split(" scoped(rt_block", 1)[1]
+    assert ("rt_local_idx" not in body) == proved, body
+    results = []
+    for k in (fast, slow):
+        x = np.zeros(8, np.float32)
+        try:
+            runtime.launch(k, [capabilities.wrap(x, name="x")], args=(3,), timeout=20)
+            results.append(("ok", x.tobytes()))
+        except CapabilityFault as f:
+            results.append((f.reason, f.index, f.line, x.tobytes()))
+    assert results[0] == results[1]
+    assert (results[0][0] == "ok") == proved
+
+
 TILE_OWNER = """
 KERNEL void owner(cap_t x)
 {

@@ -4,11 +4,11 @@ Blocked Householder QR with compact WY, driven from the host as a sequence of
 checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
 
 1. the panel is factored and its T factor formed, by one of
-   ``gpu_qr_panel_small`` (kernels/gpu/panel_small.c: one block per matrix, the
+   ``gpu_qr_panel_small`` (kernels/src/gpu/panel_small.c: one block per matrix, the
    panel in shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel``
-   (kernels/gpu/panel.c: one block per matrix) above, or, for panels of more
+   (kernels/src/gpu/panel.c: one block per matrix) above, or, for panels of more
    than ``tall_rows`` rows, one cooperative launch of ``gpu_qr_steps``
-   (kernels/gpu/panel_steps.c: blocks of ``STEP_ROWS`` rows and a grid barrier,
+   (kernels/src/gpu/panel_steps.c: blocks of ``STEP_ROWS`` rows and a grid barrier,
    rt_group_sync, between columns, so a batch of two 4096-row panels runs on
    128 blocks, not 2);
 2. ``gpu_qr_update_z`` and ``gpu_qr_update_apply`` (kernels/gpu/update.c, one
@@ -51,12 +51,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import sources
 from . import gen_whole
 
 _HERE = Path(__file__).parent
-PANEL_SOURCE = (_HERE / "panel.c").read_text()
-PANEL_STEPS_SOURCE = (_HERE / "panel_steps.c").read_text()
-PANEL_SMALL_SOURCE = (_HERE / "panel_small.c").read_text()
+#: The panel kernels with the files they share (kernels/sources.py FAMILIES).
+PANEL_SOURCE = sources.source("gpu_panel")
+PANEL_STEPS_SOURCE = sources.source("gpu_steps")
+PANEL_SMALL_SOURCE = sources.source("gpu_panel_small")
 UPDATE_SOURCE = (_HERE / "update.c").read_text()
 UPDATE_MMA_SOURCE = (_HERE / "update_mma.c").read_text()
 
@@ -104,6 +106,10 @@ UPDATE_MMA_OPTIONS = ("--maxrregcount=96",)
 #: build needs 48; the checked one 72 uncapped, so at 128 it ran one block per SM,
 #: and spills 16 bytes at 64: ptxas -v, NVRTC 13.0, sm_90).
 PANEL_OPTIONS = ("--maxrregcount=64",)
+#: gpu_qr_panel_small runs 256 threads: at 64 registers four blocks share an SM, as its
+#: 46 KB of shared memory allow (ptxas -v, nvcc 13.0, sm_90: the checked build needs 76
+#: uncapped since its column loop's cover guard, 64 without spills; raw 48).
+SMALL_OPTIONS = ("--maxrregcount=64",)
 #: gpu_qr_steps: 96 registers (no spills in either build, NVRTC 13, sm_90) let two
 #: blocks share an SM, so a cooperative grid of 256 blocks ((8,2048)) fits an H200.
 STEPS_OPTIONS = ("--maxrregcount=96",)
@@ -177,7 +183,7 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
     per block; else (or with whole False) the blocked plan:
 
     Panels of more than ``tall_rows`` rows are factored over row blocks of
-    STEP_ROWS rows (kernels/gpu/panel_steps.c) by one cooperative launch of
+    STEP_ROWS rows (kernels/src/gpu/panel_steps.c) by one cooperative launch of
     gpu_qr_steps, where its grid (batch x row blocks) fits in ``max_group``
     blocks, else by one block per matrix; tall_rows None: never; "auto":
     :func:`default_tall_rows`.  ``two_panel`` (None: TWO_PANEL): one trailing
@@ -242,6 +248,13 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
     return plan
 
 
+#: Every launch kind _kernel_spec builds, the whole-matrix kernel once per size class
+#: (runtime/cuda/census.py counts each one's checks: tests/test_gpu_checks.py).
+LAUNCH_KINDS = ("panel", "panel_small", "steps", "update_z", "update_apply", "update2_z",
+                "update2_apply", "update_mma_z", "update_mma_apply",
+                *(f"whole{cap}" for cap, _threads in gen_whole.CLASSES))
+
+
 def _kernel_spec(kind: str) -> tuple[str, str, tuple[str, ...]]:
     """(source, kernel name, NVRTC options) of one launch kind, read when compiled."""
     if kind.startswith("whole"):
@@ -250,7 +263,7 @@ def _kernel_spec(kind: str) -> tuple[str, str, tuple[str, ...]]:
         return (gen_whole.source(int(kind[5:]), threads), "gpu_qr_whole",
                 (f"--maxrregcount={min(255, 65536 // threads)}",))
     return {"panel": (PANEL_SOURCE, "gpu_qr_panel", PANEL_OPTIONS),
-            "panel_small": (PANEL_SMALL_SOURCE, "gpu_qr_panel_small", ()),
+            "panel_small": (PANEL_SMALL_SOURCE, "gpu_qr_panel_small", SMALL_OPTIONS),
             "steps": (PANEL_STEPS_SOURCE, "gpu_qr_steps", STEPS_OPTIONS),
             "update_z": (UPDATE_SOURCE, "gpu_qr_update_z", UPDATE_Z_OPTIONS),
             "update_apply": (UPDATE_SOURCE, "gpu_qr_update_apply", UPDATE_OPTIONS),

@@ -280,9 +280,12 @@ def _kernel_z2(out: list[str]) -> None:
     out.append("        rt_sync_threads();")
     out.append("        if (sp == 0) {")
     # V^T for gpu_qr_update2_apply, and this chunk's part of G = V1^T V2
-    out.append("            if (fr < rows) {")
+    # (row rf < rhi, i.e. fr < rows: bounded by rhi, the interval guard of the chunk
+    # loop covers every chunk's stores at once)
+    out.append("            int64_t rf = r0 + fr;")
+    out.append("            if (rf < rhi) {")
     out.append(f"                for (int64_t q = t / {CHUNK}; q < 64; q += {THREADS // CHUNK})")
-    out.append(f"                    cap_store_f32(VB, q * n + r0 + fr, smem_v[fr * {V2_LD} + q]);")
+    out.append(f"                    cap_store_f32(VB, q * n + rf, smem_v[fr * {V2_LD} + q]);")
     out.append("            }")
     out.append("            for (int64_t rr = 0; rr < rows; rr++) {")
     for i in I2:

@@ -1,8 +1,9 @@
 """The one-launch GPU QR kernel, gpu_qr_whole, for each size class.
 
-``python -m capqr.kernels.gpu.gen_whole`` writes kernels/gpu/whole.c (the largest class, for
-reading and review); :func:`source` gives the text of any class, which is what
-kernels.gpu compiles.  Edit this file, not whole.c.
+``python -m capqr.kernels.gpu.gen_whole`` writes kernels/gpu/whole.c (the largest class's
+kernel, for reading and review); :func:`source` gives the text of any class with the
+helpers it shares (kernels/sources.py), which is what kernels.gpu compiles.  Edit this
+file, not whole.c.
 
 The dialect's local arrays have literal sizes, so each class (capacity ``cap`` rows
 and columns, ``threads`` per block) is its own source: a 32 x 32 problem then takes
@@ -35,7 +36,16 @@ def shared_bytes(cap: int, threads: int) -> int:
 
 
 def source(cap: int, threads: int) -> str:
-    """The dialect source of gpu_qr_whole for matrices of at most cap x cap."""
+    """The dialect source of gpu_qr_whole for matrices of at most cap x cap: the files
+    it shares with the other GPU kernels (kernels/sources.py, gpu_whole), then
+    :func:`kernel_text`."""
+    from .. import sources
+
+    return sources.source("gpu_whole") + "\n" + kernel_text(cap, threads)
+
+
+def kernel_text(cap: int, threads: int) -> str:
+    """gpu_qr_whole itself for the class (whole.c holds the largest class's)."""
     ld = row_stride(cap)
     return f"""/*
  * Householder QR of a batch of small matrices, one block per matrix, one launch.
@@ -51,7 +61,8 @@ def source(cap: int, threads: int) -> str:
  *   sums  q_c = sum_{{r > j}} A[r][j] A[r][c] for c = j .. n-1 (q_j = |x|^2), by g
  *         row groups of threads per column (g * (n - j) <= {threads}, g <= {G_MAX}),
  *         each group's part to smem_red;
- *   then  alpha, beta, tau and 1 / (alpha - beta) as slarfg (every thread alike),
+ *   then  alpha, beta, tau and 1 / (alpha - beta) as slarfg (every thread alike;
+ *         kernels/src/gpu/reflector.c, composed before this kernel),
  *         w_c = tau (A[j][c] + q_c scale), and A[r][c] -= v_r w_c for r > j and
  *         c > j with v_r = A[r][j] scale, the rows again split among groups.
  * Row j and column j themselves (A[j][c] -= w_c, v scaled, beta on the diagonal)
@@ -80,50 +91,53 @@ KERNEL void gpu_qr_whole(cap_t A, cap_t tau, int64_t n, int64_t batch)
         if (j > 0) {{
             /* column j - 1 and row j - 1, as its step left them to do */
             int64_t p = j - 1;
-            for (int64_t i = t; i < n - p; i += P) {{
-                if (i == 0) {{
+            for (int64_t k = p + t; k < n; k += P) {{
+                if (k == p) {{
                     smem_a[p * {ld} + p] = pbeta;
                     smem_tau[p] = ptau;
                 }} else {{
-                    smem_a[(p + i) * {ld} + p] = smem_a[(p + i) * {ld} + p] * pscale;
-                    smem_a[p * {ld} + p + i] = smem_a[p * {ld} + p + i] - smem_w[p + i];
+                    smem_a[k * {ld} + p] = smem_a[k * {ld} + p] * pscale;
+                    smem_a[p * {ld} + k] = smem_a[p * {ld} + k] - smem_w[k];
                 }}
             }}
         }}
+        /* ga row groups of na columns: thread t = ra * na + ca sums column j + ca of
+         * the rows j + 1 + ra, + ga, ...  The tests ca + j < n and the bound gn of the
+         * ga * na sums (at most P) always hold; they state what the range checks
+         * before the column loop need (kernels/gpu/__init__.py: one check per kernel). */
         int64_t na = n - j;
-        int64_t ga = P / na < {G_MAX} ? P / na : {G_MAX};
+        int64_t pa = P / na;
+        int64_t ga = pa < {G_MAX} ? pa : {G_MAX};
+        int64_t gn = ga * na < P ? ga * na : P;
         int64_t ca = t % na;
         int64_t ra = t / na;
-        if (ra < ga) {{
+        int64_t cq = j + ca;
+        if (ra < ga && cq < n) {{
             double q = 0.0;
             for (int64_t r = j + 1 + ra; r < n; r += ga)
-                q = fma((double)smem_a[r * {ld} + j], (double)smem_a[r * {ld} + j + ca], q);
-            smem_red[ra * na + ca] = q;
+                q = fma((double)smem_a[r * {ld} + j], (double)smem_a[r * {ld} + cq], q);
+            smem_red[t] = q;
         }}
         rt_sync_threads();
         double alpha = (double)smem_a[j * {ld} + j];
         double xn2 = 0.0;
-        for (int64_t g = 0; g < ga; g++)
-            xn2 += smem_red[g * na];
-        double tk = 0.0;
-        double beta = alpha;
-        double scale = 0.0;
-        if (xn2 > 0.0) {{
-            beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
-            tk = (beta - alpha) / beta;
-            scale = 1.0 / (alpha - beta);
-        }}
+        for (int64_t e = 0; e < gn; e += na)
+            xn2 += smem_red[e];
+        double beta = reflector_beta(alpha, xn2);
+        double tk = reflector_tau(alpha, beta, xn2);
+        double scale = reflector_scale(alpha, beta, xn2);
         float scalef = (float)scale;
         int64_t nc = na - 1;
         if (nc > 0) {{
-            int64_t gc = P / nc < {G_MAX} ? P / nc : {G_MAX};
+            int64_t pc = P / nc;
+            int64_t gc = pc < {G_MAX} ? pc : {G_MAX};
             int64_t cc = t % nc;
             int64_t rc = t / nc;
-            if (rc < gc) {{
-                int64_t c = j + 1 + cc;
+            int64_t c = j + 1 + cc;
+            if (rc < gc && c < n) {{
                 double s = 0.0;
-                for (int64_t g = 0; g < ga; g++)
-                    s += smem_red[g * na + 1 + cc];
+                for (int64_t e = 1 + cc; e < gn; e += na)
+                    s += smem_red[e];
                 float wc = (float)(tk * ((double)smem_a[j * {ld} + c] + s * scale));
                 if (rc == 0)
                     smem_w[c] = wc;
@@ -152,4 +166,4 @@ KERNEL void gpu_qr_whole(cap_t A, cap_t tau, int64_t n, int64_t batch)
 
 
 if __name__ == "__main__":
-    Path(__file__).with_name("whole.c").write_text(source(*CLASSES[-1]))
+    Path(__file__).with_name("whole.c").write_text(kernel_text(*CLASSES[-1]))

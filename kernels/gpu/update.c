@@ -307,9 +307,10 @@ KERNEL void gpu_qr_update2_z(cap_t A, cap_t Zp, cap_t Gp, cap_t VT, int64_t n,
         }
         rt_sync_threads();
         if (sp == 0) {
-            if (fr < rows) {
+            int64_t rf = r0 + fr;
+            if (rf < rhi) {
                 for (int64_t q = t / 64; q < 64; q += 2)
-                    cap_store_f32(VB, q * n + r0 + fr, smem_v[fr * 68 + q]);
+                    cap_store_f32(VB, q * n + rf, smem_v[fr * 68 + q]);
             }
             for (int64_t rr = 0; rr < rows; rr++) {
                 float e0 = smem_v[rr * 68 + gi * 2 + 0];

@@ -14,11 +14,14 @@ The facts, each an exact interval of Python integers:
                                 rt_require_block_dim(N) (the launch refuses any
                                 other block size), else the CUDA limit 1024
   rt_lane_idx()                 [0, 31]
-  T x = E;                      E's interval at the declaration, when x is a
-                                signed integer declared once in the function
-                                and never assigned, incremented or addressed
+  T x = E;                      E's interval at the declaration, in the rest of
+                                its block, when x is a signed integer that the
+                                rest of the block never assigns, increments,
+                                addresses or declares again
                                 (astutil.write_counts) and no case label can
-                                jump past the declaration (the verifier)
+                                jump past the declaration (the verifier); a
+                                name declared again in another block is another
+                                variable (each block has its own names)
   for (T i = A; i < B; i += s)  [lo A, hi B - 1] (<=: hi B) in the body, for a
                                 loop hoist.loop_shape counts whose step s is a
                                 literal, when the loop writes i only in its
@@ -26,6 +29,13 @@ The facts, each an exact interval of Python integers:
                                 final step)
   + - * unary -, / and % by a positive literal (C truncation), casts to the
   dialect's signed integer types
+  c ? a : b                     the hull of a and b, each where c holds / fails
+  if (v < E) / c ? : / && ||    v narrowed to [lo v, min(hi v, hi E - 1)] where
+                                the condition holds (<=, >, >= alike, and when it
+                                fails its negation), v a name known above: no
+                                statement between the test and the subscript
+                                changes it.  A narrowed interval that comes out
+                                empty belongs to code that never runs.
 
 Every interval must stay within int range, so no subexpression of any signed
 type wraps and the value computed is the one the interval bounds.  Anything
@@ -65,7 +75,7 @@ def builtin_ranges(target: str, block_dim: int | None) -> dict[str, Ival]:
 def prove_subscripts(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
                      builtins: dict[str, Ival]) -> StaticRanges:
     """Mark the local-array subscripts of ``func`` proved in range; see the module doc."""
-    walk = _Walk(arrays, builtins, int_types(func), write_counts(func))
+    walk = _Walk(arrays, builtins, int_types(func))
     walk.node(func.body, {})
     return walk.result
 
@@ -76,8 +86,8 @@ class _Unknown(Exception):
 
 class _Walk:
     def __init__(self, arrays: dict[str, tuple[int, ...]], builtins: dict[str, Ival],
-                 types: dict[str, int], writes: dict[str, int]):
-        self.arrays, self.builtins, self.types, self.writes = arrays, builtins, types, writes
+                 types: dict[str, int]):
+        self.arrays, self.builtins, self.types = arrays, builtins, types
         self.result = StaticRanges()
 
     # -- statements: carry the environment of known variables ------------------
@@ -88,16 +98,63 @@ class _Walk:
         if isinstance(n, c_ast.For):
             self.loop(n, env)
             return
+        if isinstance(n, c_ast.Compound):
+            inner = dict(env)  # the block's declarations end with it
+            items = n.block_items or []
+            for k, item in enumerate(items):
+                self.node(item, inner)
+                if isinstance(item, c_ast.Decl):
+                    self.bind(item, inner, items[k + 1:])
+            return
+        if isinstance(n, (c_ast.If, c_ast.TernaryOp)):
+            self.node(n.cond, env)
+            self.node(n.iftrue, self.narrow(n.cond, env, True))
+            if n.iffalse is not None:
+                self.node(n.iffalse, self.narrow(n.cond, env, False))
+            return
+        if isinstance(n, c_ast.BinaryOp) and n.op in ("&&", "||"):
+            self.node(n.left, env)
+            self.node(n.right, self.narrow(n.left, env, n.op == "&&"))
+            return
         for _name, c in n.children():
             self.node(c, env)
-        if isinstance(n, c_ast.Decl) and n.init is not None and self.once(n.name):
-            iv = self.known(n.init, env)
-            if iv is not None:
-                env[n.name] = iv  # names are unique (declared once): no scoping needed
 
-    def once(self, name: str | None) -> bool:
-        """A signed integer variable whose only write is its declaration."""
-        return name is not None and self.writes.get(name) == 1 and self.types.get(name) in (32, 64)
+    def bind(self, d: c_ast.Decl, env: dict[str, Ival], rest: list[c_ast.Node]) -> None:
+        """After ``T x = E;``: x's interval for the rest of its block, if known and
+        nothing there writes x (else x is unknown there: it shadows any outer x)."""
+        env.pop(d.name, None)
+        if d.init is None or self.types.get(d.name) not in (32, 64) \
+                or not isinstance(d.type, c_ast.TypeDecl):
+            return
+        if any(write_counts(r).get(d.name) for r in rest):
+            return
+        iv = self.known(d.init, env)
+        if iv is not None:
+            env[d.name] = iv
+
+    def narrow(self, cond: c_ast.Node, env: dict[str, Ival], holds: bool) -> dict[str, Ival]:
+        """env where ``cond`` is ``holds``: known names compared with known values,
+        through &&, || and !."""
+        out = dict(env)
+        flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+        mirror = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+        def facts(c: c_ast.Node, pos: bool) -> None:
+            if isinstance(c, c_ast.BinaryOp) and c.op == ("&&" if pos else "||"):
+                facts(c.left, pos)
+                facts(c.right, pos)
+            elif isinstance(c, c_ast.UnaryOp) and c.op == "!":
+                facts(c.expr, not pos)
+            elif isinstance(c, c_ast.BinaryOp) and c.op in flip:
+                op = c.op if pos else flip[c.op]
+                for name, other, o in ((c.left, c.right, op), (c.right, c.left, mirror[op])):
+                    if isinstance(name, c_ast.ID) and name.name in out:
+                        bound = self.known(other, env)
+                        if bound is not None:
+                            out[name.name] = _narrowed(out[name.name], o, bound)
+
+        facts(cond, holds)
+        return out
 
     def loop(self, loop: c_ast.For, env: dict[str, Ival]) -> None:
         for part in (loop.init, loop.cond, loop.next):
@@ -179,6 +236,10 @@ class _Walk:
                 return a - d, b - c
             ps = (a * c, a * d, b * c, b * d)
             return min(ps), max(ps)
+        if isinstance(e, c_ast.TernaryOp):  # the hull of the branches, each narrowed
+            a = self.ival(e.iftrue, self.narrow(e.cond, env, True))
+            b = self.ival(e.iffalse, self.narrow(e.cond, env, False))
+            return min(a[0], b[0]), max(a[1], b[1])
         if isinstance(e, c_ast.BinaryOp) and e.op in ("/", "%"):
             k = int_literal(e.right)
             if k is None or k <= 0 or "u" in e.right.value.lower():
@@ -190,6 +251,18 @@ class _Walk:
                 return (lo, hi) if hi < k else (0, k - 1)
             return -(k - 1), (k - 1 if hi > 0 else 0)
         raise _Unknown
+
+
+def _narrowed(iv: Ival, op: str, bound: Ival) -> Ival:
+    """iv where ``v op w`` holds for some w in bound (possibly empty: lo > hi)."""
+    lo, hi = iv
+    if op == "<":
+        return lo, min(hi, bound[1] - 1)
+    if op == "<=":
+        return lo, min(hi, bound[1])
+    if op == ">":
+        return max(lo, bound[0] + 1), hi
+    return max(lo, bound[0]), hi
 
 
 def _tdiv(a: int, k: int) -> int:

@@ -74,6 +74,7 @@ from ..compiler.astutil import (
 from ..compiler.dialect_api import BUILTINS, MMA_ARRAY_ARGS, MMA_FUNCS
 from ..compiler.hoist import (
     GPU_BARRIERS,
+    GPU_BLOCK_VOTE,
     GPU_WARP_VOTE,
     QUIET_LOOPS,
     PollPoint,
@@ -416,6 +417,8 @@ class _Instrumenter:
         # user's names, as do fault records (array names) and kernel signatures
         self.user_names = user_names(verified.parsed.ast)
         self.dynamic: dict[str, int] = {}
+        #: each function's lowered AST, as printed (runtime/cuda/census.py reads them)
+        self.lowered: dict[str, c_ast.FuncDef] = {}
 
     def array_id(self, name: str) -> int:
         self.arrays.append(name)
@@ -444,12 +447,14 @@ class _Instrumenter:
     def function(self, fn: c_ast.FuncDef) -> tuple[str, KernelSig | None]:
         name = fn.decl.name
         arrays = self.local_arrays(fn)
+        guards = ""
         if self.hoist:
             dims = {k: tuple(v) for k, v in arrays.items()}
             sig = self.verified.kernels.get(name)
             prove_subscripts(fn, dims, builtin_ranges("cuda", sig.block_dim if sig else None))
-            hoist_function(fn, dims, self.waits, barriers=GPU_BARRIERS,
-                           warp_vote=GPU_WARP_VOTE)
+            table = hoist_function(fn, dims, self.waits, barriers=GPU_BARRIERS,
+                                   warp_vote=GPU_WARP_VOTE, block_vote=GPU_BLOCK_VOTE)
+            guards = "".join(self.outlined_guard(g) for g in table.guards)
         rw = _Rewriter(self, arrays)
         rw.visit(fn.body)
         if name in self.kernel_names:
@@ -461,6 +466,7 @@ class _Instrumenter:
             fn.body.block_items = [poll] + list(fn.body.block_items or [])
         _map_types(fn)
         rename_user_names(fn, self.user_names)
+        self.lowered[name] = fn
         body = self.gen.visit(fn.body)
         if rw.has_loop and not self.checked:
             # Raw mode never reads the counter (RT_POLL is empty there).
@@ -470,12 +476,12 @@ class _Instrumenter:
         if self.checked:
             own_decl = _with_counter(own_decl)
         if name not in self.kernel_names:
-            return f"static __device__ __forceinline__ {own_decl}\n{body}\n", None
+            return f"{guards}static __device__ __forceinline__ {own_decl}\n{body}\n", None
         # Kernel: device body + __global__ wrapper that sets up the block's fault flag.
         sig = self.verified.kernels[name]
         decl_txt = self.gen.visit(fn.decl)
         inner = own_decl.replace(mangle(name) + "(", f"__rtk_{name}(", 1)
-        out = f"static __device__ __forceinline__ {inner}\n{body}\n"
+        out = f"{guards}static __device__ __forceinline__ {inner}\n{body}\n"
         argnames = ", ".join(mangle(n) for n, _ in sig.params)
         prologue = ""
         if self.checked:  # raw builds have neither the hidden parameters nor the entry check
@@ -488,6 +494,16 @@ class _Instrumenter:
         out += (f'extern "C" __global__ {decl_txt}\n{{\n{prologue}'
                 f"  __rtk_{name}({argnames});\n{leave}}}\n")
         return out, sig
+
+    def outlined_guard(self, fn: c_ast.FuncDef) -> str:
+        """A cover guard hoist/ made a function of its own (versioning._outline): not
+        inlined, so its bounds do not share registers with the loop it guards."""
+        _Rewriter(self, {}).visit(fn.body)
+        _map_types(fn)
+        rename_user_names(fn, self.user_names)
+        fn.decl.storage = []
+        decl, body = self.gen.visit(fn.decl), self.gen.visit(fn.body)
+        return f"static __device__ __noinline__ {decl}\n{body}\n"
 
     def run(self) -> CudaSource:
         parts = [("" if self.checked else "#define RT_RAW 1\n") + device_prelude()]

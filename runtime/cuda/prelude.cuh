@@ -149,6 +149,31 @@ static __device__ __forceinline__ void rt_sync_threads(void)
     __syncthreads();
     if (__rt_bfault) asm volatile("exit;");   /* a thread of this block faulted */
 }
+/* Outlined cover guards (runtime/compiler/hoist/versioning.py GUARD_PINS): each bound
+ * stays where it is computed, so the guard needs few registers at a time. */
+static __device__ __forceinline__ long long rt_pin_i64(long long x)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+l"(x));
+#endif
+    return x;
+}
+static __device__ __forceinline__ int rt_pin_i32(int x)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+r"(x));
+#endif
+    return x;
+}
+/* Loop versioning's block vote (runtime/compiler/hoist/loops.py GPU_BLOCK_VOTE): a
+ * loop that waits at a barrier runs its unchecked copy only if every thread's cover
+ * guard holds, so the whole block takes one copy; a barrier like rt_sync_threads. */
+static __device__ __forceinline__ int rt_block_all(int ok)
+{
+    ok = __syncthreads_and(ok);
+    if (__rt_bfault) asm volatile("exit;");
+    return ok;
+}
 /* The grid barrier's words live in the sequence record (reset with it). */
 #define RT_GROUP_WORDS() (&__rt_bseq->group)
 #define RT_GROUP_GEN() (&__rt_bseq->group_gen)

@@ -7,14 +7,31 @@ their two copies), ``nest_guard`` (the interval guard of a whole nest), ``affine
 pollchecks go) and ``marks`` (the node types the lowerings read).
 """
 
-from .loops import BARRIERS, GPU_BARRIERS, GPU_WARP_VOTE, array_chain, loop_shape, waiting_helpers
-from .marks import QUIET_LOOPS, LoopPlan, PollPoint, UncheckedCall, UncheckedRef, Versioning
+from .loops import (
+    BARRIERS,
+    GPU_BARRIERS,
+    GPU_BLOCK_VOTE,
+    GPU_WARP_VOTE,
+    array_chain,
+    loop_shape,
+    waiting_helpers,
+)
+from .marks import (
+    QUIET_LOOPS,
+    LoopPlan,
+    PollPoint,
+    UncheckedCall,
+    UncheckedRef,
+    Versioned,
+    Versioning,
+)
 from .polls import INNER_CONST_TRIP, OUTER_SHORT_TRIP, SHORT_TRIP, entry_polls
 from .versioning import hoist_function
 
 __all__ = [
     "BARRIERS",
     "GPU_BARRIERS",
+    "GPU_BLOCK_VOTE",
     "GPU_WARP_VOTE",
     "INNER_CONST_TRIP",
     "OUTER_SHORT_TRIP",
@@ -24,6 +41,7 @@ __all__ = [
     "PollPoint",
     "UncheckedCall",
     "UncheckedRef",
+    "Versioned",
     "Versioning",
     "array_chain",
     "entry_polls",

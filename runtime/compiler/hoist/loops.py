@@ -37,6 +37,9 @@ GPU_BARRIERS = BARRIERS | {"rt_group_sync"}
 #: The GPU lowering's warp vote (``__all_sync`` over the warp's live lanes): it lets a
 #: loop with warp collectives (but no block barrier) be versioned, see the module doc.
 GPU_WARP_VOTE = "rt_warp_all"
+#: The GPU lowering's block vote (``__syncthreads_and``): a loop with block barriers
+#: runs its unchecked copy only if every thread's cover guard holds (below).
+GPU_BLOCK_VOTE = "rt_block_all"
 
 
 def has_barrier(node: c_ast.Node | None, waits: frozenset[str] = frozenset(),

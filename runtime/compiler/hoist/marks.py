@@ -44,6 +44,13 @@ QUIET_LOOPS = (QuietFor, QuietWhile, QuietDoWhile)
 _QUIET = {c_ast.For: QuietFor, c_ast.While: QuietWhile, c_ast.DoWhile: QuietDoWhile}
 
 
+class Versioned(c_ast.If):
+    """``if (guard) fast copy else checked copy``: iffalse is the checked code that
+    runs (and faults at the exact access) when the guard fails."""
+
+    __slots__ = ()
+
+
 class PollPoint(c_ast.Node):
     """One pollcheck, after a quiet loop."""
 
@@ -72,6 +79,9 @@ class Versioning:
     """The side table of one function's loop versioning."""
 
     loops: list[LoopPlan] = field(default_factory=list)
+    #: cover guards computed by functions of their own (GPU, see versioning._outline):
+    #: the lowering emits them, not inlined, before the function that calls them
+    guards: list[c_ast.FuncDef] = field(default_factory=list)
 
 
 def mark_nopoll(loop: c_ast.Node) -> None:

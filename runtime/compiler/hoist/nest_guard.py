@@ -13,7 +13,9 @@ indices depend on gets an interval [lo, hi] computed once before the nest:
                        and the guard checks that the last step cannot wrap
   T x = E;             [lo(E), hi(E)] when x is not assigned again in its scope
   +, -, *, / by a positive literal, casts, min/max ternaries (t < jb ? t : jb)
-  if (v < E) / c ? :   v narrowed to [lo(v), min(hi(v), hi(E) - 1)] inside
+  if (v < E) / c ? :   v narrowed to [lo(v), min(hi(v), hi(E) - 1)] inside;
+                       v + e < E (v - e, e + v) narrows v to E - e, when the
+                       interval of v + e says the sum cannot wrap
 
 Every bound is computed with overflow-checked arithmetic (a bound that
 overflows fails the guard), and a subexpression of int (32-bit) type must stay
@@ -23,7 +25,12 @@ inside the buffer (rt_range_ok at both ends: every index between two
 in-bounds ones is in bounds) or the local array is covered.  All or nothing:
 if any scalar access of the nest cannot be bounded, the nest is not guarded
 here and the loops inside it are considered in turn.  An interval that comes
-out empty belongs to code that never runs in the nest.  The fast copy is the
+out empty belongs to code that never runs (every interval encloses its value
+whenever the code runs): a counter's, or a name narrowed by a condition that
+fails for this thread.  The code after it carries that as a guard variable
+(0 where it cannot run), and its accesses leave the hulls alone there, so a
+thread whose rows end above the matrix is not held to bounds of rows it never
+touches; a hull that stays empty holds.  The fast copy is the
 nest with every access unchecked; the checked copy is the nest as the
 per-loop versioning leaves it, so a failing guard still ends in the exact fault.
 """
@@ -58,6 +65,9 @@ _I32_MAX = (1 << 31) - 1
 _I32_MIN = -(1 << 31)
 _Bound = int | str          # a Python constant or the name of a guard variable
 _Ival = tuple[_Bound, _Bound]
+#: The environments' entry (no C name) for where their code can run: (r, r), r 1, 0 or
+#: a guard variable that is 0 where an interval on the way there came out empty.
+_REACH = "#reach"
 
 
 class NoBound(Exception):
@@ -72,7 +82,6 @@ class NestGuard:
         self.prefix = f"__n{k}_"
         self.count = 0
         self.decls: list[c_ast.Node] = []   # int64_t guard variables, in order
-        self.conds: list[c_ast.Node] = []   # conditions, all must hold
         self.written = assigned(loop)      # names the nest declares or assigns
         # one hull per buffer (cap, element size, store) or local-array extent: the
         # indices between two in-bounds ones are in bounds, so checking the
@@ -88,22 +97,60 @@ class NestGuard:
     def terms(self) -> list[c_ast.Node]:
         return [self._term(key, iv) for key, iv in self.hulls.items()]
 
-    def _term(self, key: tuple, iv: _Ival) -> c_ast.FuncCall:
+    def _term(self, key: tuple, iv: _Ival) -> c_ast.Node:
+        """One hull's range check; an empty hull (lo > hi) holds.  Every interval
+        encloses its index's value whenever the access runs, so a hull that comes
+        out empty (each of its intervals then does) belongs to accesses that never
+        run: a condition that fails for this thread (if (t < j) with t >= nb)."""
         lo, hi = iv
         d = c_ast.BinaryOp("-", self._node(hi), self._node(lo))
         if key[0] == "cap":
             _kind, cap, size, store = key
             cap_node = copy.deepcopy(self.cap_exprs.get(cap, c_ast.ID(cap)))
-            return c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
+            check = c_ast.FuncCall(c_ast.ID("rt_range_ok"), c_ast.ExprList([
                 cap_node, self._node(lo), d, const(1), const(size), const(store)]))
-        return c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
-            self._node(lo), d, const(1), const(key[1])]))
+        else:
+            check = c_ast.FuncCall(c_ast.ID("rt_lrange_ok"), c_ast.ExprList([
+                self._node(lo), d, const(1), const(key[1])]))
+        if isinstance(lo, int) and isinstance(hi, int):
+            return const(1) if lo > hi else check
+        return c_ast.BinaryOp("||", c_ast.BinaryOp(">", self._node(lo), self._node(hi)), check)
 
-    def _cover(self, key: tuple, iv: _Ival) -> None:
+    def _cover(self, key: tuple, iv: _Ival, env: dict[str, _Ival | None]) -> None:
+        r = self._reach(env)
+        if r == 0:
+            return  # the access never runs
+        if r != 1:  # where it cannot run it leaves the hull alone (an empty interval)
+            iv = (self._new(c_ast.TernaryOp(c_ast.ID(r), self._node(iv[0]), self._node(_I64_MAX))),
+                  self._new(c_ast.TernaryOp(c_ast.ID(r), self._node(iv[1]), self._node(_I64_MIN))))
         if key in self.hulls:
             lo, hi = self.hulls[key]
             iv = (self._pick("<", lo, iv[0]), self._pick(">", hi, iv[1]))
         self.hulls[key] = iv
+
+    # -- where the code can run -------------------------------------------
+    @staticmethod
+    def _reach(env: dict[str, _Ival | None]) -> _Bound:
+        """1, 0, or the guard variable that is 0 where env's code cannot run."""
+        iv = env.get(_REACH)
+        return 1 if iv is None else iv[0]
+
+    def _narrowed(self, env: dict[str, _Ival | None], lo: _Bound, hi: _Bound) -> None:
+        """env's code runs only where [lo, hi] (an interval of it) is not empty."""
+        r = self._reach(env)
+        if r == 0:
+            return
+        if isinstance(lo, int) and isinstance(hi, int):
+            if lo > hi:
+                env[_REACH] = (0, 0)
+            return
+        key = ("reach", r, lo, hi)
+        if key not in self.memo:
+            cond: c_ast.Node = c_ast.BinaryOp("<=", self._node(lo), self._node(hi))
+            if r != 1:
+                cond = c_ast.BinaryOp("&&", c_ast.ID(r), cond)
+            self.memo[key] = self._new(cond)
+        env[_REACH] = (self.memo[key], self.memo[key])
 
     # -- guard variables and checked arithmetic --------------------------
     def _new(self, init: c_ast.Node | None = None) -> str:
@@ -115,8 +162,8 @@ class NestGuard:
     @staticmethod
     def _node(b: _Bound) -> c_ast.Node:
         if isinstance(b, int):
-            if b == _I64_MIN:
-                return c_ast.BinaryOp("-", const(_I64_MAX), const(1))
+            if b == _I64_MIN:  # -2^63 has no literal of its own
+                return c_ast.BinaryOp("-", c_ast.UnaryOp("-", const(_I64_MAX)), const(1))
             return const(b) if b >= 0 else c_ast.UnaryOp("-", const(-b))
         return c_ast.ID(b)
 
@@ -153,10 +200,13 @@ class NestGuard:
         return self.memo[(op, a, b)]
 
     def _require(self, cond: c_ast.Node) -> None:
+        """The guard holds only if cond does: folded into ok where it arises, so the
+        values it reads need no register until the end (the guard variables are
+        safe to compute whatever an earlier condition said: _div, _mod)."""
         key = ("require", c_generator.CGenerator().visit(cond))
         if key not in self.memo:
             self.memo[key] = 0
-            self.conds.append(cond)
+            self.decls.append(c_ast.Assignment("&=", c_ast.ID(self.ok), cond))
 
     def _in_int(self, iv: _Ival) -> None:
         lo, hi = iv
@@ -234,18 +284,32 @@ class NestGuard:
             return (self._pick("<", self._pick("<", ps[0], ps[1]), self._pick("<", ps[2], ps[3])),
                     self._pick(">", self._pick(">", ps[0], ps[1]), self._pick(">", ps[2], ps[3])))
         if isinstance(e, c_ast.BinaryOp) and e.op in ("/", "%"):
-            c = self._divisor(e.right, env)
+            c0, c1 = self._divisor(e.right, env)
             lo, hi = self.ival(e.left, env)
-            if e.op == "/":  # truncating division by c > 0 is monotone
-                return (self._div(lo, c), self._div(hi, c))
-            if lo == hi:
-                return self._mod(lo, c), self._mod(lo, c)
+            if e.op == "/":
+                if c0 == c1:  # truncating division by c > 0 is monotone
+                    return (self._div(lo, c0), self._div(hi, c0))
+                # and, for a fixed dividend, monotone in c > 0: the box's corners
+                qs = [self._div(b, c) for b in (lo, hi) for c in (c0, c1)]
+                qlo = qhi = qs[0]
+                for q in qs[1:]:
+                    qlo, qhi = self._pick("<", qlo, q), self._pick(">", qhi, q)
+                return qlo, qhi
+            if lo == hi and c0 == c1:
+                return self._mod(lo, c0), self._mod(lo, c0)
             # C's remainder takes the dividend's sign: in [0, min(hi, c-1)] when
-            # lo >= 0, else in [-(c-1), c-1]
-            top = self._ovf("rt_sub_ovf", c, 1)
+            # lo >= 0, else in [-(c-1), c-1] (a symbolic lo: chosen at the guard)
+            top = self._ovf("rt_sub_ovf", c1, 1)
             if isinstance(lo, int) and lo >= 0:
                 return 0, self._pick("<", hi, top)
-            return self._ovf("rt_sub_ovf", 1, c), top
+            if isinstance(lo, int):
+                return self._ovf("rt_sub_ovf", 1, c1), top
+            nonneg = c_ast.BinaryOp(">=", c_ast.ID(lo), const(0))
+            return (self._new(c_ast.TernaryOp(nonneg, const(0),
+                                              self._node(self._ovf("rt_sub_ovf", 1, c1)))),
+                    self._new(c_ast.TernaryOp(copy.deepcopy(nonneg),
+                                              self._node(self._pick("<", hi, top)),
+                                              self._node(top))))
         if isinstance(e, c_ast.TernaryOp):
             if not pure_expr(e.cond):
                 raise NoBound
@@ -262,20 +326,21 @@ class NestGuard:
             return self._pick("<", a[0], b[0]), self._pick(">", a[1], b[1])
         raise NoBound
 
-    def _divisor(self, e: c_ast.Node, env: dict[str, _Ival | None]) -> _Bound:
-        """A divisor that is one positive value at the guard: a literal, a name
-        bound to one constant, or one symbolic value the guard requires > 0."""
+    def _divisor(self, e: c_ast.Node, env: dict[str, _Ival | None]) -> _Ival:
+        """A divisor's interval, positive at the guard: a literal, or bounds the
+        guard requires > 0 (one value, or a range: n - j over a loop's columns)."""
         c = int_literal(e)
         if c is not None:
             if c <= 0:
                 raise NoBound
-            return c
+            return c, c
         lo, hi = self.ival(e, env)
-        if lo != hi or (isinstance(lo, int) and lo <= 0):
-            raise NoBound
-        if not isinstance(lo, int):
+        if isinstance(lo, int):
+            if lo <= 0:
+                raise NoBound
+        else:
             self._require(c_ast.BinaryOp(">", self._node(lo), const(0)))
-        return lo
+        return lo, hi
 
     def _div(self, b: _Bound, c: _Bound) -> _Bound:
         if isinstance(b, int) and isinstance(c, int):
@@ -302,7 +367,7 @@ class NestGuard:
                ) -> dict[str, _Ival | None]:
         """env narrowed by what ``cond`` (pure) says when it holds (comparisons of a
         variable with an expression, joined by &&; when it fails, !(v < E) too)."""
-        facts: list[tuple[str, str, c_ast.Node]] = []
+        facts: list[tuple] = []  # (name, op, other[, the compared sum])
         flip = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
         mirror = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
@@ -317,17 +382,23 @@ class NestGuard:
                 collect(c.expr, not pos)
             elif isinstance(c, c_ast.BinaryOp) and c.op in flip:
                 op = c.op if pos else flip[c.op]
-                if isinstance(c.left, c_ast.ID):
-                    facts.append((c.left.name, op, c.right))
-                if isinstance(c.right, c_ast.ID):
-                    facts.append((c.right.name, mirror[op], c.left))
+                for side, other, sop in ((c.left, c.right, op), (c.right, c.left, mirror[op])):
+                    if isinstance(side, c_ast.ID):
+                        facts.append((side.name, sop, other))
+                    elif shifted := _shifted(side):
+                        # x + e < E: x < E - e, when x + e cannot wrap (its interval,
+                        # overflow-checked, says so)
+                        facts.append((shifted[0], sop, c_ast.BinaryOp(
+                            "-" if shifted[1] == "+" else "+", other, shifted[2]), side))
 
         collect(cond, holds)
         if not facts:
             return env
         out = dict(env)
-        for name, op, other in facts:
+        for name, op, other, *whole in facts:
             try:
+                for w in whole:
+                    self.ival(w, env)  # x + e does not wrap
                 cur = self._ival(c_ast.ID(name), out)
                 lo_o, hi_o = self.ival(other, env)
                 lo, hi = cur
@@ -340,6 +411,7 @@ class NestGuard:
                 else:
                     lo = self._pick(">", lo, lo_o)
                 out[name] = (lo, hi)
+                self._narrowed(out, lo, hi)
             except NoBound:
                 continue  # no narrowing from this fact
         return out
@@ -447,10 +519,16 @@ class NestGuard:
         elif pure_expr(step) and not (ids_in(step) & self.written):
             s = self._new(copy.deepcopy(step))
         else:
-            # a step the nest computes (int64_t nw = P / 32;): one value at the guard
+            # a step the nest computes (int64_t nw = P / 32;), one value or a range
+            # (a column's row groups): the counter's interval does not depend on it,
+            # the guard requires it positive and checks the last step with its top
             lo_s, s = self.ival(step, env)
             if lo_s != s:
-                raise NoBound
+                if isinstance(lo_s, int):
+                    if lo_s <= 0:
+                        raise NoBound
+                else:
+                    self._require(c_ast.BinaryOp(">", c_ast.ID(lo_s), const(0)))
         if isinstance(s, int):
             if not 0 < s <= 1 << 20:
                 raise NoBound
@@ -473,6 +551,7 @@ class NestGuard:
         self.expr(f.cond, env)
         body = dict(env)
         body[var] = iv
+        self._narrowed(body, *iv)  # an empty counter interval: the body never runs
         self.stmt(f.stmt, body)
 
     def _le(self, b: _Bound, limit: int) -> None:
@@ -517,7 +596,7 @@ class NestGuard:
                         cap.name in self.written and cap.name not in self.cap_exprs):
                     raise NoBound
                 store = 1 if e.name.name.startswith("cap_store_") else 0
-                self._cover(("cap", cap.name, ELEM_SIZE[t], store), self.ival(idx, env))
+                self._cover(("cap", cap.name, ELEM_SIZE[t], store), self.ival(idx, env), env)
                 return
         if isinstance(e, c_ast.ArrayRef):
             base, chain = array_chain(e)
@@ -526,7 +605,7 @@ class NestGuard:
                 self.expr(ref.subscript, env)
                 if dims is None or depth >= len(dims) or isinstance(ref, UncheckedRef):
                     continue
-                self._cover(("array", dims[depth]), self.ival(ref.subscript, env))
+                self._cover(("array", dims[depth]), self.ival(ref.subscript, env), env)
             return
         if isinstance(e, (c_ast.For, c_ast.While, c_ast.DoWhile, c_ast.Compound, c_ast.If)):
             self.stmt(e, env)
@@ -535,6 +614,17 @@ class NestGuard:
             self.expr(c, env)
 
     ok = "__nok"  # replaced per nest in build()
+
+
+def _shifted(e: c_ast.Node) -> tuple[str, str, c_ast.Node] | None:
+    """x + e, e + x or x - e (x a name, e pure) -> (x, '+' or '-', e), else None."""
+    if not (isinstance(e, c_ast.BinaryOp) and e.op in ("+", "-")):
+        return None
+    if isinstance(e.left, c_ast.ID) and pure_expr(e.right):
+        return e.left.name, e.op, e.right
+    if e.op == "+" and isinstance(e.right, c_ast.ID) and pure_expr(e.left):
+        return e.right.name, "+", e.left
+    return None
 
 
 def _minmax(e: c_ast.TernaryOp) -> str | None:

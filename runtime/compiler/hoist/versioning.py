@@ -91,7 +91,15 @@ from .loops import (
     loop_shape,
     replace_node,
 )
-from .marks import QUIET_LOOPS, LoopPlan, UncheckedCall, UncheckedRef, Versioning, mark_nopoll
+from .marks import (
+    QUIET_LOOPS,
+    LoopPlan,
+    UncheckedCall,
+    UncheckedRef,
+    Versioned,
+    Versioning,
+    mark_nopoll,
+)
 from .nest_guard import NestGuard, NoBound
 from .polls import (
     OUTER_SHORT_TRIP,
@@ -120,12 +128,15 @@ class Ctx:
     one_thread_blocks: bool = False      # barriers never wait (see hoist_function)
     barriers: frozenset[str] = BARRIERS  # the lane's barrier calls
     warp_vote: str | None = None         # the lane's warp vote (GPU_WARP_VOTE), if any
+    block_vote: str | None = None        # the lane's block vote (GPU_BLOCK_VOTE), if any
+    name: str = ""                       # the function's name (its outlined guards')
+    decl_types: dict[str, list[str]] = field(default_factory=dict)  # scalar name -> type
 
 
 def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
                    waits: frozenset[str] = frozenset(), one_thread_blocks: bool = False,
-                   barriers: frozenset[str] = BARRIERS, warp_vote: str | None = None
-                   ) -> Versioning:
+                   barriers: frozenset[str] = BARRIERS, warp_vote: str | None = None,
+                   block_vote: str | None = None) -> Versioning:
     """Version every eligible loop of ``func`` in place; return the side table.
 
     ``arrays`` maps the function's local arrays to their dimensions
@@ -135,7 +146,9 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     runtime's rt_range_ok/rt_lrange_ok/rt_loop_span (defined in cap_abi.h
     for both lanes).  ``waits``: the source's :func:`waiting_helpers`; ``barriers``:
     the lane's barrier calls (BARRIERS, GPU_BARRIERS); ``warp_vote``: the lane's
-    warp vote (GPU_WARP_VOTE), which admits loops with warp collectives.
+    warp vote (GPU_WARP_VOTE), which admits loops with warp collectives;
+    ``block_vote``: the lane's block vote (GPU_BLOCK_VOTE), which admits loops with
+    block barriers behind one cover guard.
     ``one_thread_blocks``: the lane runs one thread per block (the CPU), so a
     barrier never waits for another thread and a whole-body guard may enclose
     tile copies.  (On the GPU a per-thread guard around a barrier would split
@@ -143,7 +156,8 @@ def hoist_function(func: c_ast.FuncDef, arrays: dict[str, tuple[int, ...]],
     measured slower than none: bench/results/gpuprof-wholebody-guard-2026-12-03.txt.)
     """
     ctx = Ctx(arrays, int_types(func), waits=waits, one_thread_blocks=one_thread_blocks,
-               barriers=barriers, warp_vote=warp_vote)
+               barriers=barriers, warp_vote=warp_vote, block_vote=block_vote,
+               name=func.decl.name, decl_types=_scalar_types(func))
     whole = _body_version(func.body, ctx)
     if whole is not None:
         func.body, checked = whole
@@ -378,7 +392,8 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
     ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, guard_terms, covered,
                                     fast_block is not fast))
     fast_then = c_ast.Compound([fast_block])
-    out = c_ast.Compound(span.decls(is_int) + hoisted + [c_ast.If(cond, fast_then, slow)])
+    guarded = Versioned(cond, fast_then, slow, loop.coord)
+    out = c_ast.Compound(span.decls(is_int) + hoisted + [guarded])
     if innermost:
         ctx.inner[id(out)] = Inner(out, var, span, terms, fast_then, covered)
     return out
@@ -452,7 +467,7 @@ def _nest_walk(node: c_ast.Node, ctx: Ctx) -> None:
             if not isinstance(item, c_ast.Node):
                 continue
             if isinstance(item, c_ast.For) and not isinstance(item, QUIET_LOOPS):
-                new = _nest_version(item, ctx)
+                new = _nest_version(item, ctx) or _cover_version(item, ctx)
                 if new is not None:
                     if isinstance(val, list):
                         val[idx] = new
@@ -484,8 +499,9 @@ def _body_version(body: c_ast.Compound, ctx: Ctx) -> tuple[c_ast.Compound, c_ast
     return None if new is None else (new, rest)
 
 
-def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: Ctx) -> c_ast.Compound | None:
-    """``if (intervals of every access of node in range) fast copy else node``."""
+def _interval_guard(node: c_ast.Node, ctx: Ctx) -> tuple[NestGuard, c_ast.Node] | None:
+    """The interval guard of every access under ``node`` (its guard variables and
+    its condition), or None if some access has no bound (or there is none)."""
     ctx.counter += 1
     g = NestGuard(node, ctx, ctx.counter)
     g.ok = f"__n{ctx.counter}_ok"
@@ -495,21 +511,123 @@ def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: Ctx) -> c_ast.Compoun
         return None
     if not g.terms:
         return None
-    fast = copy.deepcopy(node)
-    covered = _mark_unchecked(fast, ctx)
-    cond: c_ast.Node = c_ast.ID(g.ok)
-    for c in g.conds:
-        cond = c_ast.BinaryOp("&&", cond, c)
     terms: c_ast.Node = const(1)
     for t in g.terms:
         terms = c_ast.BinaryOp("&", terms, t)
     # conditions first (&&): the range terms read bounds the conditions vouch for
-    cond = c_ast.BinaryOp("&&", cond, terms)
+    return g, c_ast.BinaryOp("&&", c_ast.ID(g.ok), terms)
+
+
+def _int_decl(name: str, init: c_ast.Node) -> c_ast.Decl:
+    return c_ast.Decl(name, [], [], [], [], c_ast.TypeDecl(name, [], None, c_ast.IdentifierType(
+        ["int"])), init, None)
+
+
+def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: Ctx, vote: str | None = None
+             ) -> c_ast.Compound | None:
+    """``if (intervals of every access of node in range) fast copy else node``; with
+    ``vote``, the condition is that call of it (the whole block's vote), computed by
+    a function of its own where it can be (_outline)."""
+    built = _interval_guard(node, ctx)
+    if built is None:
+        return None
+    g, cond = built
+    compute = [_int_decl(g.ok, const(1))] + g.decls
+    if vote is not None:
+        call = _outline(g, compute, cond, ctx)
+        if call is not None:
+            cond, compute = call, []
+        cond = c_ast.FuncCall(c_ast.ID(vote), c_ast.ExprList([cond]))
+    fast = copy.deepcopy(node)
+    covered = _mark_unchecked(fast, ctx)
     ctx.table.loops.append(LoopPlan(node.coord.line if node.coord else 0, list(g.terms), covered,
                                     False))
-    ok = c_ast.Decl(g.ok, [], [], [], [], c_ast.TypeDecl(g.ok, [], None, c_ast.IdentifierType(
-        ["int"])), const(1), None)
-    return c_ast.Compound(pre + [ok] + g.decls + [c_ast.If(cond, c_ast.Compound([fast]), node)])
+    guarded = Versioned(cond, c_ast.Compound([fast]), node, node.coord)
+    return c_ast.Compound(pre + compute + [guarded])
+
+
+#: Outlined guards keep each bound in a register where they compute it
+#: (runtime/cuda/prelude.cuh: an empty asm on the GPU, nothing elsewhere).
+GUARD_PINS = {"int": "rt_pin_i32", "int64_t": "rt_pin_i64"}
+
+
+def _outline(g: NestGuard, compute: list[c_ast.Node], cond: c_ast.Node, ctx: Ctx
+             ) -> c_ast.FuncCall | None:
+    """A cover guard as a function of its own, ``int __rtg<k>_<f>(free names)``, added to
+    the side table; the call, or None where a free name's type is not one known scalar.
+
+    A loop's cover guard computes hundreds of bounds once.  Inlined, NVVM interleaves
+    them with each other and with the loop (ptxas -v, sm_90, gpu_qr_panel at 64
+    registers: 1.1 KB of spills per thread, none without the guard); in a function
+    of its own, each bound pinned where it is computed, they are a sequence that
+    needs few registers at a time and leave the loop's own allocation alone."""
+    body: list[c_ast.Node] = []
+    for item in compute:
+        body.append(item)
+        if isinstance(item, c_ast.Decl):
+            ty = " ".join(item.type.type.names)
+            item.init = c_ast.FuncCall(c_ast.ID(GUARD_PINS[ty]), c_ast.ExprList([item.init]))
+        else:  # ok &= (a condition): kept in order too
+            body.append(c_ast.Assignment("=", c_ast.ID(g.ok), c_ast.FuncCall(
+                c_ast.ID(GUARD_PINS["int"]), c_ast.ExprList([c_ast.ID(g.ok)]))))
+    body.append(c_ast.Return(cond))
+    own = {g.ok} | {d.name for d in compute if isinstance(d, c_ast.Decl)}
+    free = sorted(ids_in(c_ast.Compound(body)) - own)
+    if any(ctx.decl_types.get(n) is None for n in free):
+        return None
+    params = [c_ast.Decl(n, [], [], [], [], c_ast.TypeDecl(n, [], None, c_ast.IdentifierType(
+        list(ctx.decl_types[n]))), None, None) for n in free]
+    name = f"__rtg{len(ctx.table.guards) + 1}_{ctx.name}"
+    fdecl = c_ast.FuncDecl(c_ast.ParamList(params), c_ast.TypeDecl(
+        name, [], None, c_ast.IdentifierType(["int"])))
+    ctx.table.guards.append(c_ast.FuncDef(c_ast.Decl(name, [], [], ["static"], [], fdecl, None,
+                                                     None), None, c_ast.Compound(body)))
+    return c_ast.FuncCall(c_ast.ID(name), c_ast.ExprList([c_ast.ID(n) for n in free]))
+
+
+def _scalar_types(func: c_ast.FuncDef) -> dict[str, list[str]]:
+    """Names of func's scalar parameters and locals -> their type names, where every
+    declaration of the name agrees (else None: a guard over it stays inline)."""
+    out: dict[str, list[str] | None] = {}
+
+    class V(c_ast.NodeVisitor):
+        def visit_Decl(self, d: c_ast.Decl) -> None:
+            if isinstance(d.type, c_ast.TypeDecl) and isinstance(d.type.type,
+                                                                 c_ast.IdentifierType):
+                names = list(d.type.type.names)
+                out[d.name] = names if out.get(d.name, names) == names else None
+            self.generic_visit(d)
+
+    V().visit(func.decl)
+    V().visit(func.body)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------
+# Cover guards (GPU): one interval guard before a loop that waits at a barrier.
+#
+# Per thread, such a loop is never duplicated: threads whose guards differ would
+# wait at two different barriers.  So its inner loops were versioned one by one,
+# each guard evaluated on every iteration of it (the QR panels: six to eight per
+# column).  A cover guard bounds every access of the whole loop, all iterations,
+# with the nest guards' intervals, once, and the whole block votes on it
+# (GPU_BLOCK_VOTE: __syncthreads_and): every thread runs the unchecked copy of the
+# loop, or every thread the checked one (versioned as before, so a failing cover
+# still ends in the exact fault), and each barrier is met by the whole block.  The
+# vote is itself a barrier; the loop, which waits at one, is entered by the whole
+# block (the verifier admits barriers only under block-uniform control), and a
+# thread that faulted before it has set the block's fault flag, which the vote
+# reads as the barriers do.  One more barrier per loop, not per iteration.
+
+
+def _cover_version(loop: c_ast.For, ctx: Ctx) -> c_ast.Compound | None:
+    """``if (block_vote(intervals of every access of loop in range)) fast copy else
+    loop``, for a loop that waits at a block barrier on a lane with a block vote."""
+    # (a loop that reaches only warp collectives is versioned itself, under a warp vote)
+    blocking = ctx.barriers - WARP_FUNCS if ctx.warp_vote else ctx.barriers
+    if ctx.block_vote is None or not has_barrier(loop.stmt, ctx.waits, blocking):
+        return None
+    return _guarded(loop, [], ctx, vote=ctx.block_vote)
 
 
 def _levels(node: c_ast.Node) -> int:

@@ -1,7 +1,8 @@
 /*
  * Blocked Householder QR on the GPU, part 1 for short panels (one block per matrix).
  *
- * Same contract and arithmetic as gpu_qr_panel (kernels/gpu/panel.c), for
+ * Same contract and arithmetic as gpu_qr_panel (panel.c; the same reflector.c and
+ * t_factor.c, composed by kernels/sources.py: gpu_panel_small), for
  * panels of at most 256 rows: the panel is copied to shared memory first
  * (row stride 33: a warp reading a row, or the block reading a column, hits
  * 32 distinct banks), factored there, and copied back, so the column steps
@@ -14,9 +15,6 @@ KERNEL void gpu_qr_panel_small(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t 
     double smem_red[512];
     double smem_tot[32];
     float smem_w[32];
-    float smem_y[1024];
-    float smem_tau[32];
-    float smem_tt[1024];
     int64_t b = rt_block_idx();
     int64_t t = rt_thread_idx();
     int64_t P = 256;    /* launched with exactly 256 threads: constant loop steps */
@@ -62,21 +60,16 @@ KERNEL void gpu_qr_panel_small(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t 
         rt_sync_threads();
         double alpha = (double)smem_p[j * 33 + j];
         double xn2 = smem_tot[j];
-        double tk = 0.0;
-        double beta = alpha;
-        double scale = 0.0;
-        if (xn2 > 0.0) {
-            beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
-            tk = (beta - alpha) / beta;
-            scale = 1.0 / (alpha - beta);
-        }
+        double beta = reflector_beta(alpha, xn2);
+        double tk = reflector_tau(alpha, beta, xn2);
+        double scale = reflector_scale(alpha, beta, xn2);
         float scalef = (float)scale;
         if (t < nb) {
             double d = (double)smem_p[j * 33 + t] + smem_tot[t] * scale;
             if (t > j)
                 smem_w[t] = (float)(tk * d);
             if (t < j)
-                smem_y[t * 32 + j] = (float)d;
+                cap_store_f32(TT, j * 32 + t, (float)d);
         }
         rt_sync_threads();
         if (lane > j && lane < nb) {
@@ -94,7 +87,6 @@ KERNEL void gpu_qr_panel_small(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t 
         if (t == 0) {
             smem_p[j * 33 + j] = (float)beta;
             cap_store_f32(tb, k0 + j, (float)tk);
-            smem_tau[j] = (float)tk;
         }
         rt_sync_threads();
     }
@@ -102,23 +94,5 @@ KERNEL void gpu_qr_panel_small(cap_t A, cap_t tau, cap_t Tw, int64_t n, int64_t 
         for (int64_t rr = warp; rr < m; rr += nw)
             cap_store_f32(M, (k0 + rr) * n + k0 + lane, smem_p[rr * 33 + lane]);
     }
-    /* T (slarft, forward, columnwise): T[i][j] = -tau_j sum_{l=i}^{j-1} T[i][l] y[l][j].
-     * Thread i owns row i of T, so the recurrence needs no barrier. */
-    if (t < 32) {
-        for (int64_t j = 0; j < 32; j++) {
-            float v = 0.0f;
-            if (t < nb && j < nb) {
-                if (t == j)
-                    v = smem_tau[j];
-                if (t < j) {
-                    float s = 0.0f;
-                    for (int64_t l = t; l < j; l++)
-                        s = fmaf(smem_tt[t * 32 + l], smem_y[l * 32 + j], s);
-                    v = -smem_tau[j] * s;
-                }
-            }
-            smem_tt[t * 32 + j] = v;
-            cap_store_f32(TT, t * 32 + j, v);
-        }
-    }
+    gpu_t_factor(TT, tb, k0, nb);
 }

@@ -2,7 +2,8 @@
  * Blocked Householder QR on the GPU, part 1 for tall panels: one cooperative launch
  * per panel, many blocks per matrix.
  *
- * Same contract as gpu_qr_panel (kernels/gpu/panel.c): factor columns k0 .. k0+nb-1
+ * Same contract as gpu_qr_panel (panel.c; reflector.c and t_factor.c composed with it by
+ * kernels/sources.py: gpu_steps): factor columns k0 .. k0+nb-1
  * (nb <= 32) of rows k0 .. n-1 with LAPACK's slarfg formulas, write R, the
  * reflectors, tau and the 32 x 32 T factor (Tw[b*1024 ...], zero-padded).  A
  * single block per matrix leaves a batch of two 4096-row panels on two SMs, so
@@ -25,7 +26,7 @@
  * while a fast one writes step j+1's).  Block 0 of each matrix (it holds the
  * panel's first 64 rows, so every pivot row) also writes tau and the column
  * y_cj = v_c . v_j of V^T V into the strictly lower triangle of Tw, and at the
- * end forms T there (slarft).  Launched with 256 threads.
+ * end forms T there (gpu_t_factor).  Launched with 256 threads.
  *
  * Layout of the float64 buffer D: the pivot rows Pv first, then the parts Pp:
  *   Pv[(par * nbatch + b) * 32 + c],  Pp[((par * nbatch + b) * nrb + rbi) * 32 + c].
@@ -36,9 +37,6 @@ KERNEL void gpu_qr_steps(cap_t A, cap_t tau, cap_t Tw, cap_t D, int64_t n, int64
     double smem_red[256];
     double smem_s[32];
     double smem_pv[32];
-    float smem_y[1024];
-    float smem_tau[32];
-    float smem_tt[1024];
     int64_t t = rt_thread_idx();
     int64_t lane = t % 32;
     int64_t warp = t / 32;
@@ -91,14 +89,9 @@ KERNEL void gpu_qr_steps(cap_t A, cap_t tau, cap_t Tw, cap_t D, int64_t n, int64
             rt_sync_threads();
             double alpha = smem_pv[p];
             double xn2 = smem_s[p];
-            double tk = 0.0;
-            double beta = alpha;
-            double scale = 0.0;
-            if (xn2 > 0.0) {
-                beta = -copysign(sqrt(alpha * alpha + xn2), alpha);
-                tk = (beta - alpha) / beta;
-                scale = 1.0 / (alpha - beta);
-            }
+            double beta = reflector_beta(alpha, xn2);
+            double tk = reflector_tau(alpha, beta, xn2);
+            double scale = reflector_scale(alpha, beta, xn2);
             float scalef = (float)scale;
             float wc = 0.0f;
             if (lane > p && lane < nb)
@@ -133,7 +126,7 @@ KERNEL void gpu_qr_steps(cap_t A, cap_t tau, cap_t Tw, cap_t D, int64_t n, int64
                 if (t < p)
                     cap_store_f32(TT, p * 32 + t, (float)(smem_pv[t] + smem_s[t] * scale));
                 if (t == 0)
-                    cap_store_f32(tau, b * n + kp, (float)tk);
+                    cap_store_f32(tau, b * n + k0 + p, (float)tk);
             }
         }
         if (p + 1 < nb) {
@@ -187,33 +180,5 @@ KERNEL void gpu_qr_steps(cap_t A, cap_t tau, cap_t Tw, cap_t D, int64_t n, int64
     }
     if (rbi != 0)
         return;
-    /* T (slarft, forward, columnwise) from y and tau; thread i owns row i */
-    rt_sync_threads();
-    for (int64_t e = t; e < 1024; e += 256) {
-        int64_t r = e / 32;
-        int64_t c = e % 32;
-        smem_y[c * 32 + r] = r > c && r < nb ? cap_load_f32(TT, e) : 0.0f;
-    }
-    if (t < 32)
-        smem_tau[t] = t < nb ? cap_load_f32(tau, b * n + k0 + t) : 0.0f;
-    rt_sync_threads();
-    if (t < 32) {
-        for (int64_t jj = 0; jj < 32; jj++) {
-            float v = 0.0f;
-            if (t < nb && jj < nb) {
-                if (t == jj)
-                    v = smem_tau[jj];
-                if (t < jj) {
-                    float s = 0.0f;
-                    for (int64_t l = t; l < jj; l++)
-                        s = fmaf(smem_tt[t * 32 + l], smem_y[l * 32 + jj], s);
-                    v = -smem_tau[jj] * s;
-                }
-            }
-            smem_tt[t * 32 + jj] = v;
-        }
-    }
-    rt_sync_threads();
-    for (int64_t e = t; e < 1024; e += 256)
-        cap_store_f32(TT, e, smem_tt[e]);
+    gpu_t_factor(TT, tau, b * n + k0, nb);
 }
