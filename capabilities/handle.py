@@ -8,7 +8,7 @@ does every later use of the handle from Python.  Every attribute of a handle
 is recorded when it is made, so reading one after free() never touches a
 header the collector may have released.
 
-Wrapped arrays (and wrapped torch CUDA tensors, runtime/cuda/lane.py): the
+Wrapped arrays (and wrapped torch CUDA tensors, runtime/cuda/memory.py): the
 collector owns the object, this module owns the array.
 The array stays referenced (``runtime.heap.keep_external``) until the collector's
 sweep finds the object unreachable from every handle, table and running kernel and

@@ -292,7 +292,7 @@ _ffi: Any = None
 
 def _launcher(name: str, params: list[tuple[str, str]], checked: bool, together: bool) -> str:
     """extern "C" emu_<symbol>(caps, ints, dbls, record, grid, block), ``symbol`` the
-    kernel's entry symbol (instrument_cuda.entry_symbol): a thread per CUDA
+    kernel's entry symbol (runtime/cuda/lower.py entry_symbol): a thread per CUDA
     thread; blocks one after another, or all at once (``together``: the kernel calls
     the grid barrier).  A raw kernel has no fault record."""
     ic = ii = idd = 0
