@@ -50,6 +50,13 @@ RT_ABI_VERSION = 5
 #: Bytes of a buffer name in rt_obj.name and rt_fault_rec.buffer, the NUL included:
 #: the host truncates names to NAME_MAX - 1 bytes before they reach the collector.
 NAME_MAX = 48
+
+
+def c_name(name: str) -> bytes:
+    """``name`` as the collector stores it: UTF-8, cut to NAME_MAX - 1 bytes at a character
+    boundary (a cut inside a character would make the fault's name differ from the
+    handle's)."""
+    return name.encode()[:NAME_MAX - 1].decode(errors="ignore").encode()
 #: Shadow slots of one rt_frame: cap_t params + locals + call spills of a kernel
 #: function (the verifier refuses a function that needs more).
 FRAME_SLOTS_MAX = 64

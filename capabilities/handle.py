@@ -294,7 +294,7 @@ def alloc(shape: Any, dtype: Any = np.float32, perms: str = "rw", name: str | No
     nbytes = _check_nbytes(shape, dt, itemsize)
     bits = _perm_bits(perms)
     name = name or _auto_name("buf")
-    obj = lib.gc_alloc_pinned(nbytes, code, bits, name.encode()[:abi.NAME_MAX - 1])
+    obj = lib.gc_alloc_pinned(nbytes, code, bits, abi.c_name(name))
     if obj == ffi.NULL:
         raise MemoryError(f"capqr: cannot allocate buffer {name!r}: shape {shape} of {dt} "
                           f"needs {nbytes} bytes ({_human(nbytes)})")
@@ -367,7 +367,7 @@ def wrap(array: Any, perms: str = "rw", name: str | None = None) -> Any:
     name = name or _auto_name("arr")
     pins, guard = _host_pins(array)
     ptr = ffi.cast("void *", array.ctypes.data)
-    obj = lib.gc_wrap_pinned(ptr, array.nbytes, code, bits, name.encode()[:abi.NAME_MAX - 1])
+    obj = lib.gc_wrap_pinned(ptr, array.nbytes, code, bits, abi.c_name(name))
     cap = Capability(obj, array.shape, array.dtype, perms, name)
     cap._guard = guard
     # the pins live exactly as long as the array reference: until the collector

@@ -139,3 +139,17 @@ def test_unsupported_torch_dtypes_get_capqr_type_errors(dtype: str) -> None:
     if dtype != "int64":  # capabilities hold int64 buffers
         with pytest.raises(TypeError, match="capqr buffers hold float16, float32, float64"):
             capabilities.wrap(t)
+
+
+def test_a_long_name_is_cut_at_a_character_in_the_fault() -> None:
+    """The collector keeps NAME_MAX - 1 bytes of a buffer's name; a cut inside a UTF-8
+    character made the fault name the buffer with a replacement character."""
+    from capqr.capabilities import abi
+
+    name = "a" * (abi.NAME_MAX - 2) + "\u00e9tat"   # the cut falls inside the e-acute
+    src = "KERNEL void poke(cap_t x) { cap_store_f32(x, 99, 1.0f); }"
+    x = capabilities.alloc(4, name=name)
+    with pytest.raises(runtime.CapabilityFault) as e:
+        runtime.launch(runtime.compile(src, "poke"), [x])
+    assert e.value.buffer == "a" * (abi.NAME_MAX - 2)
+    assert name.startswith(e.value.buffer)

@@ -180,7 +180,7 @@ class DeviceCapability(RecordedAttributes):
         self._lock = threading.Lock()
         code = _DT_CODES[self._dtype.name]
         bits = abi.PERM_R | (abi.PERM_W if "w" in self._perms else 0)
-        label = (name or "dev").encode()[:abi.NAME_MAX - 1]
+        label = abi.c_name(name or "dev")
         if owned:
             obj = core.lib.gc_wrap_device_pinned(self._ptr, self._nbytes, code, bits, label)
         else:
@@ -192,7 +192,7 @@ class DeviceCapability(RecordedAttributes):
             raise MemoryError(f"capqr: cannot allocate a header for device buffer {name!r}")
         self._obj = obj
         self._id = int(obj.id)
-        self._name = (name or f"dev{self._id}")[:abi.NAME_MAX - 1]
+        self._name = abi.c_name(name or f"dev{self._id}").decode()
         if owned:
             _OWNED[self._id] = self._epoch
         elif keepalive is not None:
