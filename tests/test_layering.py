@@ -171,3 +171,14 @@ def test_every_relative_import_names_a_module_that_exists() -> None:
                 if base not in mods:
                     bad.append(f"{name}:{node.lineno} imports missing {base}")
     assert bad == []
+
+
+def test_every_package_is_in_the_wheel() -> None:
+    """pyproject.toml lists the packages by hand (the root is the package): a folder of
+    modules left off the list installs without them, and only its first import fails."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert packages == listed
