@@ -31,7 +31,15 @@ from capqr import runtime
 from capqr.runtime import CapabilityFault, CompileError, KernelTimeout, cuda
 from capqr.runtime.cuda import driver as real_drv
 from capqr.runtime.cuda import memory, nvrtc, sequence
-from test_launch_sequence import PUT_LINE, PUT_SRC, FakeDevice, _fake_kernel, _holds, _oob
+from test_launch_sequence import (
+    PUT_LINE,
+    PUT_SRC,
+    FakeDevice,
+    _fake_kernel,
+    _holds,
+    _oob,
+    installed,
+)
 
 SIDE = 0x51DE  # the side stream a reset makes (the fake's first one is "side")
 CUDA_ERROR_INVALID_IMAGE = 200
@@ -126,20 +134,9 @@ class ResettableDevice(FakeDevice):
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
     d = ResettableDevice()
-    for entry in ("lib", "device", "check"):  # every module of the lane calls these
-        monkeypatch.setattr(real_drv, entry, getattr(d, entry))
-    monkeypatch.setattr(sequence, "CANCEL_GRACE", 0.2)
-    yield d
-    d.stuck = False
-    cuda.sync()
-    assert not sequence.current.stuck and not sequence.current.held
-    pygc.collect()
-    for _ in range(6):  # (a lost payload is dropped unfreed: cuMemFree of it would fail)
-        runtime.gc_collect()
-        if not memory.device_payloads_owned():
-            break
+    yield from installed(monkeypatch, d)
+    # a lost payload is dropped unfreed (cuMemFree of it would fail), and still counted gone
     assert memory.device_payloads_owned() == 0
-    assert set(d.mem) <= {d.dev.seq_record}, "device payloads leaked"
 
 
 def _kernel(fake: ResettableDevice, behaviour: Any = None) -> cuda.CudaKernel:

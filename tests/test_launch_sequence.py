@@ -357,7 +357,12 @@ def abi_code(name: str) -> int:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
-    d = FakeDevice()
+    yield from installed(monkeypatch, FakeDevice())
+
+
+def installed(monkeypatch: pytest.MonkeyPatch, d: Any) -> Any:
+    """Serve the lane's driver calls from the fake ``d`` for one test (a fixture's body):
+    afterwards the sequence is drained and no device payload may be left."""
     for entry in ("lib", "device", "check"):  # every module of the lane calls these
         monkeypatch.setattr(real_drv, entry, getattr(d, entry))
     monkeypatch.setattr(sequence, "CANCEL_GRACE", 0.2)
