@@ -9,8 +9,11 @@
 #   gpu-bench.{json,txt,log}    bench.gpu_bench, peers torch.geqrf and
 #                               cublasSgeqrfBatched                        (GPU_BENCH_S, 190 s)
 #  reset:
-#   gpu-reset.txt               tests/test_gpu_reset.py -m gpu: a hung raw kernel ended by a
-#                               context reset, in a subprocess                  (RESET_S, 200 s)
+#   gpu-reset.txt               tests/test_gpu_reset.py -m gpu: a hung raw kernel, the
+#                               isolated lane recovering, the direct one stuck  (RESET_S, 200 s)
+#  isolated:
+#   gpu-isolated.txt            GPU tests without torch memory, CAPQR_CUDA_ISOLATE=1
+#                                                                            (ISOLATED_S, 200 s)
 #  cpu:
 #   cpu-parallel-*.{json,txt},  bench.cpu_peers on all cores: capqr vs scipy sgeqrf and
 #   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 200 s)
@@ -84,6 +87,13 @@ fi
 if [[ $PARTS == *" reset "* ]]; then
     step gpu-reset "${RESET_S:-200}" "$OUT/gpu-reset.txt" \
         python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_reset.py
+fi
+if [[ $PARTS == *" isolated "* ]]; then
+    # the GPU tests that use no torch memory, with the driver in the lane's device process
+    CAPQR_CUDA_ISOLATE=1 TAIL=6 step gpu-isolated "${ISOLATED_S:-200}" "$OUT/gpu-isolated.txt" \
+        python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_faults.py \
+        tests/test_gpu_async.py tests/test_gpu_group.py tests/test_gpu_builtins.py \
+        tests/test_conformance.py
 fi
 if [[ $PARTS == *" cpu "* ]]; then
     TAIL=20 step cpu-peers "${CPU_BENCH_S:-200}" "$OUT/cpu-peers.log" \

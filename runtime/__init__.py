@@ -10,12 +10,19 @@ Public API::
 """
 
 from .cpu.kernel import Kernel, compile
-from .errors import CapabilityFault, CapqrError, CompileError, KernelTimeout, VerifyError
+from .errors import (
+    CapabilityFault,
+    CapqrError,
+    CompileError,
+    DeviceStuck,
+    KernelTimeout,
+    VerifyError,
+)
 from .heap import gc_collect, gc_set_enabled, gc_set_threshold, gc_stats
 from .launch import launch, pending, sync
 
 __all__ = [
-    "CapabilityFault", "CapqrError", "CompileError", "KernelTimeout", "VerifyError",
+    "CapabilityFault", "CapqrError", "CompileError", "DeviceStuck", "KernelTimeout", "VerifyError",
     "Kernel", "compile", "launch", "gc_collect", "gc_stats", "gc_set_enabled",
     "gc_set_threshold", "pending", "sync", "threads",
 ]

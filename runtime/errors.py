@@ -100,26 +100,52 @@ class CapabilityFault(CapqrError):
 class KernelTimeout(CapqrError):
     """The launch deadline passed; blocks stopped at their next pollcheck.
 
-    ``context_reset`` (GPU): the kernel had not stopped when the grace after the
-    deadline ran out (a barrier or shuffle that some threads never reach, a raw kernel
-    without pollchecks), so the lane reset the CUDA context to end it: every device
-    buffer allocated before is lost (any use raises ``CapabilityFault("lost")``) and
-    kernels load again on their next launch."""
+    A GPU kernel that had not stopped when the grace after the deadline ran out (a
+    barrier or shuffle that some threads never reach, a raw kernel without pollchecks)
+    can only be ended by ending the process that owns its CUDA context:
+
+    - ``context_reset`` (the isolated lane, ``CAPQR_CUDA_ISOLATE=1``): the lane restarted
+      its device process; every device buffer allocated before is lost (any use raises
+      ``CapabilityFault("lost")``) and kernels load again on their next launch.
+    - ``stuck`` (the direct lane): the kernel still runs in this process's context, which
+      the driver cannot reset while it runs; every later GPU call raises
+      :class:`DeviceStuck` until the kernel ends."""
 
     def __init__(self, kernel: str, timeout: float, blocks_done: int | None = None, *,
-                 context_reset: bool = False, grace: float = 0.0):
+                 context_reset: bool = False, stuck: bool = False, grace: float = 0.0):
         self.kernel = kernel
         self.timeout = timeout
         self.blocks_done = blocks_done
         self.context_reset = context_reset
+        self.stuck = stuck
         msg = f"kernel {kernel!r} exceeded its timeout of {timeout:g} s"
-        if context_reset:
+        if context_reset or stuck:
             msg += (f" and was still running {grace:g} s after it was cancelled (a barrier "
-                    "or shuffle some threads never reach, or a kernel without pollchecks): "
-                    "the CUDA context was reset to stop it; every device buffer allocated "
-                    "before is lost (any use raises CapabilityFault 'lost'), kernels load "
-                    "again at their next launch")
+                    "or shuffle some threads never reach, or a kernel without pollchecks)")
+        if context_reset:
+            msg += (": the lane restarted its device process to stop it; every device "
+                    "buffer allocated before is lost (any use raises CapabilityFault "
+                    "'lost'), kernels load again at their next launch")
+        elif stuck:
+            msg += (": " + STUCK_ADVICE)
         super().__init__(msg)
+
+
+#: why a stuck kernel cannot be ended in the direct lane, and what to do
+STUCK_ADVICE = ("the CUDA driver cannot reset a context while one of its kernels runs, so "
+                "no GPU work can run in this process until that kernel ends; run GPU work "
+                "with CAPQR_CUDA_ISOLATE=1 (or runtime.cuda.isolate() before the first GPU "
+                "call) so the lane can end such a kernel by restarting its device process")
+
+
+class DeviceStuck(CapqrError):
+    """A GPU call in the direct lane while a kernel that ignored its cancel still runs
+    (see :class:`KernelTimeout`, ``stuck``)."""
+
+    def __init__(self, kernel: str):
+        self.kernel = kernel
+        super().__init__(f"the GPU is still running {kernel!r}, which ignored its cancel: "
+                         + STUCK_ADVICE)
 
 
 def fault_detail(reason: str, index: int | None) -> str:

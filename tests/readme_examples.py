@@ -14,16 +14,20 @@ def python_blocks(page: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
 
 
-def run_readme_example(heading: str, index: int = 0) -> None:
-    """Execute the ``index``-th ```python block of the first section (of README.md or a
-    docs page) whose heading starts with ``heading`` and that has that many blocks
-    (AssertionError if there is none).  A section runs to the next ``## `` heading."""
+def example_source(heading: str, index: int = 0) -> str:
+    """The ``index``-th ```python block of the first section (of README.md or a docs page)
+    whose heading starts with ``heading`` and that has that many blocks (AssertionError if
+    there is none).  A section runs to the next ``## `` heading."""
     found = []
     for page in PAGES:
         for part in re.split(rf"(?m)^#+ {re.escape(heading)}", page.read_text())[1:]:
             blocks = re.findall(r"```python\n(.*?)```", part.split("\n## ", 1)[0], re.S)
             found.append(f"{page.name}: {len(blocks)}")
             if len(blocks) > index:
-                exec(compile(blocks[index], f"{page.name}-{heading}-{index}", "exec"), {})
-                return
+                return blocks[index]
     raise AssertionError(f"no section '{heading}' with {index + 1} python blocks ({found})")
+
+
+def run_readme_example(heading: str, index: int = 0) -> None:
+    """Execute :func:`example_source` ``(heading, index)`` as written."""
+    exec(compile(example_source(heading, index), f"{heading}-{index}", "exec"), {})

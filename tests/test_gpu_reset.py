@@ -1,27 +1,31 @@
-"""A GPU kernel that never stops: the lane resets the CUDA context, and nothing of the old
-context is used again.
+"""A GPU kernel that never stops: the isolated lane restarts its device process, and
+nothing of the old context is used again; the direct lane says it is stuck.
 
 A checked kernel stops at its next pollcheck once the sequence is cancelled; one that
 does not (a barrier or shuffle that some threads never reach and the verifier missed,
 or a raw build, which has no pollchecks) is still running when the grace after the
-deadline ends.  Only destroying its context ends it (runtime/cuda/sequence.py,
-driver.reset_context): KernelTimeout says the context was reset, every device buffer
-allocated before is lost (any use raises CapabilityFault("lost") before a driver call,
-and its payload, gone with the context, is never freed), kernels load their module
-again at their next launch, and a new buffer and a launch work.
+deadline ends.  Only ending the process that owns its context ends it
+(runtime/cuda/remote.py, sequence.py): in the isolated lane KernelTimeout says the
+device process was restarted, every device buffer allocated before is lost (any use
+raises CapabilityFault("lost") before a driver call, and its payload, gone with the
+context, is never freed), kernels load their module again at their next launch, and a
+new buffer and a launch work.
 
 Part 1 runs the lane's host side on the fake device of tests/test_launch_sequence.py,
-given a context to destroy: a reset drops its memory, queue, modules and functions, and
-any later use of an old address or function handle fails the test.  Part 2 hangs a raw
-kernel on a real GPU (skipped without one).
+playing the device process: a restart drops its memory, queue, modules and functions,
+and any later use of an old address or function handle fails the test (the process and
+its protocol on a stand-in libcuda: tests/test_gpu_isolation.py).  Part 2 hangs a raw
+kernel on a real GPU in both lanes (skipped without one).
 """
 
 from __future__ import annotations
 
 import gc as pygc
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from capqr import runtime
 from capqr.runtime import CapabilityFault, CompileError, KernelTimeout, cuda
 from capqr.runtime.cuda import driver as real_drv
 from capqr.runtime.cuda import memory, nvrtc, sequence
+from readme_examples import example_source
 from test_launch_sequence import (
     PUT_LINE,
     PUT_SRC,
@@ -67,17 +72,16 @@ class ResettableDevice(FakeDevice):
         return fn
 
     # -- the context ---------------------------------------------------------------
-    def cuDevicePrimaryCtxReset_v2(self, handle: int) -> int:
-        """Everything in the context goes: memory (addresses are never handed out again,
-        so any later use of an old one fails _find), the queue (the stuck kernel ends),
-        modules and functions."""
+    def restart(self) -> None:
+        """The device process ends, and everything in its context goes: memory (addresses
+        are never handed out again, so any later use of an old one fails _find), the
+        queue (the stuck kernel ends), modules and functions."""
         self._count("reset")
         self.resets += 1
         self.mem.clear()
         self.queue.clear()
         self.images.clear()
         self.handles.clear()
-        return 0
 
     def cuDevicePrimaryCtxRetain(self, c: Any, handle: int) -> int:
         c[0] = real_drv.ffi().cast("void *", 0xC0)
@@ -134,6 +138,10 @@ class ResettableDevice(FakeDevice):
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
     d = ResettableDevice()
+    # the isolated lane, its device process played by the fake (the process itself and
+    # the direct lane: tests/test_gpu_isolation.py)
+    monkeypatch.setattr(real_drv, "can_reset", lambda: True)
+    monkeypatch.setattr(real_drv, "restart_device_process", d.restart)
     yield from installed(monkeypatch, d)
     # a lost payload is dropped unfreed (cuMemFree of it would fail), and still counted gone
     assert memory.device_payloads_owned() == 0
@@ -165,7 +173,7 @@ def test_fake_kernel_ignoring_the_cancel_resets_the_context(fake: ResettableDevi
     px, xid = x.ptr, x.id
     runtime.launch(put, [x], args=(0, 1.0), sync=False)
     runtime.launch(stuck, [x], args=(1, 1.0), sync=False)
-    with pytest.raises(KernelTimeout, match="the CUDA context was reset") as e:
+    with pytest.raises(KernelTimeout, match="restarted its device process") as e:
         runtime.sync(timeout=0.05)
     assert e.value.context_reset and e.value.kernel == "sequence of 2 launches (put .. put)"
     assert fake.calls["reset"] == 1 and not fake.queue and px not in fake.mem
@@ -255,61 +263,120 @@ KERNEL void hang(cap_t flag)
 }
 """
 GPU_PROBE = r"""
-import json, time
+import json, os, sys, time
 import numpy as np
 from capqr import runtime
-from capqr.runtime import CapabilityFault, KernelTimeout, cuda
+from capqr.runtime import CapabilityFault, DeviceStuck, KernelTimeout, cuda
 from capqr.runtime.cuda import sequence
 sequence.CANCEL_GRACE = 2.0
+
+
+def note(what):  # progress on stderr: a probe cut by the wall limit shows how far it got
+    print(f"[{time.monotonic() - T0:7.3f}] {what}", file=sys.stderr, flush=True)
+
+
+def attempt(fn):
+    try:
+        fn()
+        return "ran"
+    except CapabilityFault as e:
+        return "fault:" + e.reason
+    except DeviceStuck:
+        return "DeviceStuck"
+
+
+T0 = time.monotonic()
 hang = cuda.compile(HANG, "hang", checked=False)
 put = cuda.compile(PUT, "put")
 old = cuda.to_device(np.zeros(4, np.float32), name="old")
 flag = cuda.alloc_device(4, np.int32, name="flag")
+note("compiled")
 out = {}
 t0 = time.monotonic()
 try:
     cuda.launch(hang, [flag], grid=2, block=64, timeout=0.5)
     out["hang"] = "returned"
 except KernelTimeout as e:
-    out["hang"], out["reset"], out["message"] = "KernelTimeout", e.context_reset, str(e)
+    out["hang"] = {"reset": e.context_reset, "stuck": e.stuck, "message": str(e)}
 out["elapsed"] = time.monotonic() - t0
-out["lost"] = {}
-uses = {"numpy": old.numpy, "launch": lambda: cuda.launch(put, [old], args=(0, 1.0))}
-for what, use in uses.items():
-    try:
-        use()
-        out["lost"][what] = "used"
-    except CapabilityFault as e:
-        out["lost"][what] = e.reason
-new = cuda.alloc_device(4, np.float32, name="new")
-cuda.launch(put, [new], args=(2, 5.0))          # put was loaded before the reset
-out["new"] = new.numpy().tolist()
-again = cuda.compile(PUT, "put")                # and a compile after it
-cuda.launch(again, [new], args=(3, 7.0))
-out["again"] = new.numpy().tolist()
-print(json.dumps(out))
+note(f"timed out: {out['hang']}")
+out["old_numpy"] = attempt(old.numpy)
+out["old_launch"] = attempt(lambda: cuda.launch(put, [old], args=(0, 1.0)))
+note("old buffer tried")
+
+
+def fresh():
+    new = cuda.alloc_device(4, np.float32, name="new")
+    cuda.launch(put, [new], args=(2, 5.0))          # put was loaded before the timeout
+    out["new"] = new.numpy().tolist()
+    again = cuda.compile(PUT, "put")                # and a compile after it
+    cuda.launch(again, [new], args=(3, 7.0))
+    out["again"] = new.numpy().tolist()
+
+
+out["fresh"] = attempt(fresh)
+note("fresh buffer tried")
+print(json.dumps(out), flush=True)
+note("exiting")
 """
+
+
+def _probe(isolate: bool, wall: float) -> tuple[dict, float, str]:
+    """Run GPU_PROBE in a child process: (its JSON, seconds to its exit, its stderr);
+    the JSON is None when it printed none before ``wall`` seconds."""
+    code = GPU_PROBE.replace("HANG", repr(HANG)).replace("PUT", repr(PUT_SRC))
+    env = dict(os.environ, CAPQR_CUDA_ISOLATE="1" if isolate else "0")
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                           text=True, timeout=wall, env=env)
+        stdout, stderr, took = p.stdout, p.stderr, time.monotonic() - t0
+        assert p.returncode == 0, f"{stdout[-2000:]}\n{stderr[-3000:]}"
+    except subprocess.TimeoutExpired as e:
+        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        took = float("inf")
+    lines = [ln for ln in stdout.strip().splitlines() if ln.startswith("{")]
+    return (json.loads(lines[-1]) if lines else None), took, stderr
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")
-def test_gpu_hung_raw_kernel_resets_the_context() -> None:
-    """On the device: the raw spin ignores the cancel; 2 s after it the lane resets the
-    context (KernelTimeout says so), the buffers made before are lost, and a kernel
-    compiled before and one compiled after, on a new buffer, run.  In a subprocess under
-    a wall limit, since a reset that blocked on the kernel would hang the test run."""
-    code = GPU_PROBE.replace("HANG", repr(HANG)).replace("PUT", repr(PUT_SRC))
-    try:
-        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                           text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        p = None
-    if p is None:
-        pytest.fail("the probe ran 180 s: the reset did not end the hung kernel")
-    assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert (out["hang"], out["reset"]) == ("KernelTimeout", True), out
-    assert "context was reset" in out["message"], out
+def test_gpu_isolated_lane_recovers_from_a_hung_raw_kernel() -> None:
+    """On the device, the isolated lane: the raw spin ignores the cancel; 2 s after it the
+    lane kills its device process (KernelTimeout says so), the buffers made before are
+    lost, and a kernel compiled before and one compiled after, on a new buffer, run."""
+    out, took, log = _probe(isolate=True, wall=120)
+    assert out is not None, f"no result in 120 s: {log[-3000:]}"
+    assert (out["hang"]["reset"], out["hang"]["stuck"]) == (True, False), out
+    assert "restarted its device process" in out["hang"]["message"], out
     assert out["elapsed"] < 0.5 + 2.0 + 10.0, out
-    assert out["lost"] == {"numpy": "lost", "launch": "lost"}, out
+    assert (out["old_numpy"], out["old_launch"]) == ("fault:lost", "fault:lost"), out
+    assert out["fresh"] == "ran", out
     assert out["new"] == [0.0, 0.0, 5.0, 0.0] and out["again"] == [0.0, 0.0, 5.0, 7.0], out
+    assert took < 120, f"the probe printed its result but did not exit: {log[-2000:]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")
+def test_gpu_direct_lane_says_stuck_instead_of_hanging() -> None:
+    """On the device, the direct lane: the context cannot be reset under the spin, so the
+    lane says so (KernelTimeout stuck) and every later GPU call raises DeviceStuck at
+    once; before, it called cuDevicePrimaryCtxReset and the probe hung (cut at 90 s and
+    150 s, bench/results/gpu-reset-2026-12-06-h100-6b9bd49.txt)."""
+    out, took, log = _probe(isolate=False, wall=120)
+    assert out is not None, f"no result in 120 s: {log[-3000:]}"
+    assert (out["hang"]["reset"], out["hang"]["stuck"]) == (False, True), out
+    assert out["elapsed"] < 0.5 + 2.0 + 10.0, out
+    assert (out["old_numpy"], out["old_launch"], out["fresh"]) == ("DeviceStuck",) * 3, out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _OK, reason=f"no usable GPU: {_WHY}")
+def test_gpu_isolated_lane_docs_example_runs() -> None:
+    """docs/launch.md's "Isolated GPU lane" example, as written, in a fresh process (it
+    must choose the lane before the first GPU call)."""
+    code = example_source("Isolated GPU lane")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"

@@ -9,6 +9,8 @@ and ``runtime.launch``):
   :func:`launch_many` (enqueues a list at a lower host cost per launch);
   :func:`sync` (waits for the sequence, raises its first fault); :func:`time_launch`
 * :func:`available` -> (bool, reason) — False on machines without a GPU.
+* :func:`isolate` (or ``CAPQR_CUDA_ISOLATE=1``): run the driver in a device process
+  the lane restarts to end a kernel that ignores its cancel (``remote``).
 
 Importing this package never touches the driver; the first call that needs
 it loads ``libcuda`` and raises :class:`CudaUnavailable` when there is none.
@@ -17,12 +19,13 @@ Modules by job: ``memory`` (device capabilities, their holds and deferred
 release), ``kernel`` (the lane's target of runtime/pipeline.py: CUDA lowering,
 NVRTC build), ``params`` (a launch's parameter block), ``launches`` (launch
 rules, enqueueing), ``sequence`` (the sequence's device record, waiting,
-``sync``), ``timing``; ``lower``, ``nvrtc`` and ``driver`` below them.
+``sync``), ``timing``; ``lower``, ``nvrtc``, ``driver`` and ``remote`` (the
+isolated lane's device process) below them.
 """
 
 from __future__ import annotations
 
-from .driver import CudaError, CudaUnavailable, available
+from .driver import CudaError, CudaUnavailable, available, isolate
 from .kernel import CudaKernel, compile, translate
 from .launches import launch, launch_many
 from .lower import CudaSource, instrument
@@ -40,6 +43,7 @@ __all__ = [
     "available",
     "compile",
     "instrument",
+    "isolate",
     "launch",
     "launch_many",
     "pending",

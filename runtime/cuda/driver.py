@@ -16,7 +16,7 @@ import os
 import threading
 from typing import Any
 
-from ..errors import CapqrError
+from ..errors import CapqrError, DeviceStuck
 
 try:  # cffi is a hard dependency of capqr, but keep "import" working without it
     import cffi
@@ -152,34 +152,90 @@ def ffi() -> cffi.FFI:
         return _state["ffi"]
 
 
+def isolated() -> bool:
+    """Whether the lane runs the driver in a device process (runtime/cuda/remote.py):
+    :func:`isolate`, else ``CAPQR_CUDA_ISOLATE`` (1/true/yes)."""
+    on = _state.get("isolate")
+    if on is None:
+        on = os.environ.get("CAPQR_CUDA_ISOLATE", "").lower() in ("1", "true", "yes")
+    return bool(on)
+
+
+def isolate(on: bool = True) -> None:
+    """Run the GPU lane's driver calls in a device process that the lane restarts to end
+    a kernel which ignores its cancel (runtime/cuda/remote.py).  Call before the first
+    GPU call; RuntimeError once the driver is open in the other mode."""
+    with _lock:
+        if "lib" in _state and isolated() != on:
+            raise RuntimeError("the CUDA driver is already open "
+                               f"{'in a device process' if isolated() else 'in this process'}")
+        _state["isolate"] = on
+
+
+def open_libcuda() -> Any:
+    """dlopen libcuda (``$CAPQR_LIBCUDA`` first) and cuInit it; raises CudaUnavailable.
+
+    ``CAPQR_LIBCUDA_PY=module:factory`` puts a Python stand-in with libcuda's entry
+    points and calling convention in its place (tests/fake_libcuda.py: the GPU-less
+    tests of the isolated lane run it in the device process)."""
+    f = ffi()
+    spec = os.environ.get("CAPQR_LIBCUDA_PY")
+    if spec:
+        import importlib
+
+        module, _, factory = spec.partition(":")
+        L = getattr(importlib.import_module(module), factory)()
+        _init(L)
+        return L
+    names = [os.environ["CAPQR_LIBCUDA"]] if os.environ.get("CAPQR_LIBCUDA") else []
+    names += ["libcuda.so.1", "libcuda.so"]
+    last = None
+    for n in names:
+        try:
+            L = f.dlopen(n)
+            break
+        except OSError as e:
+            last = e
+    else:
+        raise CudaUnavailable(f"cannot load libcuda ({last})")
+    _init(L)
+    return L
+
+
+def _init(L: Any) -> None:
+    rc = L.cuInit(0)
+    if rc != CUDA_SUCCESS:
+        # A driver library without a device (or a container without the
+        # device nodes) fails here with CUDA_ERROR_NO_DEVICE (100) or similar.
+        raise CudaUnavailable(f"cuInit failed with CUresult {rc} (no usable GPU?)")
+
+
 def lib():
-    """The opened libcuda; raises CudaUnavailable when it cannot be loaded or initialised."""
+    """The driver: libcuda opened in this process, or its stand-in serving the calls from
+    a device process (:func:`isolated`); raises CudaUnavailable when there is none."""
     with _lock:
         if "lib" in _state:
             return _state["lib"]
         if "err" in _state:
             raise CudaUnavailable(_state["err"])
-        f = ffi()
-        names = [os.environ["CAPQR_LIBCUDA"]] if os.environ.get("CAPQR_LIBCUDA") else []
-        names += ["libcuda.so.1", "libcuda.so"]
-        last = None
-        for n in names:
-            try:
-                L = f.dlopen(n)
-                break
-            except OSError as e:
-                last = e
-        else:
-            _state["err"] = f"cannot load libcuda ({last})"
-            raise CudaUnavailable(_state["err"])
-        rc = L.cuInit(0)
-        if rc != CUDA_SUCCESS:
-            # A driver library without a device (or a container without the
-            # device nodes) fails here with CUDA_ERROR_NO_DEVICE (100) or similar.
-            _state["err"] = f"cuInit failed with CUresult {rc} (no usable GPU?)"
-            raise CudaUnavailable(_state["err"])
-        _state["lib"] = L
-        return L
+        try:
+            _state["lib"] = _open_remote() if isolated() else open_libcuda()
+        except CudaUnavailable as e:
+            _state["err"] = str(e)
+            raise
+        return _state["lib"]
+
+
+def _open_remote() -> Any:
+    from .remote import RemoteLib
+
+    L = RemoteLib()
+    try:
+        _init(L)
+    except BaseException:
+        L.close()
+        raise
+    return L
 
 
 def error_text(code: int) -> tuple[str, str]:
@@ -272,39 +328,115 @@ def open_context(d: Any) -> None:
     d.seq_record = 0
 
 
-def reset_context() -> None:
-    """Destroy the device's primary context and open a fresh one (cuDevicePrimaryCtxReset).
+def can_reset() -> bool:
+    """Whether :func:`reset_context` can end a kernel that ignores its cancel: only by
+    ending the process that owns the context, the isolated lane's device process
+    (bench/results/gpu-hang-probe-2026-12-06-h100-c0bfd1d.jsonl: cuDevicePrimaryCtxReset
+    and cuCtxDestroy wait for the kernel forever)."""
+    return isolated()
 
-    Everything in the old context goes with it: a kernel that never stops (the only way
-    to end one that ignores the cancel flag), every allocation, module, stream and
-    event.  :func:`context_epoch` counts up, so what the lane made before can tell it
-    is gone: buffers refuse every use (runtime/cuda/memory.py), kernels load their
-    module again on their next launch (runtime/cuda/kernel.py), nothing frees or
-    destroys an old handle (the new context may reuse its value).  The primary context
-    is the CUDA runtime's too: torch's CUDA state in this process goes with it.  No
-    other host thread may use the device meanwhile (the driver's rule for a reset)."""
+
+def reset_context() -> None:
+    """End the device process (every kernel of its context with it) and open a fresh
+    context in a new one: the isolated lane only (:func:`can_reset`).
+
+    Everything in the old context goes: a kernel that never stops, every allocation,
+    module, stream and event.  :func:`context_epoch` counts up, so what the lane made
+    before can tell it is gone: buffers refuse every use (runtime/cuda/memory.py),
+    kernels load their module again on their next launch (runtime/cuda/kernel.py),
+    nothing frees or destroys an old handle."""
     with _lock:
+        if not can_reset():
+            raise RuntimeError("the direct lane cannot reset a context while a kernel runs")
         d = device()
-        check(lib().cuDevicePrimaryCtxReset_v2(d.handle), "cuDevicePrimaryCtxReset")
+        restart_device_process()
         _epoch[0] += 1
         open_context(d)
 
 
-def load_module(image: bytes) -> Any:
-    """cuModuleLoadDataEx of a cubin (or PTX) ``image`` in the current context, with the
-    loader's error log: a refusal raises :class:`ModuleLoadError` carrying it."""
+def restart_device_process() -> None:
+    """Kill the isolated lane's device process (with every kernel of its context) and
+    start another, initialised (runtime/cuda/remote.py)."""
+    _state.pop("lib").close()
+    _state["lib"] = _open_remote()
+
+
+def mark_stuck(kernel: str) -> None:
+    """The direct lane's launch stream holds ``kernel``, which ignored its cancel: every
+    later :func:`device` raises DeviceStuck until the stream drains (a driver call
+    behind the kernel would block the host forever)."""
+    _state["stuck"] = kernel
+
+
+def stuck() -> str | None:
+    """The kernel that ignored its cancel and still holds the direct lane's launch
+    stream, or None (cleared once the stream drained)."""
+    kernel = _state.get("stuck")
+    if kernel is not None:
+        rc = lib().cuStreamQuery(ffi().NULL)
+        if rc == CUDA_ERROR_NOT_READY:
+            return kernel
+        _state.pop("stuck", None)
+        check(rc, "cuStreamQuery")
+    return None
+
+
+def _check_stuck() -> None:
+    kernel = stuck() if "stuck" in _state else None
+    if kernel is not None:
+        raise DeviceStuck(kernel)
+
+
+def launch_kernel(function: Any, grid: int, block: int, shared: int, params: Any,
+                  cooperative: bool = False) -> None:
+    """cuLaunchKernel (cuLaunchCooperativeKernel: every block resident at once) of
+    ``function`` on the launch stream with the parameter block ``params``
+    (runtime/cuda/params.py ParamBlock)."""
     L, f = lib(), ffi()
+    if isinstance(L, _remote_type()):
+        check(L.launch(function, grid, block, shared, None, bytes(params.buf), params.offsets,
+                       cooperative), "cuLaunchCooperativeKernel" if cooperative else
+              "cuLaunchKernel")
+    elif cooperative:
+        check(L.cuLaunchCooperativeKernel(function, grid, 1, 1, block, 1, 1, shared, f.NULL,
+                                          params.params), "cuLaunchCooperativeKernel")
+    else:
+        check(L.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, f.NULL,
+                               params.params, f.NULL), "cuLaunchKernel")
+
+
+def _remote_type() -> type:
+    from .remote import RemoteLib
+
+    return RemoteLib
+
+
+def module_load_with(L: Any, image: bytes) -> tuple[int, int, str, str]:
+    """cuModuleLoadDataEx of ``image`` through ``L``: (CUresult, module handle, the
+    loader's error log, its info log)."""
+    f = ffi()
     err, info = f.new("char[]", JIT_LOG_BYTES), f.new("char[]", JIT_LOG_BYTES)
     keys = f.new("CUjit_option[]", [CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
                                     CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES])
     size = f.cast("void *", JIT_LOG_BYTES)  # a size option's value travels as the pointer
     values = f.new("void *[]", [err, size, info, size])
     mod = f.new("CUmodule *")
-    rc = L.cuModuleLoadDataEx(mod, image, 4, keys, values)
+    rc = int(L.cuModuleLoadDataEx(mod, image, 4, keys, values))
+    handle = int(f.cast("uintptr_t", mod[0])) if rc == CUDA_SUCCESS else 0
+    return (rc, handle, f.string(err).decode(errors="replace"),
+            f.string(info).decode(errors="replace"))
+
+
+def load_module(image: bytes) -> Any:
+    """cuModuleLoadDataEx of a cubin (or PTX) ``image`` in the current context, with the
+    loader's error log: a refusal raises :class:`ModuleLoadError` carrying it."""
+    L = lib()
+    rc, handle, err, _info = (L.load(image) if isinstance(L, _remote_type())
+                              else module_load_with(L, image))
     if rc != CUDA_SUCCESS:
         name, text = error_text(rc)
-        raise ModuleLoadError(rc, name, text, f.string(err).decode(errors="replace"))
-    return mod[0]
+        raise ModuleLoadError(rc, name, text, err)
+    return ffi().cast("CUmodule", handle)
 
 
 def device() -> Device:
@@ -315,6 +447,7 @@ def device() -> Device:
             d = Device(int(os.environ.get("CAPQR_CUDA_DEVICE", "0")))
             _state["device"] = d
         d.make_current()
+        _check_stuck()
         return d
 
 

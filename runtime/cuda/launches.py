@@ -51,35 +51,23 @@ def check_cooperative(kernel: CudaKernel, group: Any, grid: int, block: int,
 
 
 def launch_async(kernel: CudaKernel, params: ParamBlock, grid: int, block: int,
-                 shared_bytes: int, driver: tuple[Any, Any] | None = None,
-                 cooperative: bool = False) -> None:
-    """cuLaunchKernel (cuLaunchCooperativeKernel: every block resident at once) on the
-    launch stream; ``driver``: (cuLaunchKernel, NULL) looked up once by a caller that
-    launches many times."""
-    if driver is None:
-        L, f = drv.lib(), drv.ffi()
-        driver = (L.cuLaunchKernel, f.NULL)
-    fn, null = driver
+                 shared_bytes: int, cooperative: bool = False) -> None:
+    """Enqueue ``kernel`` on the launch stream (driver.launch_kernel; ``cooperative``:
+    every block resident at once)."""
     shared_bytes += kernel.dynamic_smem  # its smem_ arrays when they exceed 48 KB
     function = kernel.live_function()  # (loaded again after a reset of the context)
-    if cooperative:
-        drv.check(drv.lib().cuLaunchCooperativeKernel(
-            function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
-            params.params), "cuLaunchCooperativeKernel")
-        return
-    drv.check(fn(function, int(grid), 1, 1, int(block), 1, 1, int(shared_bytes), null,
-                 params.params, null), "cuLaunchKernel")
+    drv.launch_kernel(function, int(grid), int(block), int(shared_bytes), params, cooperative)
 
 
 def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[Any], grid: int,
              block: int, shared_bytes: int, caller_holds: bool = False, dev: Any = None,
-             driver: tuple[Any, Any] | None = None, group: Any = None) -> None:
+             group: Any = None) -> None:
     """Add one launch to the pending sequence (caller holds ``current.lock``).
 
     ``caller_holds``: the caller already holds every buffer of ``caps`` until the
     sync (:func:`launch_many`); otherwise this launch takes its own holds.
-    ``dev`` and ``driver``: the device (current on this thread) and the launch
-    entry point, when the caller looked them up once for many launches.
+    ``dev``: the device (current on this thread), when the caller looked it up once
+    for many launches.
     ``group``: see :func:`launch`."""
     dev = dev or drv.device()
     check_block(kernel, block, dev)
@@ -94,7 +82,7 @@ def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[An
             return
         if not current.launches:
             reset_record(record)
-        launch_async(kernel, params, grid, block, shared_bytes, driver, cooperative)
+        launch_async(kernel, params, grid, block, shared_bytes, cooperative)
     except BaseException:
         unhold_all(own)
         raise
@@ -128,11 +116,9 @@ def launch_many(launches: Sequence[tuple[Any, ...]]) -> None:
         before = len(current.launches)
         try:
             dev = drv.device()  # binds the context to this thread for the whole batch
-            L, f = drv.lib(), drv.ffi()
-            driver = (L.cuLaunchKernel, f.NULL)
             for kernel, caps, args, grid, block, group in plan:
                 _enqueue(kernel, caps, args, grid, block, 0, caller_holds=True, dev=dev,
-                         driver=driver, group=group)
+                         group=group)
         finally:
             if len(current.launches) > before:
                 current.held.extend(held)  # released by the sync that covers the batch

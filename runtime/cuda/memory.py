@@ -75,8 +75,8 @@ def drain_device_releases(*, at_exit: bool = False) -> int:
     Wrapped torch tensors go through the external queue
     (``runtime.heap.drain_releases``), which drops their reference.
     """
-    if not _OWNED:
-        return 0
+    if not _OWNED or drv.stuck():
+        return 0  # (a cuMemFree behind a stuck kernel would block: they stay queued)
     with _drain_lock:
         if not _drain_buf:
             _drain_buf.append(core.ffi.new("gc_release_rec[]", _DRAIN_BATCH))
@@ -240,6 +240,7 @@ class DeviceCapability(RecordedAttributes):
         keeps this handle, so the handle keeps a pin of its own from here on, which free()
         does not drop: free() revokes the capability for kernels, and the memory outlives
         every exported tensor."""
+        _refuse_sharing_when_isolated("exported")
         ptr = self.ptr
         self._export_pin = self._pin
         return {"shape": self._shape, "typestr": self._dtype.str,
@@ -248,6 +249,7 @@ class DeviceCapability(RecordedAttributes):
 
     def __dlpack__(self, *, stream: Any = None, **kw: Any) -> Any:
         """DLPack export through torch (``torch.from_dlpack(cap)``), zero-copy."""
+        _refuse_sharing_when_isolated("exported")
         try:
             import torch
         except ImportError:
@@ -336,6 +338,15 @@ class DeviceCapability(RecordedAttributes):
                                                 a.nbytes), "cuMemcpyHtoD")
 
 
+def _refuse_sharing_when_isolated(how: str) -> None:
+    """Zero-copy sharing with torch needs one CUDA context: the isolated lane's buffers
+    live in its device process (runtime/cuda/remote.py), torch's in this one."""
+    if drv.isolated():
+        raise BufferError(f"device memory cannot be {how} zero-copy in the isolated GPU "
+                          "lane (CAPQR_CUDA_ISOLATE=1): its buffers live in the lane's device "
+                          "process; copy through the host (cap.numpy(), to_device) instead")
+
+
 def _check_launchable(c: Any) -> None:
     if not isinstance(c, DeviceCapability):
         raise TypeError(f"GPU kernels take device capabilities, not {type(c).__name__}"
@@ -420,6 +431,7 @@ def wrap_device(tensor: Any, perms: str = "rw", name: str | None = None
     """
     if not getattr(tensor, "is_cuda", False):
         raise TypeError("wrap_device needs a CUDA tensor")
+    _refuse_sharing_when_isolated("wrapped")
     if not tensor.is_contiguous():
         raise ValueError("wrap_device needs a contiguous tensor (call .contiguous())")
     dt = str(tensor.dtype).replace("torch.", "")

@@ -49,6 +49,7 @@ class ParamBlock:
             fmt += PARAM_FORMAT[kind]
             off += struct.calcsize("<" + PARAM_FORMAT[kind])
         self.struct = struct.Struct(fmt)
+        self.offsets = offsets  # of each parameter in ``buf`` (the isolated lane ships both)
         # (kind, index into caps or args, name) per parameter, in declaration order
         self.order: list[tuple[str, int, str]] = []
         counts = {"cap": 0, "scalar": 0}

@@ -9,9 +9,12 @@ every launch that may use it (runtime/cuda/memory.py).  A deadline raises
 the record's cancel flag; a kernel that has not stopped once the grace after
 it has passed (a barrier or shuffle that some threads never reach, which the
 verifier missed, or a raw kernel, which has no pollchecks) can only be ended by
-destroying its context: the lane resets it (driver.reset_context), which loses
-every device buffer allocated before (memory.py), and raises KernelTimeout
-saying so; kernels load again at their next launch (kernel.py).
+ending the process that owns its context.  The isolated lane (runtime/cuda/remote.py)
+restarts its device process (driver.reset_context), which loses every device buffer
+allocated before (memory.py), and raises KernelTimeout saying so; kernels load again
+at their next launch (kernel.py).  The direct lane cannot: KernelTimeout says the
+kernel is stuck, and every later GPU call raises DeviceStuck until it ends, rather
+than block the host behind it.
 """
 
 from __future__ import annotations
@@ -163,10 +166,14 @@ def sync_locked(timeout: float | None, sequence: bool = True) -> None:
         first, last = launches[0][0].name, launches[-1][0].name
         what = first if len(launches) == 1 else (
             f"sequence of {len(launches)} launches ({first} .. {last})")
-        if not drained:  # still running after the grace: only destroying its context ends it
-            drv.reset_context()
-            unhold_all(current.stuck)  # no kernel of the old context runs any more
-            raise KernelTimeout(what, timeout or 0.0, context_reset=True, grace=CANCEL_GRACE)
+        if not drained:  # still running after the grace: only ending its process ends it
+            if drv.can_reset():
+                drv.reset_context()
+                unhold_all(current.stuck)  # no kernel of the old context runs any more
+                raise KernelTimeout(what, timeout or 0.0, context_reset=True,
+                                    grace=CANCEL_GRACE)
+            drv.mark_stuck(what)  # its holds stay in current.stuck until the stream drains
+            raise KernelTimeout(what, timeout or 0.0, stuck=True, grace=CANCEL_GRACE)
         raise KernelTimeout(what, timeout or 0.0)
 
 
