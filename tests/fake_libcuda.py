@@ -13,7 +13,9 @@ isolated lane, runtime/cuda/remote.py).  A module image is ``FAKECUBIN`` and a J
 map of kernel name -> parameter kinds (:func:`image`); kernels behave by name:
 
 - ``put(cap x, int64 i, float v)``: stores ``v`` at ``x[i]`` (float32);
-- ``hang(...)``: never ends and ignores the cancel flag.
+- ``hang(...)``: never ends and ignores the cancel flag;
+- ``crash(...)``: fails as an illegal address does: every later call of the context
+  answers CUDA_ERROR_ILLEGAL_ADDRESS (700).
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ class FakeLibcuda:
         self.modules: dict[int, dict[str, list[str]]] = {}
         self.side_streams: set[int] = set()
         self.hung: str | None = None
+        self.sticky = 0  # a context that failed for good answers this to every call
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = object.__getattribute__(self, name)
+        if name.startswith("cu") and object.__getattribute__(self, "sticky"):
+            return lambda *a: object.__getattribute__(self, "sticky")
+        return attr
 
     @staticmethod
     def _int(x: Any) -> int:
@@ -209,6 +218,8 @@ class FakeLibcuda:
             return 0  # queued behind the kernel that never ends
         if name == "hang":
             self.hung = name
+        elif name == "crash":
+            self.sticky = 700
         elif name == "put":
             address, i, v = values
             buf, off = self._at(address + 4 * i, 4)

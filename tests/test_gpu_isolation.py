@@ -170,3 +170,60 @@ def test_isolated_lane_without_a_driver_is_unavailable() -> None:
     if ok:
         pytest.skip("this machine has a GPU driver the device process found anyway")
     assert "device process" in why, why
+
+
+LOSS = SCENARIO.split("out = {")[0] + r"""
+import signal
+out = {}
+put = fake_kernel(PUT, "put")
+crash = fake_kernel(PUT.replace("put", "crash"), "crash")
+y = cuda.alloc_device(4, np.float32, name="y")
+cuda.launch(put, [y], args=(1, 2.5), sync=False)      # pending when the process dies
+os.kill(drv.lib().process.proc.pid, signal.SIGKILL)
+drv.lib().process.proc.wait()
+
+
+def error(fn):
+    try:
+        fn()
+        return "ran"
+    except cuda.CudaError as e:
+        return str(e)
+    except CapabilityFault as e:
+        return "fault:" + e.reason
+
+
+out["killed_use"] = error(y.numpy)                   # the call that finds it gone
+out["killed_sync"] = error(cuda.sync)                 # the pending launch did not finish
+out["killed_old"] = error(y.numpy)                    # the new process does not have y
+z = cuda.alloc_device(4, np.float32, name="z")
+cuda.launch(put, [z], args=(0, 1.5))
+out["after_kill"] = z.numpy().tolist()
+out["crash"] = error(lambda: cuda.launch(crash, [z], args=(0, 1.0)))
+out["crash_old"] = error(z.numpy)
+w = cuda.alloc_device(4, np.float32, name="w")
+cuda.launch(put, [w], args=(3, 4.5))
+out["after_crash"] = w.numpy().tolist()
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_isolated_lane_replaces_a_lost_device_process() -> None:
+    """The device process killed with a launch pending, then a kernel that fails the
+    context for good (an illegal address, as a raw kernel may make): each time the call
+    that finds it raises CudaError saying so, the next sync says the pending launch was
+    lost, the old buffers are lost, and the lane works again in a new process.  Before:
+    every later call failed (a dead pipe, a failed context) until the host restarted."""
+    env = dict(os.environ, CAPQR_CUDA_ISOLATE="1",
+               CAPQR_LIBCUDA_PY="fake_libcuda:FakeLibcuda",
+               PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", LOSS], capture_output=True, text=True,
+                       timeout=WALL, env=env, cwd=TESTS)
+    assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "device process exited" in out["killed_use"], out
+    assert "replaced at the next GPU call" in out["killed_use"], out
+    assert "1 launch(es) enqueued since the last sync were lost" in out["killed_sync"], out
+    assert out["killed_old"] == "fault:lost" and out["after_kill"] == [1.5, 0, 0, 0], out
+    assert "700" in out["crash"] and "replaced at the next GPU call" in out["crash"], out
+    assert out["crash_old"] == "fault:lost" and out["after_crash"] == [0, 0, 0, 4.5], out

@@ -215,6 +215,8 @@ def lib():
     a device process (:func:`isolated`); raises CudaUnavailable when there is none."""
     with _lock:
         if "lib" in _state:
+            if _dead[0]:
+                _replace_dead_process()
             return _state["lib"]
         if "err" in _state:
             raise CudaUnavailable(_state["err"])
@@ -238,6 +240,51 @@ def _open_remote() -> Any:
     return L
 
 
+#: set when the isolated lane's device process is gone or its context failed for good:
+#: the next :func:`lib` starts another (the call that found it raised CudaError)
+_dead = [False]
+#: what else goes with a lost device process (sequence.py: its pending launches)
+_on_replace: list[Any] = []
+#: CUresults after which a context fails every later call (the CUDA docs: the process
+#: must end): ILLEGAL_ADDRESS, ASSERT, HARDWARE_STACK_ERROR, ILLEGAL_INSTRUCTION,
+#: MISALIGNED_ADDRESS, INVALID_ADDRESS_SPACE, INVALID_PC, LAUNCH_FAILED
+STICKY = frozenset({700, 710, 714, 715, 716, 717, 718, 719})
+#: what the isolated lane does after such an error, for its message
+REPLACED = ("the lane's device process is replaced at the next GPU call: every device "
+            "buffer allocated before is lost")
+
+
+def device_process_lost() -> None:
+    """The isolated lane's device process died or its context failed for good: the next
+    :func:`lib` replaces it (remote.py calls this when the process is gone)."""
+    _dead[0] = True
+
+
+def _replace_dead_process() -> None:
+    _dead[0] = False
+    _state.pop("lib").close()
+    _epoch[0] += 1
+    _state["lib"] = _open_remote()
+    d = _state.get("device")
+    if d is not None:
+        open_context(d)
+    for hook in _on_replace:
+        hook()
+
+
+def replace_lost_process() -> None:
+    """Replace the isolated lane's device process now if it was found lost (a no-op
+    otherwise): what asks whether a handle is of the current context calls this first,
+    so no handle of the lost process passes as current."""
+    if _dead[0]:
+        lib()
+
+
+def on_device_process_replaced(hook: Any) -> None:
+    """Call ``hook()`` whenever a lost device process was replaced (:func:`lib`)."""
+    _on_replace.append(hook)
+
+
 def error_text(code: int) -> tuple[str, str]:
     """(enum name, description) of a CUresult."""
     f = ffi()
@@ -254,6 +301,9 @@ def check(rc: int, call: str) -> None:
     """Raise CudaError unless ``rc`` is CUDA_SUCCESS."""
     if rc != CUDA_SUCCESS:
         name, text = error_text(rc)
+        if rc in STICKY and isolated():
+            device_process_lost()
+            text = f"{text}; {REPLACED}" if text else REPLACED
         raise CudaError(call, rc, name, text)
 
 

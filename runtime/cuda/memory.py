@@ -266,8 +266,9 @@ class DeviceCapability(RecordedAttributes):
 
     @property
     def lost(self) -> bool:
-        """Whether the context this buffer was allocated in was reset since (its payload
-        went with it)."""
+        """Whether the context this buffer was allocated in is gone (the isolated lane
+        restarted or replaced its device process since): its payload went with it."""
+        drv.replace_lost_process()  # a process found dead is replaced before the answer
         return self._epoch != drv.context_epoch()
 
     def _check_live(self, access: str) -> None:
@@ -276,8 +277,9 @@ class DeviceCapability(RecordedAttributes):
                                   detail="capability used after free()")
         if self.lost:
             raise CapabilityFault("lost", buffer=self._name, access=access,
-                                  detail="the CUDA context this buffer lived in was reset "
-                                         "after a kernel did not stop (KernelTimeout): its "
+                                  detail="the device process of the isolated GPU lane "
+                                         "that held this buffer was restarted (a kernel "
+                                         "that did not stop: KernelTimeout) or lost: its "
                                          "contents are gone")
 
     def cap_value(self, slot: int) -> tuple[int, int, int, int, int]:

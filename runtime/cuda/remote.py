@@ -152,8 +152,9 @@ class DeviceProcess:
 
     def _gone(self) -> Any:
         code = self.proc.poll()
+        drv.device_process_lost()
         raise drv.CudaError("device process", CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
-                            f"the device process exited (status {code})")
+                            f"the device process exited (status {code}); {drv.REPLACED}")
 
     def kill(self) -> None:
         """End the process and every kernel of its context (the only way to end a kernel

@@ -30,6 +30,7 @@ from ..errors import CapabilityFault, KernelTimeout
 from ..faults import fault_from_record, slot_buffer
 from . import driver as drv
 from .memory import unhold_all
+from .remote import CUDA_ERROR_UNKNOWN
 
 if TYPE_CHECKING:
     from .kernel import CudaKernel
@@ -53,9 +54,24 @@ class _Sequence:
         self.launches: list[tuple[CudaKernel, list[str]]] = []  # per launch: kernel, buffer names
         self.held: list[Any] = []   # collector holds of the pending launches
         self.stuck: list[Any] = []  # holds of launches that may still run (Ctrl-C in a wait)
+        self.abandoned = 0  # launches lost with a device process (the next sync says so)
 
 
 current = _Sequence()
+
+
+def _abandon() -> None:
+    """The isolated lane's device process was lost with the pending launches in it: drop
+    their holds (no kernel of that process runs any more), and let the next sync say
+    they did not finish rather than return as if they had."""
+    if current.launches:
+        current.abandoned = len(current.launches)
+    current.launches = []
+    unhold_all(current.held + current.stuck)
+    current.held, current.stuck = [], []
+
+
+drv.on_device_process_replaced(_abandon)
 
 # ---------------------------------------------------------------------------
 # the device record
@@ -134,8 +150,14 @@ def capability_fault(rec: Any, kernel: CudaKernel, names: Sequence[str],
 def sync_locked(timeout: float | None, sequence: bool = True) -> None:
     """Wait for the pending launches, release their holds, raise their first fault
     (``sequence=False``: the one launch of a synchronous ``launch``)."""
+    drv.replace_lost_process()  # before the state: a lost process abandons the launches
     if current.stuck and _stream_idle():
         unhold_all(current.stuck)
+    if current.abandoned:
+        n, current.abandoned = current.abandoned, 0
+        raise drv.CudaError("sync", CUDA_ERROR_UNKNOWN, "CAPQR_DEVICE_PROCESS_LOST",
+                            f"the {n} launch(es) enqueued since the last sync were lost with "
+                            "the lane's device process and did not finish")
     if not current.launches:
         return
     launches, held = current.launches, current.held
