@@ -31,12 +31,11 @@ WALL = 90
 SCENARIO = r"""
 import json, os, sys, time
 import numpy as np
-from capqr import runtime
 from capqr.runtime import CapabilityFault, KernelTimeout, cuda
 from capqr.runtime.cuda import driver as drv, kernel as kmod, sequence
 import fake_libcuda
+from lane_probe import attempt
 
-DeviceStuck = getattr(runtime, "DeviceStuck", ())
 sequence.CANCEL_GRACE = 0.3
 if os.environ.get("CAPQR_CUDA_ISOLATE") != "1":
     drv._state["lib"] = fake_libcuda.FakeLibcuda()  # the direct lane: in this process
@@ -63,16 +62,6 @@ def fake_kernel(src, name):
     epoch, module, fn = kmod.load(name, img, cs, 0)
     return cuda.CudaKernel(name, src, True, cs, cs.kernels[name], module, fn, len(img),
                            image=img, epoch=epoch)
-
-
-def attempt(fn):
-    try:
-        fn()
-        return "ran"
-    except CapabilityFault as e:
-        return "fault:" + e.reason
-    except DeviceStuck:
-        return "DeviceStuck"
 
 
 def pid():

@@ -266,23 +266,14 @@ GPU_PROBE = r"""
 import json, os, sys, time
 import numpy as np
 from capqr import runtime
-from capqr.runtime import CapabilityFault, DeviceStuck, KernelTimeout, cuda
+from capqr.runtime import KernelTimeout, cuda
 from capqr.runtime.cuda import sequence
+from lane_probe import attempt
 sequence.CANCEL_GRACE = 2.0
 
 
 def note(what):  # progress on stderr: a probe cut by the wall limit shows how far it got
     print(f"[{time.monotonic() - T0:7.3f}] {what}", file=sys.stderr, flush=True)
-
-
-def attempt(fn):
-    try:
-        fn()
-        return "ran"
-    except CapabilityFault as e:
-        return "fault:" + e.reason
-    except DeviceStuck:
-        return "DeviceStuck"
 
 
 T0 = time.monotonic()
@@ -325,7 +316,8 @@ def _probe(isolate: bool, wall: float) -> tuple[dict, float, str]:
     """Run GPU_PROBE in a child process: (its JSON, seconds to its exit, its stderr);
     the JSON is None when it printed none before ``wall`` seconds."""
     code = GPU_PROBE.replace("HANG", repr(HANG)).replace("PUT", repr(PUT_SRC))
-    env = dict(os.environ, CAPQR_CUDA_ISOLATE="1" if isolate else "0")
+    env = dict(os.environ, CAPQR_CUDA_ISOLATE="1" if isolate else "0",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     t0 = time.monotonic()
     try:
         p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
