@@ -288,7 +288,7 @@ class _Rewriter:
 
     def visit(self, node: c_ast.Node) -> c_ast.Node:
         if isinstance(node, PollPoint):
-            return _call("RT_POLL_NOW", [c_ast.ID(PC_NAME)], node.coord)
+            return _call("RT_POLL_NOW", [], node.coord)
         if isinstance(node, c_ast.ArrayRef):
             return self.subscript(node)
         if isinstance(node, c_ast.Assignment) and node.op in ("/=", "%="):

@@ -131,12 +131,7 @@ static __device__ __forceinline__ void rt_poll(unsigned int &pc)
     }
 }
 #define RT_POLL(pc) rt_poll(pc)
-/* After a quiet loop (hoist/polls.py: bounded work, no poll per iteration) the poll is
- * clocked too, so the bound is the same (the interval plus a bounded stretch): read
- * there unconditionally, the record cost a volatile global load after every inner
- * loop (all polls together were about 10% of the checked QR time on an H100,
- * bench/results/gpu-bench-nopoll-2026-12-06-h100-337421b.log). */
-#define RT_POLL_NOW(pc) rt_poll(pc)
+#define RT_POLL_NOW() rt_poll_slow()      /* after a quiet (versioned, short) loop */
 /* Kernel entry: a launch whose sequence already faulted or was cancelled exits
  * before touching memory (the record is sticky until the host resets it). */
 #define RT_PROLOGUE(seq, launch) do {                                                \
@@ -186,7 +181,7 @@ static __device__ __forceinline__ int rt_block_all(int ok)
 #else
 /* ============================ raw mode (baseline) ============================ */
 #define RT_POLL(pc) ((void)0)
-#define RT_POLL_NOW(pc) ((void)0)
+#define RT_POLL_NOW() ((void)0)
 static __device__ __forceinline__ void rt_sync_threads(void) { __syncthreads(); }
 /* Raw kernels have no sequence record: the grid barrier's words are module globals
  * (zero at load; the last block of each cooperative launch zeroes them again). */
