@@ -210,9 +210,59 @@ def test_isolated_lane_replaces_a_lost_device_process() -> None:
                        timeout=WALL, env=env, cwd=TESTS)
     assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert "device process exited" in out["killed_use"], out
+    assert "device process is lost: it exited" in out["killed_use"], out
     assert "replaced at the next GPU call" in out["killed_use"], out
     assert "1 launch(es) enqueued since the last sync were lost" in out["killed_sync"], out
     assert out["killed_old"] == "fault:lost" and out["after_kill"] == [1.5, 0, 0, 0], out
     assert "700" in out["crash"] and "replaced at the next GPU call" in out["crash"], out
     assert out["crash_old"] == "fault:lost" and out["after_crash"] == [0, 0, 0, 4.5], out
+
+
+INTERRUPT = SCENARIO.split("out = {")[0] + r"""
+import signal, threading
+from capqr.runtime.cuda import remote
+remote.OWED_WAIT = 0.5
+out = {}
+put, hang = fake_kernel(PUT, "put"), fake_kernel(HANG, "hang")
+y = cuda.alloc_device(4, np.float32, name="y")
+cuda.launch(hang, [y], grid=2, block=64, sync=False)
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    cuda.sync()                          # no timeout: the device process blocks for good
+    out["sync"] = "returned"
+except KeyboardInterrupt:
+    out["sync"] = "KeyboardInterrupt"
+try:
+    y.numpy()                            # its reply is owed: waits OWED_WAIT, then kills
+    out["next"] = "ran"
+except cuda.CudaError as e:
+    out["next"] = str(e)
+out["elapsed"] = time.monotonic() - t0
+out["old"] = attempt(y.numpy)
+z = cuda.alloc_device(4, np.float32, name="z")
+cuda.launch(put, [z], args=(2, 6.5))
+out["after"] = z.numpy().tolist()
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_isolated_lane_interrupted_wait_does_not_wedge_the_lane() -> None:
+    """Ctrl-C in a sync without a timeout while the device process is blocked behind a
+    kernel that never ends: the interrupt reaches the caller, the next call waits for the
+    owed reply at most OWED_WAIT, then the process is replaced; before, that call read
+    the owed reply forever."""
+    env = dict(os.environ, CAPQR_CUDA_ISOLATE="1",
+               CAPQR_LIBCUDA_PY="fake_libcuda:FakeLibcuda",
+               PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    try:
+        p = subprocess.run([sys.executable, "-c", INTERRUPT], capture_output=True, text=True,
+                           timeout=WALL, env=env, cwd=TESTS)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the scenario ran {WALL} s: the lane waited for the owed reply forever")
+    assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["sync"] == "KeyboardInterrupt", out
+    assert "did not answer within 0.5 s of an interrupted call" in out["next"], out
+    assert out["elapsed"] < 0.5 + 0.5 + 10, out
+    assert out["old"] == "fault:lost" and out["after"] == [0, 0, 6.5, 0], out

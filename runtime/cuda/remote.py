@@ -30,10 +30,12 @@ import atexit
 import os
 import pickle
 import re
+import select
 import struct
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +48,8 @@ HANDLE_TYPES = frozenset({"CUcontext", "CUmodule", "CUfunction", "CUstream", "CU
 SPECIAL = frozenset({"cuLaunchKernel", "cuLaunchCooperativeKernel", "cuModuleLoadDataEx"})
 #: the CUresult a call answers when the device process is gone (CUDA_ERROR_UNKNOWN)
 CUDA_ERROR_UNKNOWN = 999
+#: seconds the reply of an interrupted request may take before the process counts as lost
+OWED_WAIT = 10.0
 _FRAME = struct.Struct("<Q")
 
 
@@ -104,7 +108,13 @@ def _addr(x: Any) -> int:
 # the client
 # ---------------------------------------------------------------------------
 class DeviceProcess:
-    """One device process and its pipes; requests are answered in order."""
+    """One device process and its pipes; requests are answered in order.
+
+    A request interrupted while its reply is awaited (Ctrl-C) leaves that reply owed:
+    the next request reads and drops it first, waiting at most OWED_WAIT seconds; a
+    process that does not answer by then (it is blocked behind a kernel that does not
+    stop) is killed and counts as lost, so an interrupt never leaves the lane waiting
+    forever."""
 
     def __init__(self) -> None:
         env = dict(os.environ, CAPQR_CUDA_ISOLATE="0", PYTHONUNBUFFERED="1")
@@ -114,28 +124,41 @@ class DeviceProcess:
             os.path.abspath(__file__)))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", f"{__package__}.remote"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     bufsize=0)
         self.lock = threading.Lock()
         self.owed = 0  # replies of requests interrupted while waiting (read and dropped)
+        self.inbox = bytearray()  # reply bytes read but not yet a whole frame
 
     def request(self, msg: tuple[Any, ...]) -> Any:
         with self.lock:
             while self.owed:
-                self._read()
+                try:
+                    self._read(OWED_WAIT)
+                except TimeoutError:
+                    self.kill()
+                    return self._gone(f"it did not answer within {OWED_WAIT:g} s of an "
+                                      "interrupted call")
                 self.owed -= 1
             data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+            frame = memoryview(_FRAME.pack(len(data)) + data)
             try:
-                self.proc.stdin.write(_FRAME.pack(len(data)) + data)
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError):
-                return self._gone()
+                while frame:
+                    frame = frame[os.write(self.proc.stdin.fileno(), frame):]
+            except OSError:
+                return self._gone("it exited" if self.proc.poll() is not None
+                                  else "its pipe closed")
+            except BaseException:  # a frame cut in two cannot be answered: start afresh
+                self.kill()
+                drv.device_process_lost()
+                raise
             try:
-                reply = self._read()
+                reply = self._read(None)
             except BaseException:  # Ctrl-C while the device process works: stay in step
                 self.owed += 1
                 raise
         if reply is None:
-            return self._gone()
+            return self._gone("it exited")
         if reply[0] == "unavailable":
             raise drv.CudaUnavailable(f"the device process: {reply[1]}")
         if reply[0] == "err":
@@ -143,18 +166,34 @@ class DeviceProcess:
                                 "CAPQR_DEVICE_PROCESS", reply[1])
         return reply[1]
 
-    def _read(self) -> Any:
-        head = self.proc.stdout.read(_FRAME.size)
-        if len(head) < _FRAME.size:
-            return None
-        (n,) = _FRAME.unpack(head)
-        return pickle.loads(self.proc.stdout.read(n))
+    def _read(self, wait: float | None) -> Any:
+        """The next reply (None: the process closed its end); TimeoutError when none is
+        whole within ``wait`` seconds (None: no limit).  Bytes read stay in ``inbox``
+        whatever interrupts, so a later read goes on from them."""
+        fd = self.proc.stdout.fileno()
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            if len(self.inbox) >= _FRAME.size:
+                (n,) = _FRAME.unpack_from(self.inbox)
+                if len(self.inbox) >= _FRAME.size + n:
+                    body = bytes(self.inbox[_FRAME.size:_FRAME.size + n])
+                    del self.inbox[:_FRAME.size + n]
+                    return pickle.loads(body)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise TimeoutError
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            self.inbox += chunk
 
-    def _gone(self) -> Any:
+    def _gone(self, why: str) -> Any:
         code = self.proc.poll()
         drv.device_process_lost()
         raise drv.CudaError("device process", CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN",
-                            f"the device process exited (status {code}); {drv.REPLACED}")
+                            f"the device process is lost: {why} (status {code}); "
+                            f"{drv.REPLACED}")
 
     def kill(self) -> None:
         """End the process and every kernel of its context (the only way to end a kernel
