@@ -29,5 +29,7 @@ def __getattr__(name: str) -> Any:
         # import_module, not `from . import handle`: the latter asks this
         # __getattr__ for "handle" again before the submodule is bound.
         handle = importlib.import_module(f"{__name__}.handle")
-        return handle if name == "handle" else getattr(handle, name)
+        value = handle if name == "handle" else getattr(handle, name)
+        globals()[name] = value  # bound: later uses skip this hook (kernels.qr makes
+        return value             # three handles per call)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
