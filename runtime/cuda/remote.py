@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -217,7 +218,7 @@ class RemoteLib:
     def __init__(self) -> None:
         self.process = DeviceProcess()
         self._strings: deque[Any] = deque(maxlen=64)  # char arrays of const char ** results
-        atexit.register(self.close)
+        _OPEN.add(self)
 
     def __getattr__(self, name: str) -> Callable[..., int]:
         plan = PLANS.get(name)
@@ -278,6 +279,17 @@ class RemoteLib:
 
     def close(self) -> None:
         self.process.kill()
+        _OPEN.discard(self)
+
+
+#: the device processes this process started and has not closed (killed at its exit)
+_OPEN: weakref.WeakSet[RemoteLib] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for L in list(_OPEN):
+        L.close()
 
 
 # ---------------------------------------------------------------------------
