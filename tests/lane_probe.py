@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from capqr.runtime import CapabilityFault, DeviceStuck
+from capqr.runtime.cuda import CudaError
 
 
 def attempt(fn: Callable[[], object]) -> str:
-    """"ran", "fault:<reason>" (a refused buffer) or "DeviceStuck"."""
+    """"ran", "fault:<reason>" (a refused buffer), "DeviceStuck", or "CudaError: <its
+    message>" (a driver call or the device process failed)."""
     try:
         fn()
         return "ran"
@@ -17,3 +19,5 @@ def attempt(fn: Callable[[], object]) -> str:
         return "fault:" + e.reason
     except DeviceStuck:
         return "DeviceStuck"
+    except CudaError as e:
+        return f"CudaError: {e}"

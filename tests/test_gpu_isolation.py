@@ -103,17 +103,21 @@ print(json.dumps(out), flush=True)
 """
 
 
-def run_scenario(isolate: bool) -> dict:
+def run_scenario(isolate: bool, script: str = SCENARIO,
+                 blocked: str = "the lane blocked behind the hung kernel") -> dict:
+    """Run ``script`` in a child process on the stand-in libcuda (in the device process
+    when ``isolate``) and return the JSON it printed last; fails the test, saying
+    ``blocked``, when the child runs past WALL seconds."""
     env = dict(os.environ, CAPQR_CUDA_ISOLATE="1" if isolate else "0",
                PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     env.pop("CAPQR_LIBCUDA_PY", None)
     if isolate:
         env["CAPQR_LIBCUDA_PY"] = "fake_libcuda:FakeLibcuda"  # in the device process
     try:
-        p = subprocess.run([sys.executable, "-c", SCENARIO], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                            timeout=WALL, env=env, cwd=TESTS)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the scenario ran {WALL} s: the lane blocked behind the hung kernel\n"
+        pytest.fail(f"the scenario ran {WALL} s: {blocked}\n"
                     f"{(e.stdout or b'')[-2000:]!r}\n{(e.stderr or b'')[-3000:]!r}")
     assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -170,26 +174,14 @@ y = cuda.alloc_device(4, np.float32, name="y")
 cuda.launch(put, [y], args=(1, 2.5), sync=False)      # pending when the process dies
 os.kill(drv.lib().process.proc.pid, signal.SIGKILL)
 drv.lib().process.proc.wait()
-
-
-def error(fn):
-    try:
-        fn()
-        return "ran"
-    except cuda.CudaError as e:
-        return str(e)
-    except CapabilityFault as e:
-        return "fault:" + e.reason
-
-
-out["killed_use"] = error(y.numpy)                   # the call that finds it gone
-out["killed_sync"] = error(cuda.sync)                 # the pending launch did not finish
-out["killed_old"] = error(y.numpy)                    # the new process does not have y
+out["killed_use"] = attempt(y.numpy)                 # the call that finds it gone
+out["killed_sync"] = attempt(cuda.sync)               # the pending launch did not finish
+out["killed_old"] = attempt(y.numpy)                  # the new process does not have y
 z = cuda.alloc_device(4, np.float32, name="z")
 cuda.launch(put, [z], args=(0, 1.5))
 out["after_kill"] = z.numpy().tolist()
-out["crash"] = error(lambda: cuda.launch(crash, [z], args=(0, 1.0)))
-out["crash_old"] = error(z.numpy)
+out["crash"] = attempt(lambda: cuda.launch(crash, [z], args=(0, 1.0)))
+out["crash_old"] = attempt(z.numpy)
 w = cuda.alloc_device(4, np.float32, name="w")
 cuda.launch(put, [w], args=(3, 4.5))
 out["after_crash"] = w.numpy().tolist()
@@ -203,13 +195,7 @@ def test_isolated_lane_replaces_a_lost_device_process() -> None:
     that finds it raises CudaError saying so, the next sync says the pending launch was
     lost, the old buffers are lost, and the lane works again in a new process.  Before:
     every later call failed (a dead pipe, a failed context) until the host restarted."""
-    env = dict(os.environ, CAPQR_CUDA_ISOLATE="1",
-               CAPQR_LIBCUDA_PY="fake_libcuda:FakeLibcuda",
-               PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", LOSS], capture_output=True, text=True,
-                       timeout=WALL, env=env, cwd=TESTS)
-    assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_scenario(isolate=True, script=LOSS)
     assert "device process is lost: it exited" in out["killed_use"], out
     assert "replaced at the next GPU call" in out["killed_use"], out
     assert "1 launch(es) enqueued since the last sync were lost" in out["killed_sync"], out
@@ -233,11 +219,7 @@ try:
     out["sync"] = "returned"
 except KeyboardInterrupt:
     out["sync"] = "KeyboardInterrupt"
-try:
-    y.numpy()                            # its reply is owed: waits OWED_WAIT, then kills
-    out["next"] = "ran"
-except cuda.CudaError as e:
-    out["next"] = str(e)
+out["next"] = attempt(y.numpy)           # its reply is owed: waits OWED_WAIT, then kills
 out["elapsed"] = time.monotonic() - t0
 out["old"] = attempt(y.numpy)
 z = cuda.alloc_device(4, np.float32, name="z")
@@ -252,16 +234,8 @@ def test_isolated_lane_interrupted_wait_does_not_wedge_the_lane() -> None:
     kernel that never ends: the interrupt reaches the caller, the next call waits for the
     owed reply at most OWED_WAIT, then the process is replaced; before, that call read
     the owed reply forever."""
-    env = dict(os.environ, CAPQR_CUDA_ISOLATE="1",
-               CAPQR_LIBCUDA_PY="fake_libcuda:FakeLibcuda",
-               PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    try:
-        p = subprocess.run([sys.executable, "-c", INTERRUPT], capture_output=True, text=True,
-                           timeout=WALL, env=env, cwd=TESTS)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the scenario ran {WALL} s: the lane waited for the owed reply forever")
-    assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_scenario(isolate=True, script=INTERRUPT,
+                       blocked="the lane waited for the owed reply forever")
     assert out["sync"] == "KeyboardInterrupt", out
     assert "did not answer within 0.5 s of an interrupted call" in out["next"], out
     assert out["elapsed"] < 0.5 + 0.5 + 10, out

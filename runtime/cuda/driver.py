@@ -178,7 +178,6 @@ def open_libcuda() -> Any:
     ``CAPQR_LIBCUDA_PY=module:factory`` puts a Python stand-in with libcuda's entry
     points and calling convention in its place (tests/fake_libcuda.py: the GPU-less
     tests of the isolated lane run it in the device process)."""
-    f = ffi()
     spec = os.environ.get("CAPQR_LIBCUDA_PY")
     if spec:
         import importlib
@@ -192,7 +191,7 @@ def open_libcuda() -> Any:
     last = None
     for n in names:
         try:
-            L = f.dlopen(n)
+            L = ffi().dlopen(n)
             break
         except OSError as e:
             last = e
@@ -228,9 +227,20 @@ def lib():
         return _state["lib"]
 
 
+#: RemoteLib, once the isolated lane opened one (kept here so that telling the two
+#: kinds of driver apart on the launch path costs no import)
+_remote_lib_type: list[type] = []
+
+
+def _is_remote(L: Any) -> bool:
+    return bool(_remote_lib_type) and isinstance(L, _remote_lib_type[0])
+
+
 def _open_remote() -> Any:
     from .remote import RemoteLib
 
+    if not _remote_lib_type:
+        _remote_lib_type.append(RemoteLib)
     L = RemoteLib()
     try:
         _init(L)
@@ -262,12 +272,7 @@ def device_process_lost() -> None:
 
 def _replace_dead_process() -> None:
     _dead[0] = False
-    _state.pop("lib").close()
-    _epoch[0] += 1
-    _state["lib"] = _open_remote()
-    d = _state.get("device")
-    if d is not None:
-        open_context(d)
+    _fresh_device_process(_state.get("device"))
     for hook in _on_replace:
         hook()
 
@@ -398,9 +403,15 @@ def reset_context() -> None:
     with _lock:
         if not can_reset():
             raise RuntimeError("the direct lane cannot reset a context while a kernel runs")
-        d = device()
-        restart_device_process()
-        _epoch[0] += 1
+        _fresh_device_process(device())
+
+
+def _fresh_device_process(d: Device | None) -> None:
+    """A new device process with ``d``'s context open in it (none yet without ``d``);
+    what the lane made in the old one counts as gone (:func:`context_epoch`)."""
+    restart_device_process()
+    _epoch[0] += 1
+    if d is not None:
         open_context(d)
 
 
@@ -432,7 +443,7 @@ def stuck() -> str | None:
 
 
 def _check_stuck() -> None:
-    kernel = stuck() if "stuck" in _state else None
+    kernel = stuck()
     if kernel is not None:
         raise DeviceStuck(kernel)
 
@@ -443,7 +454,7 @@ def launch_kernel(function: Any, grid: int, block: int, shared: int, params: Any
     ``function`` on the launch stream with the parameter block ``params``
     (runtime/cuda/params.py ParamBlock)."""
     L, f = lib(), ffi()
-    if isinstance(L, _remote_type()):
+    if _is_remote(L):
         check(L.launch(function, grid, block, shared, None, bytes(params.buf), params.offsets,
                        cooperative), "cuLaunchCooperativeKernel" if cooperative else
               "cuLaunchKernel")
@@ -453,12 +464,6 @@ def launch_kernel(function: Any, grid: int, block: int, shared: int, params: Any
     else:
         check(L.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, f.NULL,
                                params.params, f.NULL), "cuLaunchKernel")
-
-
-def _remote_type() -> type:
-    from .remote import RemoteLib
-
-    return RemoteLib
 
 
 def module_load_with(L: Any, image: bytes) -> tuple[int, int, str, str]:
@@ -481,7 +486,7 @@ def load_module(image: bytes) -> Any:
     """cuModuleLoadDataEx of a cubin (or PTX) ``image`` in the current context, with the
     loader's error log: a refusal raises :class:`ModuleLoadError` carrying it."""
     L = lib()
-    rc, handle, err, _info = (L.load(image) if isinstance(L, _remote_type())
+    rc, handle, err, _info = (L.load(image) if _is_remote(L)
                               else module_load_with(L, image))
     if rc != CUDA_SUCCESS:
         name, text = error_text(rc)
