@@ -28,10 +28,11 @@ from typing import Any
 
 from capqr.capabilities import abi
 from capqr.runtime.cuda import driver as drv
+from capqr.runtime.cuda.params import PARAM_FORMAT
 
 NOT_READY = 600
 SIDE_FLAG = 1  # CU_STREAM_NON_BLOCKING
-KIND_FORMAT = {"cap": "Q", "int64": "q", "double": "d", "float": "f"}  # a cap: its first word
+
 
 
 def image(kernels: dict[str, list[str]]) -> bytes:
@@ -210,10 +211,10 @@ class FakeLibcuda:
                        shared: int, stream: Any, params: Any, extra: Any) -> int:
         f = drv.ffi()
         name, kinds = self.functions[self._int(fn)]
-        values = [struct.unpack("<" + KIND_FORMAT[k],
-                                f.buffer(f.cast("char *", params[i]), 8)[:8 if k != "float"
-                                                                         else 4])[0]
-                  for i, k in enumerate(kinds)]
+        values = []  # each parameter's first value (a cap's first word is its address)
+        for i, k in enumerate(kinds):
+            fmt = struct.Struct("<" + PARAM_FORMAT[k])
+            values.append(fmt.unpack(f.buffer(f.cast("char *", params[i]), fmt.size)[:])[0])
         if self.hung:
             return 0  # queued behind the kernel that never ends
         if name == "hang":
