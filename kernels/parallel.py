@@ -26,6 +26,11 @@ between every worker, panels and trailing updates alike, so a matrix of one or
 a few panels keeps every worker busy.  Its result does not depend on the worker
 count either (chunks of rows sized by m alone, sums in chunk order) and has
 the group panel's rounding (tests/test_qr_tall.py).
+
+Small float32 matrices (:func:`use_small`: at most SMALL_M x SMALL_N, the
+contest's 32 x 32 batch) run ``qr_small`` (kernels/src/qr_small.c), one block per
+matrix with the whole matrix in a local array; it is xGEQR2 with the column
+norms summed in double, so its rounding is its own too (tests/test_qr_small.py).
 """
 
 from __future__ import annotations
@@ -61,6 +66,10 @@ GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
 #: from TALL_ALWAYS_RATIO on.  Panel width TALL_NB: 16 and 32 within 3% there.
 TALL_RATIO, TALL_ALWAYS_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 64, 1024, 32
 TALL_NB = 32
+#: The small path (qr_small, use_small): float32 matrices of at most SMALL_M rows and
+#: SMALL_N columns (its local array).  Batches of 32 x 32 on the 2-core VM, kernel
+#: only, warm: 1.6-2.5 us a matrix on one worker against 12.8 us by qrt.
+SMALL_M, SMALL_N = 64, 32
 
 
 @cache
@@ -150,9 +159,27 @@ def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
     return max(min(tw, TW_MIN), min(tw, -(-width // 8) * 8))
 
 
+#: The smallest matrix the steps take on a pool of at most that many workers (below it
+#: one block factors each matrix: a launch per panel costs more than the workers
+#: save).  2 workers, the 2-core VM, one float32 matrix, median of 15, interleaved
+#: (bench.qr_paths): one block 0.38 / 1.50 / 3.88 / 9.09 ms at n = 128 / 256 / 384 /
+#: 512 against 0.61 / 2.23 / 6.21 / 11.74 by steps; steps from 768 on (19.0 vs 22.4).
+STEPS_MIN_N = ((2, 640),)
+
+
+def steps_min_n(threads: int) -> int:
+    """The smallest min(m, n) that use_steps drives by steps on ``threads`` workers."""
+    for most, n in STEPS_MIN_N:
+        if threads <= most:
+            return n
+    return 0
+
+
 def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
-    """Drive panel by panel when one block per matrix would leave workers idle."""
-    return threads > 1 and batch < threads and min(m, n) > 2 * nb
+    """Drive panel by panel when one block per matrix would leave workers idle and the
+    matrix is large enough (STEPS_MIN_N) for that to pay."""
+    return (threads > 1 and batch < threads and min(m, n) > 2 * nb
+            and min(m, n) >= steps_min_n(threads))
 
 
 def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
@@ -165,6 +192,19 @@ def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
             and threads >= GROUP_MIN_WORKERS):
         return min(GROUP, threads)
     return 0
+
+
+def use_small(m: int, n: int, dtype: str) -> bool:
+    """Factor each matrix in one block's local array (qr_small): float32 (its norms
+    sum in double, as the group panel's do) of at most SMALL_M x SMALL_N."""
+    return dtype == "float32" and m <= SMALL_M and n <= SMALL_N
+
+
+def small_kernel_for(checked: bool) -> Any:
+    """The compiled qr_small (float32; built on first use only)."""
+    from ..runtime.cpu.kernel import cflags
+
+    return _kernels("float32", checked, tuple(cflags()), ("qr_small",), "qr_small")[0]
 
 
 def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
@@ -250,6 +290,9 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
             raise ValueError("the tall path sums in double and factors float32 only")
         _run_tall(h, tau, dtype, nb, checked, timeout, n, trace)
         return
+    if steps is None and not group and use_small(m, n, dtype):
+        run_small(h, tau, checked, grid, timeout, n, trace=trace)
+        return
     _run_columns(h, tau, dtype, nb, tw, checked, grid, timeout, steps, trace, group, n)
 
 
@@ -288,6 +331,33 @@ def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: bool
     finally:
         work.free()
         sums.free()
+
+
+def run_small(h: np.ndarray, tau: np.ndarray, checked: bool, grid: int | None,
+              timeout: float | None, n: int | None = None, src: np.ndarray | None = None,
+              trace: list[tuple[int, int, float]] | None = None) -> int:
+    """qr_small on ``h`` (batch x m x ld, float32; the matrices in its first ``n``
+    columns), one block per matrix (``grid`` caps the blocks), one launch.  With
+    ``src`` (batch x m x n, C-contiguous float32) the kernel reads the matrices from
+    there and writes them to ``h``, which need not be initialised.  Returns the
+    number of NaN/Inf elements the input held (the caller decides what that means)."""
+    from .. import capabilities, runtime
+
+    batch, m, ld = h.shape
+    n = ld if n is None else n
+    g = batch if grid is None else max(1, min(int(grid), batch))
+    bad = np.zeros(g, np.int64)
+    hc = capabilities.wrap(h, name="qr.a")
+    sc = hc if src is None else capabilities.wrap(src, "r", name="qr.input")
+    lds = ld if src is None else n
+    t0 = time.perf_counter()
+    runtime.launch(small_kernel_for(checked),
+                   [sc, hc, capabilities.wrap(tau, name="qr.tau"),
+                    capabilities.wrap(bad, name="qr.bad")],
+                   args=(batch, m, n, lds, ld), grid=g, timeout=timeout)
+    if trace is not None:
+        trace.append((-2, g, time.perf_counter() - t0))
+    return int(bad.sum())
 
 
 def _run_columns(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int,

@@ -295,6 +295,14 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
         b = parallel.default_nb(m, n) if nb is None else int(nb)
         if not 1 <= b <= parallel.NB_MAX:
             raise ValueError(f"panel width nb={b} outside 1..{parallel.NB_MAX}")
+        if parallel.use_small(m, n, dt) and a3.dtype == np.float32 and a3.flags.c_contiguous:
+            # qr_small copies and scans the input itself (parallel.run_small)
+            h = _alloc_working((batch, m, n), dt, "working copy")
+            tau = np.empty((batch, k), np.float32)
+            if (parallel.run_small(h, tau, checked, grid, timeout, n, src=a3)
+                    and not allow_nonfinite):
+                raise ValueError(NONFINITE)
+            return _result(h, tau, batched, is_torch)
         if PAD_ROWS:
             ld = parallel.working_ld(batch, m, n, b, np.dtype(dt).itemsize, runtime.threads())
     # before anything reads the input (the NaN scan alone would take hours on a

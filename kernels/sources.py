@@ -24,6 +24,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "qrt": ("householder.c", "tile.c", "qrt.c"),
     "qrt_group": ("householder.c", "tile.c", "qrt.c", "qrt_group.c"),
     "qrt_tall": ("householder.c", "tile.c", "qrt.c", "qrt_group.c", "qrt_tall.c"),
+    "qr_small": ("qr_small.c",),
     "copy": ("copy.c",),
     # the GPU QR kernels (kernels/gpu): float32 only; gpu_whole's kernel is generated
     # (kernels/gpu/gen_whole.py) and follows its shared files

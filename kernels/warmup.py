@@ -22,7 +22,7 @@ def _getters(dtypes: list[str] | tuple[str, ...], raw: bool
              ) -> list[tuple[str, Callable[[], Any]]]:
     """(label, getter) for each group of kernels kernels.qr's default variant launches:
     the very functions it gets them through (the per-matrix kernel and the panel steps,
-    the group look-ahead panel, the tall path, the copy that checks the input), so that
+    the group look-ahead panel, the tall and small paths, the copy that checks the input), so that
     what is built ahead is what it runs, and its in-process caches hold them afterwards."""
     from . import parallel
     from .qr import _kernel  # the module: the package's `qr` is the function
@@ -37,9 +37,11 @@ def _getters(dtypes: list[str] | tuple[str, ...], raw: bool
                         partial(parallel.kernels_for, dtype, checked)))
             out.append((f"qrt_gstep {dtype} {mode}",
                         partial(parallel.group_kernel_for, dtype, checked)))
-            if dtype == "float32":   # the tall path factors float32 only
+            if dtype == "float32":   # the tall and small paths factor float32 only
                 out.append((f"qrt_tall {dtype} {mode}",
                             partial(parallel.tall_kernel_for, dtype, checked)))
+                out.append((f"qr_small {dtype} {mode}",
+                            partial(parallel.small_kernel_for, checked)))
         out.append((f"copy {dtype} checked", partial(_kernel, "copy", dtype, True)))
     return out
 

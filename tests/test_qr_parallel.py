@@ -134,10 +134,14 @@ def test_kernels_qr_pads_rows_only_for_steps(monkeypatch):
     import importlib
 
     qr_mod = importlib.import_module("capqr.kernels.qr")
-    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 304   # steps
+    assert parallel.working_ld(1, 700, 700, 32, 4, 2) == 704   # steps
+    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 300   # below STEPS_MIN_N: one block
+    assert parallel.working_ld(1, 300, 300, 32, 4, 3) == 304   # steps
     assert parallel.working_ld(1, 300, 300, 32, 4, 1) == 300   # one worker
     assert parallel.working_ld(4, 300, 300, 32, 4, 2) == 300   # a block per matrix
+    monkeypatch.setattr(parallel, "STEPS_MIN_N", ())   # steps at any size, so rows get padded
     for n in (129, 200):
+        assert parallel.working_ld(1, n, n, 32, 4, runtime.threads()) > n
         a = _rand((n, n), seed=n)
         H, tau = qr(a)
         assert H.flags.c_contiguous and H.ctypes.data % 64 == 0 and H.shape == (n, n)

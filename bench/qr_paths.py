@@ -1,0 +1,112 @@
+"""``python -m capqr.bench.qr_paths``: which path of the ``parallel`` QR variant is fastest
+for one float32 n x n matrix on this machine's worker pool.
+
+The paths (kernels/parallel.py): ``steps`` (one launch per panel, column tiles on every
+worker), ``oneblock`` (the whole matrix on one block, one launch) and ``tall`` (rows shared
+out between every worker, one launch).  Each size runs the three interleaved after one
+warm-up run each (checked builds, through ``parallel.run`` on a fresh copy, the copy
+untimed) and reports the median of --repeats; ``kernels.parallel.use_steps`` takes
+``steps`` from STEPS_MIN_N on, and this is what that threshold is read from.
+
+Writes ``qr-paths-<date>-<host>.json`` and ``.txt`` into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import machine
+from .outdir import default_out
+
+SIZES = (128, 192, 256, 384, 512, 640, 768, 1024)
+PATHS: dict[str, dict[str, Any]] = {"steps": {"steps": True}, "oneblock": {"steps": False},
+                                    "tall": {"tall": True}}
+
+
+def measure(n: int, repeats: int) -> dict[str, Any]:
+    """One size: every path checked once, then ``repeats`` interleaved timed runs."""
+    from ..kernels import check, parallel
+
+    a = np.random.default_rng(n).standard_normal((1, n, n)).astype(np.float32)
+    row: dict[str, Any] = {"n": n, "loadavg_start": machine.loadavg()}
+    times: dict[str, list[float]] = {p: [] for p in PATHS}
+    for i in range(repeats + 1):
+        for p, kw in PATHS.items():
+            h = a.copy()
+            tau = np.zeros((1, n), np.float32)
+            t0 = time.perf_counter()
+            parallel.run(h, tau, "float32", None, parallel.TW_MAX, True, None, None, **kw)
+            dt = time.perf_counter() - t0
+            if i == 0:
+                rep = check(a, h, tau)
+                if not rep.ok:
+                    raise AssertionError(f"path {p} at n={n} fails the checker: {rep}")
+            else:
+                times[p].append(dt)
+    for p, ts in times.items():
+        row[p] = {"median_s": float(np.median(ts)), "min_s": min(ts), "samples_s": ts}
+    row["fastest"] = min(PATHS, key=lambda p: row[p]["median_s"])
+    row["loadavg_end"] = machine.loadavg()
+    return row
+
+
+def _load1(avg: list[float] | None) -> str:
+    return "?" if not avg else f"{avg[0]:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m capqr.bench.qr_paths", description=__doc__)
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                    help="comma-separated n (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=7, help="timed runs per path and size")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="worker pool size ($CAPQR_THREADS; default: all cpus)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output directory (default $CAPQR_BENCH_OUT or ./bench-results)")
+    ns = ap.parse_args(argv)
+    if ns.threads:
+        os.environ["CAPQR_THREADS"] = str(ns.threads)  # read when the runtime loads
+    from .. import runtime
+    from ..kernels import parallel
+
+    threads = runtime.threads()
+    rows = []
+    print(f"{'n':>6} {'steps ms':>10} {'oneblock ms':>12} {'tall ms':>10}  fastest  "
+          f"use_steps", flush=True)
+    for n in (int(s) for s in ns.sizes.split(",")):
+        row = measure(n, ns.repeats)
+        row["use_steps"] = parallel.use_steps(1, n, n, parallel.default_nb(n, n), threads)
+        rows.append(row)
+        print(f"{n:>6} {1e3 * row['steps']['median_s']:>10.3f} "
+              f"{1e3 * row['oneblock']['median_s']:>12.3f} {1e3 * row['tall']['median_s']:>10.3f}"
+              f"  {row['fastest']:<8} {row['use_steps']}", flush=True)
+    meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": machine.host(), "git": machine.git_commit(),
+            "source_digest": machine.source_digest(), "threads": threads,
+            "steps_min_n": parallel.steps_min_n(threads), "repeats": ns.repeats}
+    out = ns.out or default_out()
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"qr-paths-{meta['date'][:10]}-{meta['host']['label']}"
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [f"{r['n']:>6} steps {1e3 * r['steps']['median_s']:.3f} oneblock "
+             f"{1e3 * r['oneblock']['median_s']:.3f} tall {1e3 * r['tall']['median_s']:.3f} ms"
+             f"  fastest {r['fastest']}  use_steps {r['use_steps']}  load "
+             f"{_load1(r['loadavg_start'])}->{_load1(r['loadavg_end'])}" for r in rows]
+    lines.append(f"host {meta['host']['label']} ({meta['host']['cpu_model']}); {threads} "
+                 f"workers; STEPS_MIN_N {meta['steps_min_n']}; median of {ns.repeats}")
+    (out / f"{stem}.txt").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / stem}.json and .txt", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
