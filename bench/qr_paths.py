@@ -6,7 +6,8 @@ worker), ``oneblock`` (the whole matrix on one block, one launch) and ``tall`` (
 out between every worker, one launch).  Each size runs the three interleaved after one
 warm-up run each (checked builds, through ``parallel.run`` on a fresh copy, the copy
 untimed) and reports the median of --repeats; ``kernels.parallel.use_steps`` takes
-``steps`` from STEPS_MIN_N on, and this is what that threshold is read from.
+``steps`` from the work of an STEPS_MIN_N-square matrix on, and this is what that
+threshold is read from.
 
 Writes ``qr-paths-<date>-<host>.json`` and ``.txt`` into --out.
 """

@@ -159,16 +159,26 @@ def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
     return max(min(tw, TW_MIN), min(tw, -(-width // 8) * 8))
 
 
-#: The smallest matrix the steps take on a pool of at most that many workers (below it
-#: one block factors each matrix: a launch per panel costs more than the workers
-#: save).  2 workers, the 2-core VM, one float32 matrix, median of 15, interleaved
-#: (bench.qr_paths): one block 0.38 / 1.50 / 3.88 / 9.09 ms at n = 128 / 256 / 384 /
-#: 512 against 0.61 / 2.23 / 6.21 / 11.74 by steps; steps from 768 on (19.0 vs 22.4).
+#: The steps drive a matrix on a pool of at most that many workers only when it has at
+#: least the work of an n x n one (xGEQRF flops; below it one block factors each
+#: matrix: a launch per panel costs more than the workers save).  2 workers, the
+#: 2-core VM, one float32 matrix, median of 15, interleaved (bench.qr_paths): one
+#: block 0.38 / 1.50 / 3.88 / 9.09 ms at n = 128 / 256 / 384 / 512 against 0.61 /
+#: 2.23 / 6.21 / 11.74 by steps, steps ahead from 768 (19.0 vs 22.4); tall ones by
+#: the same measure (median of 7): 4096 x 256 (0.5 Gflop) 14.5 vs 18.6 ms and 8192 x
+#: 256 35.4 vs 43.7 ms by steps, 2048 x 512 a tie.
 STEPS_MIN_N = ((2, 640),)
 
 
+def qr_flops(m: int, n: int) -> float:
+    """xGEQRF flops of one m x n matrix (LAPACK's count, either orientation)."""
+    k, long = min(m, n), max(m, n)
+    return 2.0 * long * k * k - 2.0 * k ** 3 / 3.0
+
+
 def steps_min_n(threads: int) -> int:
-    """The smallest min(m, n) that use_steps drives by steps on ``threads`` workers."""
+    """The square size whose work is the least use_steps drives by steps on ``threads``
+    workers (0: any)."""
     for most, n in STEPS_MIN_N:
         if threads <= most:
             return n
@@ -177,9 +187,10 @@ def steps_min_n(threads: int) -> int:
 
 def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
     """Drive panel by panel when one block per matrix would leave workers idle and the
-    matrix is large enough (STEPS_MIN_N) for that to pay."""
+    matrix has the work (STEPS_MIN_N) for that to pay."""
+    least = steps_min_n(threads)
     return (threads > 1 and batch < threads and min(m, n) > 2 * nb
-            and min(m, n) >= steps_min_n(threads))
+            and qr_flops(m, n) >= qr_flops(least, least))
 
 
 def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
