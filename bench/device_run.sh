@@ -14,7 +14,10 @@
 #  isolated:
 #   gpu-isolated.txt            GPU tests without torch memory, CAPQR_CUDA_ISOLATE=1
 #                                                                            (ISOLATED_S, 200 s)
-#  cpu:
+#  paths:
+#   qr-paths.log + JSON         bench.qr_paths on all cores: steps vs one block vs tall per
+#                               square size (kernels.parallel.STEPS_MIN_N)    (PATHS_S, 100 s)
+#  cpu (its parts peers, overhead, scaling may be named alone):
 #   cpu-parallel-*.{json,txt},  bench.cpu_peers on all cores: capqr vs scipy sgeqrf and
 #   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 200 s)
 #   overhead.{json,log}         bench.overhead on all cores: checked/raw of every kernel and
@@ -95,13 +98,24 @@ if [[ $PARTS == *" isolated "* ]]; then
         tests/test_gpu_async.py tests/test_gpu_group.py tests/test_gpu_builtins.py \
         tests/test_conformance.py
 fi
-if [[ $PARTS == *" cpu "* ]]; then
+if [[ $PARTS == *" paths "* ]]; then
+    TAIL=12 step qr-paths "${PATHS_S:-100}" "$OUT/qr-paths.log" \
+        python3 -m capqr.bench.qr_paths --sizes 128,192,256,384,512,640,768,1024 \
+        --repeats "${PATHS_REPEATS:-7}" --out "$OUT"
+fi
+# "cpu" is its three steps; "peers", "overhead" and "scaling" name one each
+[[ $PARTS == *" cpu "* ]] && PARTS="$PARTS peers overhead scaling "
+if [[ $PARTS == *" peers "* ]]; then
     TAIL=20 step cpu-peers "${CPU_BENCH_S:-200}" "$OUT/cpu-peers.log" \
         python3 -m capqr.bench.cpu_peers --threads "$(nproc)" \
         --max-seconds "${CPU_BUDGET_S:-170}" --out "$OUT"
+fi
+if [[ $PARTS == *" overhead "* ]]; then
     TAIL=6 step overhead "${OVERHEAD_S:-150}" "$OUT/overhead.log" \
         python3 -m capqr.bench.overhead --repeats "${OVERHEAD_REPEATS:-7}" \
         --out "$OUT/overhead.json"
+fi
+if [[ $PARTS == *" scaling "* ]]; then
     TAIL=12 step scaling "${SCALING_S:-120}" "$OUT/scaling.log" \
         python3 -m capqr.bench.qr_parallel --skip peers --skip profile --skip overhead \
         --skip launch --shapes "n=4096" --out "$OUT"
