@@ -31,6 +31,9 @@ OVERHEAD_SHAPES = {
               "blocked": (("n=64", 1, 64), ("(4,32)", 4, 32))},
 }
 GC_SHAPE = {"full": ("(40,176)", 40, 176), "quick": ("(4,32)", 4, 32)}
+#: The small path's kernel (qr_small, what ``parallel`` runs on matrices up to 64 x 32).
+SMALL_SHAPES = {"full": (("(20,32)", 20, 32), ("(200,32)", 200, 32)),
+                "quick": (("(4,32)", 4, 32),)}
 
 
 def available() -> dict[str, Any]:
@@ -80,6 +83,34 @@ class QrRunner:
         return self.view.copy(), self.tau.numpy().copy()
 
 
+class SmallRunner:
+    """One qr_small launch (kernels/src/qr_small.c: it reads the input and writes the
+    result, so reset() has nothing to restore)."""
+
+    def __init__(self, a3: np.ndarray, mode: str):
+        from .. import capabilities, runtime
+        from ..kernels import sources
+
+        self._launch = runtime.launch
+        batch, m, n = a3.shape
+        self.kernel = runtime.compile(sources.source("qr_small"), "qr_small_f32", mode=mode)
+        self.init = capabilities.wrap(np.array(a3, np.float32), "r", name="bench.qr.input")
+        self.a = capabilities.alloc(a3.shape, np.float32, name="bench.qr.a")
+        self.tau = capabilities.alloc((batch, min(m, n)), np.float32, name="bench.qr.tau")
+        self.bad = capabilities.alloc((batch,), np.int64, name="bench.qr.bad")
+        self.args, self.grid = (batch, m, n, n, n), batch
+
+    def reset(self) -> None:
+        pass
+
+    def run(self) -> None:
+        self._launch(self.kernel, [self.init, self.a, self.tau, self.bad], args=self.args,
+                     grid=self.grid)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.a.numpy().copy(), self.tau.numpy().copy()
+
+
 def _input(batch: int, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((batch, n, n), dtype=np.float32)
 
@@ -105,6 +136,14 @@ def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
 
             out.append(Case("qr", name, label, make, flops=batch * qr_flops(n, n),
                             meta={"family_src": v.family}))
+    for label, batch, n in SMALL_SHAPES["quick" if quick else "full"]:
+        a3 = _input(batch, n, seed=batch * 1009 + n)
+
+        def make_small(mode: str, a3: np.ndarray = a3) -> SmallRunner:
+            return SmallRunner(a3, mode)
+
+        out.append(Case("qr", "small", label, make_small, flops=batch * qr_flops(n, n),
+                        meta={"family_src": "qr_small"}))
     return out
 
 
