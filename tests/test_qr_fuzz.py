@@ -154,7 +154,7 @@ def test_fuzz_tall_numerics(shape, kind, seed, nb):
 
 GUARD = 256
 PATTERN = {np.dtype(np.float32): np.float32(-12345.678), np.dtype(np.float64): -12345.678,
-           np.dtype(np.float16): np.float16(-1234.0)}
+           np.dtype(np.float16): np.float16(-1234.0), np.dtype(np.int64): np.int64(-1234567)}
 
 
 def guarded(data: np.ndarray):

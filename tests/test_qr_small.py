@@ -15,7 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from capqr import runtime
-from capqr.kernels import check, parallel, qr
+from capqr.kernels import check, mutate, parallel, qr, sources
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_qr_fuzz import VALUE_CLASSES, canaries_intact, guarded, make_matrix
 
 #: (batch, m, n): the contest batch, both limits, m < n, one row, one column, odd sizes.
 SHAPES = ((20, 32, 32), (3, 64, 32), (5, 13, 7), (3, 5, 20), (4, 1, 1), (4, 64, 1),
@@ -127,3 +130,51 @@ def test_short_buffers_fault():
         parallel.run_small(h, np.zeros((2, 32), np.float32), True, None, None, 32,
                            src=a3[:1])
     assert e.value.buffer == "qr.input" and e.value.access == "load"
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.tuples(st.integers(1, 5), st.integers(1, 64), st.integers(1, 32)),
+       kind=st.sampled_from(VALUE_CLASSES), seed=st.integers(0, 2**16))
+def test_fuzz_small_numerics(shape, kind, seed):
+    """kernels.qr on small float32 batches (the small path) over the fuzz value classes:
+    graded rows 1e-8..1e8, columns down to 1e-11, near rank deficiency, 1e+-30;
+    NaN/Inf refused."""
+    batch, m, n = shape
+    A = make_matrix(kind, batch, m, n, seed).astype(np.float32)
+    if kind == "nonfinite":
+        with pytest.raises(ValueError):
+            qr(A)
+        return
+    H, tau = qr(A)
+    rep = check(A, H, tau)
+    assert rep.ok, f"{kind} {A.shape}\n{rep}"
+
+
+def test_mutants_checked_are_safe():
+    """Mutants of qr_small (off-by-one bounds, swapped indices, dropped clamps:
+    kernels.mutate) on canary-guarded buffers, checked: every one that compiles either
+    runs or faults, and no canary beside any buffer changes."""
+    outcomes = {}
+    for mu in mutate.sample(sources.source("qr_small"), 12, seed=7):
+        try:
+            kern = runtime.compile(mu.source, "qr_small_f32")
+        except (runtime.VerifyError, runtime.CompileError):
+            continue
+        a3 = _rand((3, 33, 29), seed=1)
+        src, sback = guarded(a3)
+        dst, dback = guarded(np.zeros_like(a3))
+        tau, tback = guarded(np.zeros((3, 29), np.float32))
+        bad, bback = guarded(np.zeros(3, np.int64))
+        try:
+            runtime.launch(kern, [src, dst, tau, bad], args=(3, 33, 29, 29, 29), grid=3,
+                           timeout=20)
+            outcome = "ran"
+        except runtime.CapabilityFault:
+            outcome = "fault"
+        except runtime.KernelTimeout:
+            outcome = "timeout"
+        assert all(canaries_intact(b) for b in (sback, dback, tback, bback)), mu.description
+        outcomes[mu.description] = outcome
+    assert outcomes, "no mutant compiled"
+    assert "fault" in outcomes.values(), outcomes
