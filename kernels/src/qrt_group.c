@@ -109,15 +109,17 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
             for (int64_t t0 = tb > p + 2 ? tb : p + 2; t0 < te; t0 += 64) {
                 int64_t kc = te - t0 < 64 ? te - t0 : 64;
                 if (tau != 0.0) {
-                    /* from the vector of 8 that holds column p + 1 on: whole vectors,
-                     * the columns up to p stored back as they are */
-                    int64_t c8 = (p + 1) / 8 * 8;
+                    /* from the vector of 8 that holds column p on: whole vectors, v_t
+                     * stored into column p by the same vector store, the columns before
+                     * it stored back as they are (a scalar store of v_t followed by the
+                     * vector load of its line stalled every row on store forwarding) */
+                    int64_t c8 = p / 8 * 8;
                     for (int64_t tt = 0; tt < kc; tt++) {
                         float v = cap_load_f32(P, (t0 + tt) * ldp + p) * scalef;
-                        cap_store_f32(P, (t0 + tt) * ldp + p, v);
                         for (int64_t c = c8; c < jb; c++) {
                             float x = cap_load_f32(P, (t0 + tt) * ldp + c);
-                            cap_store_f32(P, (t0 + tt) * ldp + c, c > p ? fmaf(-v, w[c], x) : x);
+                            float y = c > p ? fmaf(-v, w[c], x) : x;
+                            cap_store_f32(P, (t0 + tt) * ldp + c, c == p ? v : y);
                         }
                     }
                 }
