@@ -79,10 +79,22 @@ KERNEL void qr_small_f32(cap_t src, cap_t a, cap_t tau, cap_t bad, int64_t batch
             float tf = (float)tj;
             for (int64_t c = 0; c < 32; c++)
                 w[c] = x[j][c];
-            for (int64_t r = j + 1; r < m; r++) {
-                float v = x[r][j];
+            /* four rows per pass over w (it lives in memory, not registers: one
+             * load and store of it per four rows), added in the order of r */
+            int64_t q = j + 1;
+            for (; q + 3 < m; q += 4) {
+                float v0 = x[q][j];
+                float v1 = x[q + 1][j];
+                float v2 = x[q + 2][j];
+                float v3 = x[q + 3][j];
                 for (int64_t c = 0; c < 32; c++)
-                    w[c] = fmaf(v, x[r][c], w[c]);
+                    w[c] = fmaf(v3, x[q + 3][c], fmaf(v2, x[q + 2][c],
+                                fmaf(v1, x[q + 1][c], fmaf(v0, x[q][c], w[c]))));
+            }
+            for (; q < m; q++) {
+                float v = x[q][j];
+                for (int64_t c = 0; c < 32; c++)
+                    w[c] = fmaf(v, x[q][c], w[c]);
             }
             for (int64_t c = 0; c < 32; c++)
                 w[c] = c > j ? tf * w[c] : 0.0f;
