@@ -63,8 +63,12 @@ GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
 #: (2 workers, median of 7, interleaved) it took 37 vs 56 ms at 65536 x 64, 22 vs 34
 #: at 16384 x 128, 29 vs 30 at 8192 x 256, and lost at 4096 x 512 (45 vs 37) and
 #: 2048 x 256: there the columns make as many tiles as workers, and it is taken only
-#: from TALL_ALWAYS_RATIO on.  Panel width TALL_NB: 16 and 32 within 3% there.
-TALL_RATIO, TALL_ALWAYS_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 64, 1024, 32
+#: from TALL_ALWAYS_RATIO on.  Panel width TALL_NB: 16 and 32 within 3% there.  Since
+#: its panel lost a store-forwarding stall per row (gpanel_qr), against the steps on
+#: the VM (2 workers, min of 7, two runs): 8192 x 256 23.3 / 25.1 vs 28.0 / 30.2 ms,
+#: 4096 x 256 12.6 / 11.6 vs 14.3 / 13.7 ms; ties at 8 times as tall (2048 x 256 6.7
+#: vs 6.5, 4096 x 512 34.3 vs 33.3) and at 8192 x 512; so TALL_ALWAYS_RATIO 64 -> 16.
+TALL_RATIO, TALL_ALWAYS_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 16, 1024, 32
 TALL_NB = 32
 #: The small path (qr_small, use_small): float32 matrices of at most SMALL_M rows and
 #: SMALL_N columns (its local array).  Batches of 32 x 32 on the 2-core VM, kernel
