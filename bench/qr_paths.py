@@ -3,9 +3,9 @@ for one float32 n x n matrix on this machine's worker pool.
 
 The paths (kernels/parallel.py): ``steps`` (one launch per panel, column tiles on every
 worker), ``oneblock`` (the whole matrix on one block, one launch) and ``tall`` (rows shared
-out between every worker, one launch).  Each size runs the three interleaved after one
-warm-up run each (checked builds, through ``parallel.run`` on a fresh copy, the copy
-untimed) and reports the median of --repeats; ``kernels.parallel.use_steps`` takes
+out between every worker, one launch).  Each size runs the three interleaved after a
+checking run and a warm-up run of each (checked builds, through ``parallel.run`` on a
+fresh copy, the copy untimed) and reports the median of --repeats; ``kernels.parallel.use_steps`` takes
 ``steps`` from the work of an STEPS_MIN_N-square matrix on, and this is what that
 threshold is read from.
 
@@ -40,7 +40,9 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
     a = np.random.default_rng(n).standard_normal((1, n, n)).astype(np.float32)
     row: dict[str, Any] = {"n": n, "loadavg_start": machine.loadavg()}
     times: dict[str, list[float]] = {p: [] for p in PATHS}
-    for i in range(repeats + 1):
+    # two untimed rounds: the first checks every path, the second lets the pool settle
+    # (the first timed run of each path was 10-50x the rest on a fresh 16-core host)
+    for i in range(repeats + 2):
         for p, kw in PATHS.items():
             h = a.copy()
             tau = np.zeros((1, n), np.float32)
@@ -51,7 +53,7 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
                 rep = check(a, h, tau)
                 if not rep.ok:
                     raise AssertionError(f"path {p} at n={n} fails the checker: {rep}")
-            else:
+            elif i > 1:
                 times[p].append(dt)
     for p, ts in times.items():
         row[p] = {"median_s": float(np.median(ts)), "min_s": min(ts), "samples_s": ts}

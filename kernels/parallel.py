@@ -170,8 +170,12 @@ def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
 #: block 0.38 / 1.50 / 3.88 / 9.09 ms at n = 128 / 256 / 384 / 512 against 0.61 /
 #: 2.23 / 6.21 / 11.74 by steps, steps ahead from 768 (19.0 vs 22.4); tall ones by
 #: the same measure (median of 7): 4096 x 256 (0.5 Gflop) 14.5 vs 18.6 ms and 8192 x
-#: 256 35.4 vs 43.7 ms by steps, 2048 x 512 a tie.
-STEPS_MIN_N = ((2, 640),)
+#: 256 35.4 vs 43.7 ms by steps, 2048 x 512 a tie.  16 workers, the H100 host's 16
+#: Xeon cores (qr-paths-2026-12-06-h100-16cpu-694907c, the samples after each size's
+#: first): one block 0.27-0.30 / 0.57-0.63 ms at n = 128 / 192 against steps
+#: 0.44-0.88 / 0.73-0.87, a tie at 256 (1.0-1.1 ms), steps ahead from 384.  Pools of 3
+#: to 16 workers take that threshold (fewer workers gain less from the steps).
+STEPS_MIN_N = ((2, 640), (16, 224))
 
 
 def qr_flops(m: int, n: int) -> float:
