@@ -5,9 +5,9 @@ The paths (kernels/parallel.py): ``steps`` (one launch per panel, column tiles o
 worker), ``oneblock`` (the whole matrix on one block, one launch) and ``tall`` (rows shared
 out between every worker, one launch).  Each size runs the three interleaved after a
 checking run and a warm-up run of each (checked builds, through ``parallel.run`` on a
-fresh copy, the copy untimed) and reports the median of --repeats; ``kernels.parallel.use_steps`` takes
-``steps`` from the work of an STEPS_MIN_N-square matrix on, and this is what that
-threshold is read from.
+fresh copy, the copy untimed) and reports the median of --repeats;
+``kernels.parallel.use_steps`` takes ``steps`` from the work of an STEPS_MIN_N-square
+matrix on, and this is what that threshold is read from.
 
 Writes ``qr-paths-<date>-<host>.json`` and ``.txt`` into --out.
 """
