@@ -10,12 +10,6 @@ import numpy as np
 
 from .timing import Runner
 
-
-def qr_flops(m: int, n: int) -> float:
-    """LAPACK xGEQRF flop count for one m x n matrix, m >= n."""
-    return 2.0 * m * n * n - 2.0 * n**3 / 3.0
-
-
 #: Compile modes compared by the overhead benchmark (runtime.compile's ``mode``).
 MODES = ("checked", "raw", "raw_poll")
 

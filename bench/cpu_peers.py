@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.parallel import qr_flops
 from . import machine
 from .outdir import default_out
 from .timing import geomean
@@ -51,9 +52,9 @@ BUDGET_S = {"full": 270.0, "quick": 50.0}
 CHECK_MATRICES = 2
 
 
-def qr_flops(batch: int, m: int, n: int) -> float:
-    """LAPACK xGEQRF flops of ``batch`` m x n matrices (m >= n): 2mn^2 - 2n^3/3 each."""
-    return batch * (2.0 * m * n * n - 2.0 * n ** 3 / 3.0)
+def batch_flops(batch: int, m: int, n: int) -> float:
+    """LAPACK xGEQRF flops of ``batch`` m x n matrices (kernels.parallel.qr_flops each)."""
+    return batch * qr_flops(m, n)
 
 
 def select(labels: list[str] | None, quick: bool) -> list[Shape]:
@@ -157,7 +158,7 @@ def measure(shape: Shape, repeats_for: Callable[[float], int], settle_s: float
     label, batch, m, n = shape
     a = _input(batch, m, n)
     row: dict[str, Any] = {"shape": label, "batch": batch, "m": m, "n": n,
-                           "flops": qr_flops(batch, m, n), "loadavg_start": machine.loadavg()}
+                           "flops": batch_flops(batch, m, n), "loadavg_start": machine.loadavg()}
     runners, warm = {}, {}
     for name in IMPLS:
         try:
@@ -294,11 +295,11 @@ def run(shapes: list[Shape], threads: int, budget_s: float, quick: bool,
         pass
     budget = Budget(budget_s, quick)
     rows: dict[str, dict[str, Any]] = {}
-    order = sorted(shapes, key=lambda s: qr_flops(*s[1:]))
+    order = sorted(shapes, key=lambda s: batch_flops(*s[1:]))
     with threadpool_limits(limits=threads, user_api="blas"):
         meta = machine.describe()
         for i, s in enumerate(order):
-            if not budget.fits(qr_flops(*s[1:])):
+            if not budget.fits(batch_flops(*s[1:])):
                 rows[s[0]] = {"shape": s[0], "batch": s[1], "m": s[2], "n": s[3],
                               "skipped": f"time budget ({budget.left():.0f} s left of "
                                          f"{budget_s:.0f} s)"}

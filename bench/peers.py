@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .case import qr_flops
+from ..kernels.parallel import qr_flops
 from .timing import SETTLE_S, Runner, interleaved, pick_repeats, time_once
 
 SQUARE = {"full": (256, 512, 1024, 2048, 4096), "quick": (64, 128)}

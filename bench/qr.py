@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .case import Case, qr_flops
+from ..kernels.parallel import qr_flops
+from .case import Case
 
 #: Overhead shapes (label, batch, n) per variant family; the unblocked kernel is
 #: BLAS-2 and slow, so it stops earlier.  Batched shapes use one block per matrix.

@@ -66,6 +66,18 @@ def _load1(avg: list[float] | None) -> str:
     return "?" if not avg else f"{avg[0]:.2f}"
 
 
+HEADER = (f"{'n':>6} {'steps ms':>10} {'oneblock ms':>12} {'tall ms':>10}  fastest  "
+          f"use_steps  load")
+
+
+def _line(row: dict[str, Any]) -> str:
+    """One size's row of the table (printed as it is measured, and in the .txt)."""
+    return (f"{row['n']:>6} {1e3 * row['steps']['median_s']:>10.3f} "
+            f"{1e3 * row['oneblock']['median_s']:>12.3f} {1e3 * row['tall']['median_s']:>10.3f}"
+            f"  {row['fastest']:<8} {row['use_steps']!s:<9}  "
+            f"{_load1(row['loadavg_start'])}->{_load1(row['loadavg_end'])}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m capqr.bench.qr_paths", description=__doc__)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
@@ -83,15 +95,12 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = runtime.threads()
     rows = []
-    print(f"{'n':>6} {'steps ms':>10} {'oneblock ms':>12} {'tall ms':>10}  fastest  "
-          f"use_steps", flush=True)
+    print(HEADER, flush=True)
     for n in (int(s) for s in ns.sizes.split(",")):
         row = measure(n, ns.repeats)
         row["use_steps"] = parallel.use_steps(1, n, n, parallel.default_nb(n, n), threads)
         rows.append(row)
-        print(f"{n:>6} {1e3 * row['steps']['median_s']:>10.3f} "
-              f"{1e3 * row['oneblock']['median_s']:>12.3f} {1e3 * row['tall']['median_s']:>10.3f}"
-              f"  {row['fastest']:<8} {row['use_steps']}", flush=True)
+        print(_line(row), flush=True)
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": machine.host(), "git": machine.git_commit(),
             "source_digest": machine.source_digest(), "threads": threads,
@@ -100,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"qr-paths-{meta['date'][:10]}-{meta['host']['label']}"
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"{r['n']:>6} steps {1e3 * r['steps']['median_s']:.3f} oneblock "
-             f"{1e3 * r['oneblock']['median_s']:.3f} tall {1e3 * r['tall']['median_s']:.3f} ms"
-             f"  fastest {r['fastest']}  use_steps {r['use_steps']}  load "
-             f"{_load1(r['loadavg_start'])}->{_load1(r['loadavg_end'])}" for r in rows]
+    lines = [HEADER, *map(_line, rows)]
     lines.append(f"host {meta['host']['label']} ({meta['host']['cpu_model']}); {threads} "
                  f"workers; STEPS_MIN_N {meta['steps_min_n']}; median of {ns.repeats}")
     (out / f"{stem}.txt").write_text("\n".join(lines) + "\n")

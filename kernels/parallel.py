@@ -367,8 +367,10 @@ def run_small(h: np.ndarray, tau: np.ndarray, checked: bool, grid: int | None,
     g = batch if grid is None else max(1, min(int(grid), batch))
     bad = np.zeros(g, np.int64)
     hc = capabilities.wrap(h, name="qr.a")
-    sc = hc if src is None else capabilities.wrap(src, "r", name="qr.input")
-    lds = ld if src is None else n
+    if src is None:
+        sc, lds = hc, ld
+    else:
+        sc, lds = capabilities.wrap(src, "r", name="qr.input"), n
     t0 = time.perf_counter()
     runtime.launch(small_kernel_for(checked),
                    [sc, hc, capabilities.wrap(tau, name="qr.tau"),

@@ -138,6 +138,23 @@ def test_qr_runner_matches_kernels_qr() -> None:
             np.testing.assert_array_equal(tau, tau_ref)
 
 
+def test_small_runner_matches_kernels_qr() -> None:
+    """The overhead case of the small path launches qr_small itself: it must compute
+    what kernels.qr does on a small batch."""
+    from capqr import kernels
+    from capqr.bench.qr import SmallRunner
+
+    a3 = np.random.default_rng(4).standard_normal((5, 32, 32), dtype=np.float32)
+    for mode in ("checked", "raw"):
+        r = SmallRunner(a3, mode)
+        r.reset()
+        r.run()
+        h, tau = r.result()
+        h_ref, tau_ref = kernels.qr(a3, checked=mode == "checked")
+        np.testing.assert_array_equal(h, h_ref)
+        np.testing.assert_array_equal(tau, tau_ref)
+
+
 def test_interleaved_rotates_order() -> None:
     from capqr.bench.timing import interleaved
 
