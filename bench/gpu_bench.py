@@ -54,6 +54,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     ws = g.Workspace.alloc(batch, n, prefix="")
     plan = g.launch_plan(batch, n, tall_rows)
     row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
+                 "panel_reg": g.PANEL_REG, "per_matrix": g.PER_MATRIX,
                  "mma_update": g.MMA_UPDATE, "mma_min_rows": g.MMA_MIN_ROWS,
                  "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows}
     outs = {}
@@ -159,6 +160,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="one trailing update per pair of panels (kernels.gpu.TWO_PANEL)")
     ap.add_argument("--mma-update", choices=("default", "on", "off"), default="default",
                     help="the trailing update on the tensor cores (kernels.gpu.MMA_UPDATE)")
+    ap.add_argument("--panel-reg", choices=("default", "on", "off"), default="default",
+                    help="panels of at most kernels.gpu.REG_MAX_ROWS rows in registers "
+                         "(kernels.gpu.PANEL_REG)")
+    ap.add_argument("--per-matrix", choices=("default", "on", "off"), default="default",
+                    help="one launch, one block per matrix, where the batch allows "
+                         "(kernels.gpu.PER_MATRIX)")
     ap.add_argument("--mma-min-rows", type=int, default=None,
                     help="rows from which an update takes the tensor cores "
                          "(kernels.gpu.MMA_MIN_ROWS)")
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         from ..kernels import gpu as g
 
         g.TWO_PANEL = ns.two_panel == "on"
-    _set_mma_update(ns)
+    _set_plan_options(ns)
     tall = ns.tall_rows if ns.tall_rows == "auto" else (
         None if ns.tall_rows == "none" else int(ns.tall_rows))
     peers = tuple(p for p in ns.peers.split(",") if p)
@@ -226,14 +233,19 @@ def main(argv: list[str] | None = None) -> Path | None:
     return out
 
 
-def _set_mma_update(ns: argparse.Namespace) -> None:
-    """--mma-update / --mma-min-rows into kernels.gpu (the plan reads them when built)."""
+def _set_plan_options(ns: argparse.Namespace) -> None:
+    """--mma-update / --mma-min-rows / --panel-reg / --per-matrix into kernels.gpu (the
+    plan reads them when built)."""
     from ..kernels import gpu as g
 
     if ns.mma_update != "default":
         g.MMA_UPDATE = ns.mma_update == "on"
     if ns.mma_min_rows is not None:
         g.MMA_MIN_ROWS = ns.mma_min_rows
+    if ns.panel_reg != "default":
+        g.PANEL_REG = ns.panel_reg == "on"
+    if ns.per_matrix != "default":
+        g.PER_MATRIX = ns.per_matrix == "on"
 
 
 def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:

@@ -6,7 +6,7 @@
 #   mma-off.{json,txt,log}     bench.gpu_bench --mma-update off, contest shapes,
 #                              checked and raw, no peers                          (BENCH_S, 75 s)
 #   mma-on.{json,txt,log}      the same with --mma-update on                      (BENCH_S, 75 s)
-#   mma-update.txt             bench.gpu_mma_update: off/on per shape, geomeans, registers
+#   mma-update.txt             bench.gpu_compare: off/on per shape, geomeans, registers
 # Usage: OUT=/some/dir bash bench/gpu_mma_update_device.sh, the wheels installed and
 # PYTHONPATH set as at the top of bench/device_run.sh.  SHAPES (gpu_bench --shapes, e.g.
 # 20x32,2x4096) narrows the shapes; MMA_MIN_ROWS sets kernels.gpu.MMA_MIN_ROWS for the on
@@ -41,6 +41,6 @@ for mode in off on; do
     tail -2 "$OUT/mma-$mode.log"
 done
 if [ -f "$OUT/mma-off.json" ] && [ -f "$OUT/mma-on.json" ]; then
-    python3 -m capqr.bench.gpu_mma_update "$OUT/mma-off.json" "$OUT/mma-on.json" \
+    python3 -m capqr.bench.gpu_compare "$OUT/mma-off.json" "$OUT/mma-on.json" \
         --out "$OUT/mma-update.txt"
 fi

@@ -26,12 +26,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "qrt_tall": ("householder.c", "tile.c", "qrt.c", "qrt_group.c", "qrt_tall.c"),
     "qr_small": ("qr_small.c",),
     "copy": ("copy.c",),
-    # the GPU QR kernels (kernels/gpu): float32 only; gpu_whole's kernel is generated
-    # (kernels/gpu/gen_whole.py) and follows its shared files
+    # the GPU QR kernels (kernels/gpu): float32 only; gpu_whole's and gpu_panel_reg's kernels are
+    # generated (kernels/gpu/gen_whole.py, gen_panel_reg.py) and follow their shared files
     "gpu_panel": ("gpu/reflector.c", "gpu/t_factor.c", "gpu/panel.c"),
     "gpu_panel_small": ("gpu/reflector.c", "gpu/t_factor.c", "gpu/panel_small.c"),
     "gpu_steps": ("gpu/reflector.c", "gpu/t_factor.c", "gpu/panel_steps.c"),
     "gpu_whole": ("gpu/reflector.c",),
+    "gpu_panel_reg": ("gpu/reflector.c",),
 }
 
 # The half-storage kernel's xLARFB reads and writes the trailing matrix (the

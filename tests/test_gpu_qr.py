@@ -167,7 +167,7 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None,
     for step in g.launch_plan(batch, n, tall_rows=tall_rows, two_panel=two_panel,
                               whole=False):
         for b in range(batch):
-            if step.kernel in ("panel", "panel_small"):  # panel_small: same arithmetic, in smem
+            if step.kernel in ("panel", "panel_small") or step.kernel.startswith("preg"):
                 T[step.slot, b] = model_panel(H[b], tau[b], *step.args)
             elif step.kernel == "steps":
                 T[step.slot, b] = model_steps(H[b], tau[b], *step.args)

@@ -322,20 +322,20 @@ def test_gpu_bench_flags_set_the_switch(monkeypatch) -> None:
 
     monkeypatch.setattr(g, "MMA_UPDATE", False)
     monkeypatch.setattr(g, "MMA_MIN_ROWS", g.MMA_MIN_ROWS)
-    gpu_bench._set_mma_update(gpu_bench.parse_args(["--mma-update", "on",
+    gpu_bench._set_plan_options(gpu_bench.parse_args(["--mma-update", "on",
                                                     "--mma-min-rows", "64"]))
     assert (g.MMA_UPDATE, g.MMA_MIN_ROWS) == (True, 64)
     assert g.launch_plan(1, 64, None, whole=False)[1].kernel == "update_mma_z"
-    gpu_bench._set_mma_update(gpu_bench.parse_args(["--mma-update", "off"]))
+    gpu_bench._set_plan_options(gpu_bench.parse_args(["--mma-update", "off"]))
     assert (g.MMA_UPDATE, g.MMA_MIN_ROWS) == (False, 64)
-    gpu_bench._set_mma_update(gpu_bench.parse_args([]))  # default: left as it is
+    gpu_bench._set_plan_options(gpu_bench.parse_args([]))  # default: left as it is
     assert not g.MMA_UPDATE
 
 
 def test_mma_update_report_compares_the_two_runs(tmp_path) -> None:
     import json
 
-    from capqr.bench import gpu_mma_update
+    from capqr.bench import gpu_compare
 
     def run(ms: float, upd: float, kind: str) -> dict:
         row = {"batch": 2, "n": 4096, "checked_ms": ms, "raw_ms": ms / 2, "check_ok": True,
@@ -348,8 +348,8 @@ def test_mma_update_report_compares_the_two_runs(tmp_path) -> None:
     for p, r in zip(paths, (run(40.0, 20.0, "update_z"), run(32.0, 12.0, "update_mma_z")),
                     strict=True):
         p.write_text(json.dumps(r))
-    text = gpu_mma_update.main([str(paths[0]), str(paths[1]), "--out", str(tmp_path / "t")])
+    text = gpu_compare.main([str(paths[0]), str(paths[1]), "--out", str(tmp_path / "t")])
     assert (tmp_path / "t").read_text() == text
     assert "(2,4096)" in text and "(8,2048)" in text and " 1.250x" in text
     assert "geomean off/on: checked 1.250x, raw 1.250x over 2 shapes" in text
-    assert "update_mma_z checked 96" in text and "steps" not in text
+    assert "update_mma_z checked 96" in text and "steps checked 90" in text

@@ -4,8 +4,11 @@ Blocked Householder QR with compact WY, driven from the host as a sequence of
 checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
 
 1. the panel is factored and its T factor formed, by one of
-   ``gpu_qr_panel_small`` (kernels/src/gpu/panel_small.c: one block per matrix, the
-   panel in shared memory) for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel``
+   ``gpu_qr_panel_reg`` (kernels/gpu/gen_panel_reg.py: one block per matrix, the
+   panel in registers, one barrier per column; with ``reg``, default PANEL_REG, for
+   panels of at most ``REG_MAX_ROWS`` rows), ``gpu_qr_panel_small``
+   (kernels/src/gpu/panel_small.c: one block per matrix, the panel in shared memory)
+   for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel``
    (kernels/src/gpu/panel.c: one block per matrix) above, or, for panels of more
    than ``tall_rows`` rows, one cooperative launch of ``gpu_qr_steps``
    (kernels/src/gpu/panel_steps.c: blocks of ``STEP_ROWS`` rows and a grid barrier,
@@ -15,6 +18,11 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
    block per (matrix, STRIP-column strip, row block)) apply ``I - V T^T V^T`` to
    the trailing columns; the row blocks are cut so that the grid has at least
    ``TARGET_BLOCKS`` blocks where the matrix allows.
+
+A batch of at least ``PER_MATRIX_MIN_BATCH`` matrices of 33 to 1024 rows takes one
+launch of ``gpu_qr_matrix`` (kernels/gpu/gen_matrix.py, one source per size class)
+with ``per_matrix`` (default PER_MATRIX): one block factors one matrix, panel after
+panel, the panel in registers and the trailing update from shared memory.
 
 A batch of matrices that fit one block's shared memory (n <= 232 on H100/H200)
 takes one launch instead: ``gpu_qr_whole`` (kernels/gpu/gen_whole.py, one source
@@ -52,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from .. import sources
-from . import gen_whole
+from . import gen_matrix, gen_panel_reg, gen_whole
 
 _HERE = Path(__file__).parent
 #: The panel kernels with the files they share (kernels/sources.py FAMILIES).
@@ -122,6 +130,16 @@ STEPS_OPTIONS = ("--maxrregcount=96",)
 #: raw 0.127 vs 0.116 and 0.736 vs 0.601 ms: one block per matrix leaves most SMs idle
 #: and its per-column barriers and shared-memory checks dominate.
 WHOLE = False
+#: Panels of at most REG_MAX_ROWS rows go to gpu_qr_panel_reg (launch_plan's ``reg``;
+#: False: gpu_qr_panel_small and gpu_qr_panel as before).
+PANEL_REG = True
+REG_MAX_ROWS = max(gen_panel_reg.capacity(*c) for c in gen_panel_reg.CLASSES)
+#: One launch of gpu_qr_matrix, one block per matrix (launch_plan's ``per_matrix``),
+#: for batches of at least PER_MATRIX_MIN_BATCH matrices of NB + 1 to PER_MATRIX_MAX_N
+#: rows; smaller batches leave most SMs idle that way.
+PER_MATRIX = True
+PER_MATRIX_MIN_BATCH = 16
+PER_MATRIX_MAX_N = gen_matrix.CLASSES[-1][0]
 #: Shared memory a block may opt into, assumed by launch_plan when not told (H100 and
 #: H200: 227 KB); qr_launch passes the device's own limit.
 WHOLE_SMEM = 232448
@@ -143,8 +161,8 @@ def whole_class(n: int, smem: int | None = None) -> tuple[int, int] | None:
 class Launch:
     """One step of the launch sequence: kernel name, grid, block and scalar args."""
 
-    kernel: str  # "panel", "panel_small", "steps", "update_*", "update2_*",
-    #              "update_mma_*", "whole<cap>"
+    kernel: str  # "panel", "panel_small", "preg<cap>", "steps", "update_*",
+    #              "update2_*", "update_mma_*", "whole<cap>"
     grid: int
     block: int
     args: tuple[int, ...]
@@ -175,7 +193,8 @@ STEPS_MAX_GROUP = 264
 def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
                 max_group: int = STEPS_MAX_GROUP, two_panel: bool | None = None,
                 whole: bool | None = None, smem: int | None = None,
-                mma_update: bool | None = None) -> list[Launch]:
+                mma_update: bool | None = None, reg: bool | None = None,
+                per_matrix: bool | None = None) -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
 
     ``whole`` (None: WHOLE): one launch of gpu_qr_whole, one block per matrix, where
@@ -188,7 +207,10 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
     blocks, else by one block per matrix; tall_rows None: never; "auto":
     :func:`default_tall_rows`.  ``two_panel`` (None: TWO_PANEL): one trailing
     update per pair of panels (module doc).  ``mma_update`` (None: MMA_UPDATE): the
-    one-panel updates of at least MMA_MIN_ROWS rows on the tensor cores.
+    one-panel updates of at least MMA_MIN_ROWS rows on the tensor cores.  ``reg``
+    (None: PANEL_REG): the other panels of at most REG_MAX_ROWS rows in registers
+    (gpu_qr_panel_reg, the smallest class that holds them).  ``per_matrix`` (None:
+    PER_MATRIX): one launch of gpu_qr_matrix where the batch and n allow (module doc).
     """
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
@@ -198,9 +220,15 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         two_panel = TWO_PANEL
     if mma_update is None:
         mma_update = MMA_UPDATE
+    if reg is None:
+        reg = PANEL_REG
     cls = whole_class(n, smem) if (WHOLE if whole is None else whole) else None
     if cls is not None:
         return [Launch(f"whole{cls[0]}", batch, cls[1], (n, batch))]
+    if ((PER_MATRIX if per_matrix is None else per_matrix) and batch >= PER_MATRIX_MIN_BATCH
+            and NB < n <= PER_MATRIX_MAX_N):
+        mc = gen_matrix.find_class(n)
+        return [Launch(f"matrix{mc[0]}", batch, gen_matrix.threads(mc), (n, batch))]
     plan: list[Launch] = []
 
     def panel(k0: int, nb: int, slot: int) -> None:
@@ -209,6 +237,10 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         if tall_rows is not None and m > tall_rows and batch * nrb <= max_group:
             plan.append(Launch("steps", batch * nrb, STEP_BLOCK, (n, k0, nb, batch, nrb),
                                batch * nrb, slot))
+        elif reg and m <= REG_MAX_ROWS:
+            cls = gen_panel_reg.find_class(m)
+            plan.append(Launch(f"preg{gen_panel_reg.capacity(*cls)}", batch,
+                               gen_panel_reg.threads(*cls), (n, k0, nb), slot=slot))
         elif m <= SMALL_ROWS:
             plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb), slot=slot))
         else:
@@ -252,7 +284,15 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
 #: (runtime/cuda/census.py counts each one's checks: tests/test_gpu_checks.py).
 LAUNCH_KINDS = ("panel", "panel_small", "steps", "update_z", "update_apply", "update2_z",
                 "update2_apply", "update_mma_z", "update_mma_apply",
-                *(f"whole{cap}" for cap, _threads in gen_whole.CLASSES))
+                *(f"whole{cap}" for cap, _threads in gen_whole.CLASSES),
+                *(f"preg{gen_panel_reg.capacity(*c)}" for c in gen_panel_reg.CLASSES),
+                *(f"matrix{c[0]}" for c in gen_matrix.CLASSES))
+
+
+def one_launch(kind: str) -> bool:
+    """Whether a launch kind factors the whole matrix (a plan of that one launch, with
+    no workspace)."""
+    return kind.startswith(("whole", "matrix"))
 
 
 def _kernel_spec(kind: str) -> tuple[str, str, tuple[str, ...]]:
@@ -262,6 +302,12 @@ def _kernel_spec(kind: str) -> tuple[str, str, tuple[str, ...]]:
         # a block of 1024 threads runs only if each takes at most 64 registers
         return (gen_whole.source(int(kind[5:]), threads), "gpu_qr_whole",
                 (f"--maxrregcount={min(255, 65536 // threads)}",))
+    if kind.startswith("matrix"):
+        mc = gen_matrix.by_capacity(int(kind[6:]))
+        return gen_matrix.source(mc), "gpu_qr_matrix", gen_matrix.options(mc)
+    if kind.startswith("preg"):
+        cls = gen_panel_reg.by_capacity(int(kind[4:]))
+        return gen_panel_reg.source(*cls), "gpu_qr_panel_reg", gen_panel_reg.options(*cls)
     return {"panel": (PANEL_SOURCE, "gpu_qr_panel", PANEL_OPTIONS),
             "panel_small": (PANEL_SMALL_SOURCE, "gpu_qr_panel_small", SMALL_OPTIONS),
             "steps": (PANEL_STEPS_SOURCE, "gpu_qr_steps", STEPS_OPTIONS),
@@ -375,9 +421,11 @@ class Workspace:
 
     def caps(self, step: Launch, A: Any, tau: Any) -> list[Any]:
         """The capability arguments of one launch of the plan."""
-        if step.kernel.startswith("whole"):
+        if one_launch(step.kernel):
             return [A, tau]
         w = (self.work, self.work2)[step.slot]
+        if step.kernel.startswith("preg"):
+            return [A, tau, w]
         z, v = self.scratch, self.vt
         return {"panel": [A, tau, w], "panel_small": [A, tau, w],
                 "steps": [A, tau, w, self.steps],
@@ -401,7 +449,7 @@ def device_smem() -> int:
 def needs_workspace(batch: int, n: int, whole: bool | None = None,
                     smem: int | None = None) -> bool:
     """Whether the plan of this shape uses the workspace (not a single whole launch)."""
-    return not launch_plan(batch, n, None, whole=whole, smem=smem)[0].kernel.startswith("whole")
+    return not one_launch(launch_plan(batch, n, None, whole=whole, smem=smem)[0].kernel)
 
 
 def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool = True,
@@ -422,10 +470,10 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
     smem = device_smem()
     plan = launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=whole, smem=smem,
                        mma_update=mma_update)
-    if not plan[0].kernel.startswith("whole"):  # the steps kernel only when it may run
+    if not one_launch(plan[0].kernel):  # the steps kernel only when it may run
         plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK), two_panel,
                            whole, smem, mma_update)
-    if ws is None and not plan[0].kernel.startswith("whole"):
+    if ws is None and not one_launch(plan[0].kernel):
         raise ValueError(f"the plan of ({batch}, {n}) needs a Workspace")
     caps = ws.caps if ws is not None else (lambda step, A, tau: [A, tau])
     # one batch: the host enqueues (2,4096)'s 4222 launches faster than one call each

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The register panel (kernels.gpu.PANEL_REG, kernels/gpu/gen_panel_reg.py) and the
+# one-launch per-matrix kernel (kernels.gpu.PER_MATRIX, kernels/gpu/gen_matrix.py) on a
+# GPU, under 9 minutes on an H100, each part under its own `timeout`, files flat in $OUT:
+#   machine.txt                 nvidia-smi, python and torch versions
+#   precompile.txt              bench.gpu_precompile: every kind of the plans, checked and
+#                               raw, 12 compilers at once; registers and local bytes each
+#   tests.txt                   pytest -m gpu tests/test_gpu_qr.py (default plans)  (TESTS_S)
+#   {base,reg,matrix}.{json,txt,log}  bench.gpu_bench, no peers, checked and raw:
+#                               base: --panel-reg off --per-matrix off (the plan before);
+#                               reg: --panel-reg on --per-matrix off;
+#                               matrix: both on, the shapes the per-matrix launch takes
+#   reg-compare.txt, matrix-compare.txt   base vs reg, reg vs matrix (bench.gpu_compare)
+# Usage: OUT=/some/dir bash bench/gpu_reg_device.sh, the wheels installed and PYTHONPATH
+# set as at the top of bench/device_run.sh.  SHAPES narrows the base and reg runs,
+# MATRIX_SHAPES the matrix run; PARTS (default "tests base reg matrix") picks parts.
+set -u
+OUT=${OUT:-bench-results/panel-reg}
+PARTS=${PARTS:-tests base reg matrix}
+if ! python3 -c "import capqr" 2>/dev/null; then
+    mkdir -p /tmp/capqr-path && ln -sfn "$PWD" /tmp/capqr-path/capqr
+    export PYTHONPATH="/tmp/capqr-path${PYTHONPATH:+:$PYTHONPATH}"
+fi
+mkdir -p "$OUT"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
+  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
+  nproc; uptime
+} > "$OUT/machine.txt" 2>&1
+timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile > "$OUT/precompile.txt" 2>&1
+echo "rc=$?" >> "$OUT/precompile.txt"
+tail -2 "$OUT/precompile.txt"
+if [[ " $PARTS " == *" tests "* ]]; then
+    timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
+        tests/test_gpu_qr.py > "$OUT/tests.txt" 2>&1
+    echo "rc=$?" >> "$OUT/tests.txt"
+    tail -3 "$OUT/tests.txt"
+fi
+run() {  # name, shapes, gpu_bench options...
+    local name=$1 shapes=$2
+    shift 2
+    local sel=()
+    [ -n "$shapes" ] && sel=(--shapes "$shapes")
+    timeout "${BENCH_S:-100}" python3 -m capqr.bench.gpu_bench "$@" --peers "" \
+        --repeat "${REPEAT:-5}" --repeat-large "${REPEAT_LARGE:-3}" ${sel[@]+"${sel[@]}"} \
+        --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    echo "rc=$?" >> "$OUT/$name.log"
+    tail -2 "$OUT/$name.log"
+}
+[[ " $PARTS " == *" base "* ]] && run base "${SHAPES:-}" --panel-reg off --per-matrix off
+[[ " $PARTS " == *" reg "* ]] && run reg "${SHAPES:-}" --panel-reg on --per-matrix off
+[[ " $PARTS " == *" matrix "* ]] && run matrix "${MATRIX_SHAPES:-20x32,40x176,40x352,640x512,60x1024}" \
+    --panel-reg on --per-matrix on
+if [ -f "$OUT/base.json" ] && [ -f "$OUT/reg.json" ]; then
+    python3 -m capqr.bench.gpu_compare "$OUT/base.json" "$OUT/reg.json" --out "$OUT/reg-compare.txt"
+fi
+if [ -f "$OUT/reg.json" ] && [ -f "$OUT/matrix.json" ]; then
+    python3 -m capqr.bench.gpu_compare "$OUT/reg.json" "$OUT/matrix.json" \
+        --out "$OUT/matrix-compare.txt"
+fi
