@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", default="", help="e.g. 20x32,40x176 (default: contest shapes)")
     ap.add_argument("--reg", choices=("default", "on", "off", "both"), default="both",
                     help="plans with the register panel on, off, both or as kernels.gpu says")
-    ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
+    ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),
+                    help="compiler processes at once (default: the cores, at most 12)")
     ns = ap.parse_args(argv)
     shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
               if ns.shapes else list(CONTEST_SHAPES))

@@ -275,7 +275,8 @@ def test_tile_ceiling_measures_a_ratio() -> None:
 HELP_COMMANDS = [
     [f"capqr.{m}"] for m in ("bench", "bench.report", "bench.gc_bench", "bench.peers",
                              "bench.gpu_bench", "bench.qr_parallel", "bench.overhead",
-                             "bench.gpu_mma", "bench.gpu_compare", "bench.gpu_precompile", "bench.gpu_steps",
+                             "bench.gpu_mma", "bench.gpu_compare", "bench.gpu_precompile",
+                             "bench.gpu_steps",
                              "bench.cpu_peers",
                              "bench.machine", "demo", "kernels.search")
 ] + [["capqr"], ["capqr", "warmup"], ["capqr.kernels.search", "report"],

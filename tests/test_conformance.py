@@ -406,8 +406,8 @@ def test_cuda_lowering_compiles_as_cpp(tmp_path: Path) -> None:
     # the GPU QR kernels as compiled: composed with their shared files (kernels/sources.py)
     gpu_qr = sorted({g._kernel_spec(kind)[0] for kind in ("panel", "panel_small", "steps",
                                                           "update_z", "update_mma_z",
-                                                          "whole232")})
-    assert len(gpu_qr) == 6, "the GPU QR kernel sources are missing"
+                                                          "whole232", "preg256")})
+    assert len(gpu_qr) == 7, "the GPU QR kernel sources are missing"
     sources = ([c.src for c in FAULT_CASES] + [HOIST_SRC, TILE_SRC, TILE_STORE_SRC, WARP_SRC,
                                                 GRID_Y_SRC, MMA_LOWER_SRC] + gpu_qr)
     jobs = []

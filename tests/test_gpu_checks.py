@@ -75,9 +75,10 @@ def _count_covers(text: str) -> str:
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 def test_cover_guards_hold_on_the_qr_plans(tmp_path_factory) -> None:
     """The static census is what runs: on the emulated lane, every cover guard of the
-    panel, column-step and update kernels holds (their fast copies run) for the
-    launch plans of one and two panels per update, short and tall panels, a batch
-    and a ragged last panel; the results still pass kernels.check."""
+    panel (register panels, and with reg=False gpu_qr_panel_small and gpu_qr_panel),
+    column-step and update kernels holds (their fast copies run) for the launch plans
+    of one and two panels per update, short and tall panels, a batch and a ragged
+    last panel; the results still pass kernels.check."""
     import emulate_cuda
     import numpy as np
     from capqr import kernels
@@ -89,13 +90,15 @@ def test_cover_guards_hold_on_the_qr_plans(tmp_path_factory) -> None:
     emulate_cuda._ffi.cdef("long long capqr_emu_covers(int failed);", override=True)
     emulated = {kind: built[src][name] for kind, (src, name) in KINDS.items()}
     kinds = set()
-    for batch, n, tall_rows, two_panel in ((2, 40, None, False), (1, 161, None, True),
-                                           (1, 300, None, False), (2, 100, 64, True)):
+    for batch, n, tall_rows, two_panel, reg in ((2, 40, None, False, None),
+                                                (1, 300, None, True, False),
+                                                (1, 300, None, False, None),
+                                                (2, 100, 64, True, False)):
         a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
-        H, tau = _qr(emulated, a, two_panel, tall_rows)
+        H, tau = _qr(emulated, a, two_panel, tall_rows, reg=reg)
         assert kernels.check(a, H, tau).ok
         kinds |= {s.kernel for s in g.launch_plan(batch, n, tall_rows, two_panel=two_panel,
-                                                  whole=False)}
+                                                  whole=False, reg=reg)}
     assert kinds == set(KINDS)
     for lib in {id(k.lib): k.lib for k in emulated.values()}.values():
         assert lib.capqr_emu_covers(0) > 0 and lib.capqr_emu_covers(1) == 0

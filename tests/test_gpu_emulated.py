@@ -32,6 +32,12 @@ KINDS = {"steps": (g.PANEL_STEPS_SOURCE, "gpu_qr_steps"),
          "update_apply": (g.UPDATE_SOURCE, "gpu_qr_update_apply"),
          "update2_z": (g.UPDATE_SOURCE, "gpu_qr_update2_z"),
          "update2_apply": (g.UPDATE_SOURCE, "gpu_qr_update2_apply")}
+#: gpu_qr_panel_reg, one source per class: the classes the plans below reach (panels of
+#: at most 300 rows); the largest, preg1024, runs on its own
+#: (test_emulated_largest_register_panel).
+PREG_KINDS = tuple(f"preg{g.gen_panel_reg.capacity(*c)}" for c in g.gen_panel_reg.CLASSES
+                   if g.gen_panel_reg.capacity(*c) <= 512)
+KINDS.update({kind: g._kernel_spec(kind)[:2] for kind in PREG_KINDS})
 
 
 def _build(tmp_path_factory, checked: bool) -> dict:
@@ -53,27 +59,38 @@ def emulated_raw(tmp_path_factory) -> dict:
     return _build(tmp_path_factory, False)
 
 
-def _qr(emulated: dict, a: np.ndarray, two_panel: bool,
-        tall_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _qr(emulated: dict, a: np.ndarray, two_panel: bool, tall_rows: int | None = None,
+        reg: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """kernels.gpu's blocked plan for ``a`` (``reg`` None: PANEL_REG, the register
+    panels; False: gpu_qr_panel_small and gpu_qr_panel), run on the emulated lane."""
     batch, n, _ = a.shape
     A = a.copy()
     tau = np.zeros((batch, n), np.float32)
     ws = g.Workspace.alloc(batch, n, alloc=lambda size, dtype, name: np.zeros(size, dtype))
-    for step in g.launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=False):
+    for step in g.launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=False,
+                              reg=reg):
         caps = ws.caps(step, A, tau)
         fault = emulated[step.kernel].launch(caps + list(step.args), step.grid, step.block)
         assert fault is None, (step, fault)
     return A, tau
 
 
-@pytest.mark.parametrize("two_panel", [False, True])
-@pytest.mark.parametrize("batch,n", [(2, 40), (1, 96), (1, 161), (1, 300)])
-def test_emulated_gpu_qr_passes_the_checker(emulated, batch: int, n: int,
-                                            two_panel: bool) -> None:
+@pytest.mark.parametrize("batch,n,two_panel,reg", [
+    *((b, n, tp, None) for b, n in [(2, 40), (1, 96), (1, 161), (1, 300)]
+      for tp in (False, True)),
+    (1, 161, True, False), (1, 300, False, False)])  # gpu_qr_panel_small, gpu_qr_panel
+def test_emulated_gpu_qr_passes_the_checker(emulated, batch: int, n: int, two_panel: bool,
+                                            reg: bool | None) -> None:
+    """The plans with the register panels (the default: gpu_qr_panel_reg, classes 32 to
+    512 here) and with reg=False (gpu_qr_panel_small; 300 rows: gpu_qr_panel): kernels.check
+    passes and the result agrees with the numpy model of the kernels."""
     from test_gpu_qr import model_qr
 
+    kinds = {s.kernel for s in g.launch_plan(batch, n, None, two_panel=two_panel,
+                                             whole=False, reg=reg)}
+    assert any(k.startswith("preg") for k in kinds) == (reg is None)
     a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
-    H, tau = _qr(emulated, a, two_panel)
+    H, tau = _qr(emulated, a, two_panel, reg=reg)
     rep = kernels.check(a, H, tau)
     assert rep.ok, str(rep)
     Hm, taum = model_qr(a, None, two_panel)
@@ -105,14 +122,16 @@ def test_emulated_update_launch_past_the_matrix_faults(emulated) -> None:
     assert fault is not None and fault["kind"] == 1 and fault["slot"] == 0  # OOB on A
 
 
-@pytest.mark.parametrize("two_panel", [False, True])
-def test_emulated_checked_equals_raw(emulated, emulated_raw, two_panel: bool) -> None:
+@pytest.mark.parametrize("two_panel,reg", [(False, None), (True, False)])
+def test_emulated_checked_equals_raw(emulated, emulated_raw, two_panel: bool,
+                                     reg: bool | None) -> None:
     """The instrumentation (checks, versioned loop copies) leaves the arithmetic alone:
-    the raw build gives the same bits."""
+    the raw build gives the same bits.  Each kernel once: the register panels (classes
+    32 to 256) with one panel per update; gpu_qr_panel_small with pairs of panels."""
     raw = emulated_raw
     a = np.random.default_rng(3).standard_normal((2, 161, 161)).astype(np.float32)
-    H, tau = _qr(emulated, a, two_panel)
-    Hr, taur = _qr(raw, a, two_panel)
+    H, tau = _qr(emulated, a, two_panel, reg=reg)
+    Hr, taur = _qr(raw, a, two_panel, reg=reg)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
     assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
 
@@ -130,6 +149,35 @@ def test_emulated_column_steps_pass_the_checker(emulated, two_panel: bool) -> No
     assert rep.ok, str(rep)
     Hm, taum = model_qr(a, 64, two_panel)
     np.testing.assert_allclose(tau, taum, rtol=2e-3, atol=2e-4)
+
+
+def test_emulated_largest_register_panel(tmp_path_factory) -> None:
+    """gpu_qr_panel_reg's largest class (preg1024: 16 warps of 64 rows per thread, no
+    kept column) on one panel of 520 rows, past the next class's 512: the panel's
+    columns, tau and T agree with the numpy model of the panel; the trailing columns
+    are left alone."""
+    from emulate_cuda import build
+    from test_gpu_qr import model_panel
+
+    n, k0, nb = 520, 0, g.NB
+    (step,) = [s for s in g.launch_plan(1, n, None, whole=False) if s.args[1] == k0
+               and s.kernel.startswith("preg")]
+    assert (step.kernel, step.grid, step.args) == ("preg1024", 1, (n, k0, nb))
+    src, name, _ = g._kernel_spec(step.kernel)
+    k = build(src, checked=True, workdir=tmp_path_factory.mktemp("emu"))[name]
+    a = np.random.default_rng(1024).standard_normal((1, n, n)).astype(np.float32)
+    A, tau = a.copy(), np.zeros((1, n), np.float32)
+    ws = g.Workspace.alloc(1, n, alloc=lambda size, dtype, name: np.zeros(size, dtype))
+    caps = ws.caps(step, A, tau)
+    assert caps[2] is ws.work
+    assert k.launch(caps + list(step.args), step.grid, step.block) is None
+    M, taum = a[0].copy(), np.zeros(n, np.float32)
+    T = model_panel(M, taum, *step.args)
+    scale = float(np.abs(a).max())
+    np.testing.assert_allclose(tau[0], taum, rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(A[0, :, :nb], M[:, :nb], rtol=2e-2, atol=2e-3 * scale)
+    np.testing.assert_allclose(ws.work[:g.T_SIZE].reshape(32, 32), T, rtol=2e-3, atol=2e-4)
+    np.testing.assert_array_equal(A[0, :, nb:], a[0, :, nb:])
 
 
 @pytest.mark.parametrize("far", [0, 10_000])
@@ -498,3 +546,101 @@ KERNEL void caller(cap_t x)
     cs = translate(src.split("KERNEL void caller")[0])
     assert cs.dynamic_smem == {"big": 100 * 129 * 4}
     assert "float (*capqr_u_smem_a)[129] = (float (*)[129]) (__rt_dsmem + 0);" in cs.text
+
+
+# ---------------------------------------------------------------------------
+# gpu_qr_matrix: one launch, one block per matrix, panel after panel
+#: A class of the generator's that no plan uses: 64 threads, so 128 x 128 matrices
+#: reach its second trailing column per thread, and 64 panel rows per thread, so the
+#: panel takes column p by shuffle (the largest classes' paths, cheap to emulate).
+SMALL_TWO_COLUMNS = (128, 2, 64, 2)
+
+
+@pytest.fixture(scope="module")
+def matrix_kernels(tmp_path_factory) -> dict:
+    """(class, checked) -> the emulated gpu_qr_matrix of that class, built on first use."""
+    from emulate_cuda import build
+
+    d = tmp_path_factory.mktemp("emu_matrix")
+
+    class Built(dict):
+        def __missing__(self, key: tuple[tuple[int, ...], bool]) -> object:
+            cls, checked = key
+            k = self[key] = build(g.gen_matrix.source(cls), checked=checked,
+                                  workdir=d)["gpu_qr_matrix"]
+            return k
+
+    return Built()
+
+
+def _matrix(matrix_kernels: dict, a: np.ndarray, cls: tuple[int, ...] | None = None,
+            checked: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """gpu_qr_matrix of ``cls`` (None: the class the plan picks for n) on ``a``."""
+    batch, n, _ = a.shape
+    if cls is None:
+        (step,) = g.launch_plan(max(batch, g.PER_MATRIX_MIN_BATCH), n)
+        cls = g.gen_matrix.by_capacity(int(step.kernel[6:]))
+        assert step.block == g.gen_matrix.threads(cls)
+    A, tau = a.copy(), np.zeros((batch, n), np.float32)
+    fault = matrix_kernels[cls, checked].launch([A, tau, n, batch], batch,
+                                                g.gen_matrix.threads(cls))
+    assert fault is None, fault
+    return A, tau
+
+
+def _lapack_close(a: np.ndarray, H: np.ndarray, tau: np.ndarray) -> None:
+    """kernels.check passes and H, tau are LAPACK's compact form (float64 reference)."""
+    rep = kernels.check(a, H, tau)
+    assert rep.ok, str(rep)
+    n = a.shape[-1]
+    for b in range(a.shape[0]):
+        h_ref, tau_ref = np.linalg.qr(a[b].astype(np.float64), mode="raw")  # h is H^T
+        np.testing.assert_allclose(H[b], h_ref.T, atol=2e-4 * max(1, n // 32), rtol=2e-3)
+        np.testing.assert_allclose(tau[b], tau_ref, atol=2e-5 * max(1, n // 32), rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch,n", [(2, 33), (2, 40), (1, 100), (1, 161)])
+def test_emulated_matrix_qr_passes_the_checker(matrix_kernels, batch: int, n: int) -> None:
+    """One block per matrix, the classes the plan picks (64, 128, 256): a ragged last
+    panel, a single full trailing panel, and several panels with updates."""
+    a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
+    _lapack_close(a, *_matrix(matrix_kernels, a))
+
+
+@pytest.mark.parametrize("batch,n", [(1, 128), (1, 97)])
+def test_emulated_matrix_two_columns_per_thread(matrix_kernels, batch: int, n: int) -> None:
+    """Two trailing columns per thread (the 512 and 1024 classes' update) and the
+    panel's shuffled column, through a small class of the same generator."""
+    a = np.random.default_rng(n + 1).standard_normal((batch, n, n)).astype(np.float32)
+    _lapack_close(a, *_matrix(matrix_kernels, a, SMALL_TWO_COLUMNS))
+
+
+def test_emulated_matrix_stress_inputs(matrix_kernels) -> None:
+    """tests/test_gpu_qr.py's stress inputs, 64 x 64 (two panels and an update)."""
+    from test_gpu_qr import STRESS, _stress
+
+    rng = np.random.default_rng(14)
+    a = np.stack([_stress(kind, 64, rng) for kind in STRESS])
+    H, tau = _matrix(matrix_kernels, a)
+    for b, kind in enumerate(STRESS):
+        rep = kernels.check(a[b:b + 1], H[b:b + 1], tau[b:b + 1])
+        assert rep.ok, (kind, str(rep))
+
+
+def test_emulated_matrix_checked_equals_raw(matrix_kernels) -> None:
+    a = np.random.default_rng(8).standard_normal((2, 70, 70)).astype(np.float32)
+    H, tau = _matrix(matrix_kernels, a)
+    Hr, taur = _matrix(matrix_kernels, a, checked=False)
+    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
+    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
+
+
+def test_emulated_matrix_short_buffer_faults(matrix_kernels) -> None:
+    """A launch told a larger n than its buffers hold faults on A before it writes
+    anything past them, naming the buffer."""
+    a = np.random.default_rng(9).standard_normal((1, 40, 40)).astype(np.float32)
+    cls = g.gen_matrix.find_class(48)
+    k = matrix_kernels[cls, True]
+    A, tau = a.copy(), np.zeros(48, np.float32)
+    err = k.capability_fault(k.launch([A, tau, 48, 1], 1, g.gen_matrix.threads(cls)))
+    assert (err.reason, err.buffer) == ("out-of-bounds", "A")

@@ -159,13 +159,13 @@ def model_update2(M: np.ndarray, T1: np.ndarray, T2: np.ndarray, n: int, k0: int
 
 def model_qr(a: np.ndarray, tall_rows: int | None = None,
              two_panel: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Run the launch plan through the numpy model."""
+    """Run the blocked launch plan (panel by panel) through the numpy model."""
     batch, n, _ = a.shape
     H = a.astype(np.float32).copy()
     tau = np.zeros((batch, n), np.float32)
     T = np.zeros((2, batch, 32, 32), np.float32)  # work, work2
     for step in g.launch_plan(batch, n, tall_rows=tall_rows, two_panel=two_panel,
-                              whole=False):
+                              whole=False, per_matrix=False):
         for b in range(batch):
             if step.kernel in ("panel", "panel_small") or step.kernel.startswith("preg"):
                 T[step.slot, b] = model_panel(H[b], tau[b], *step.args)
@@ -181,11 +181,24 @@ def model_qr(a: np.ndarray, tall_rows: int | None = None,
 # ---------------------------------------------------------------------------
 # CPU tests
 # ---------------------------------------------------------------------------
+def _is_panel(kind: str) -> bool:
+    """Whether a launch kind factors one panel (not an update, nor a one-launch plan)."""
+    return kind.startswith(("panel", "preg")) or kind == "steps"
+
+
+@pytest.mark.parametrize("reg", [None, False])
 @pytest.mark.parametrize("two_panel", [False, True])
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100), (1, 161)])
-def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool) -> None:
-    plan = g.launch_plan(batch, n, tall_rows=None, two_panel=two_panel, whole=False)
-    panels = [s for s in plan if s.kernel.startswith("panel") or s.kernel == "steps"]
+def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool,
+                                      reg: bool | None) -> None:
+    """Every column in one panel launch, in order; the updates cover the trailing
+    columns; each panel goes to its kernel: with reg (default PANEL_REG) panels of at
+    most REG_MAX_ROWS rows to gpu_qr_panel_reg of the smallest class holding them,
+    with reg=False (and above REG_MAX_ROWS) to gpu_qr_panel_small / gpu_qr_panel."""
+    assert g.PANEL_REG  # the default
+    plan = g.launch_plan(batch, n, tall_rows=None, two_panel=two_panel, whole=False, reg=reg,
+                         per_matrix=False)
+    panels = [s for s in plan if _is_panel(s.kernel)]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))
     kinds = [s.kernel for s in plan]
@@ -207,11 +220,21 @@ def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool) -> No
         else:
             assert s.grid == batch and 1 <= s.args[2] <= g.NB
             rows = n - s.args[1]
+            if reg is not False and rows <= g.REG_MAX_ROWS:
+                cls = g.gen_panel_reg.find_class(rows)
+                assert (s.kernel, s.block) == (f"preg{g.gen_panel_reg.capacity(*cls)}",
+                                               g.gen_panel_reg.threads(*cls))
+                src, name, _ = g._kernel_spec(s.kernel)
+                assert name == "gpu_qr_panel_reg" and s.args == (n, s.args[1], s.args[2])
+                assert f"rt_require_block_dim({s.block});" in src  # one block size
+                continue
             assert (s.kernel, s.block) == (
                 ("panel_small", g.SMALL_BLOCK) if rows <= g.SMALL_ROWS else
                 ("panel", g.PANEL_BLOCK))
             src = {"panel": g.PANEL_SOURCE, "panel_small": g.PANEL_SMALL_SOURCE}[s.kernel]
             assert f"int64_t P = {s.block};" in src  # written for one block size
+    if reg is False:
+        assert not any(s.kernel.startswith("preg") for s in plan)
 
 
 @pytest.mark.parametrize("batch,n", [(2, 4096), (8, 2048), (3, 130), (1, 65)])
@@ -236,16 +259,30 @@ def test_plan_column_steps(batch: int, n: int) -> None:
     small = g.launch_plan(batch, n, tall_rows=64, max_group=batch * 2, whole=False)
     for s in small:
         rows = n - s.args[1]
-        if s.kernel.startswith("panel") or s.kernel == "steps":
+        if _is_panel(s.kernel):
             nrb = -(-rows // g.STEP_ROWS)
             assert (s.kernel == "steps") == (rows > 64 and batch * nrb <= batch * 2)
 
 
 def test_default_plan_uses_column_steps_for_small_batches() -> None:
+    """Small batches factor the panels of more than STEPS_ROWS rows by column steps,
+    with the register panels (or, reg=False, gpu_qr_panel_small) below; the other
+    batches one block per matrix throughout (with per_matrix=False, panel by panel)."""
     for batch, n in CONTEST_SHAPES:
-        kinds = {s.kernel for s in g.launch_plan(batch, n)}
         steps = batch <= g.STEPS_MAX_BATCH and n > g.STEPS_ROWS
-        assert ("steps" in kinds) == steps and ("panel" not in kinds or not steps)
+        assert ("steps" in {s.kernel for s in g.launch_plan(batch, n)}) == steps
+    for reg in (None, False):
+        for batch, n in CONTEST_SHAPES:
+            plan = g.launch_plan(batch, n, reg=reg, per_matrix=False)
+            kinds = {s.kernel for s in plan}
+            steps = batch <= g.STEPS_MAX_BATCH and n > g.STEPS_ROWS
+            assert ("steps" in kinds) == steps and ("panel" not in kinds or not steps)
+            for s in plan:
+                if _is_panel(s.kernel):  # preg like panel: one block per matrix
+                    rows = n - s.args[1]
+                    assert (s.kernel == "steps") == (steps and rows > g.STEPS_ROWS)
+                    assert s.kernel.startswith("preg") == (
+                        reg is None and s.kernel != "steps" and rows <= g.REG_MAX_ROWS)
 
 
 def test_plan_rejects_empty() -> None:
@@ -281,7 +318,10 @@ def test_model_matches_lapack_compact_form() -> None:
                                       ("gpu_qr_update2_z", g.UPDATE_SOURCE),
                                       ("gpu_qr_update2_apply", g.UPDATE_SOURCE)]
                          + [("gpu_qr_whole", g._kernel_spec(f"whole{cap}")[0])
-                            for cap, _ in g.gen_whole.CLASSES])
+                            for cap, _ in g.gen_whole.CLASSES]
+                         + [("gpu_qr_panel_reg",
+                             g._kernel_spec(f"preg{g.gen_panel_reg.capacity(*c)}")[0])
+                            for c in g.gen_panel_reg.CLASSES])
 def test_kernel_sources_verify_and_instrument(name: str, src: str) -> None:
     from capqr.runtime.cuda import translate
 
@@ -318,7 +358,8 @@ def test_plan_one_launch_where_the_matrix_fits(monkeypatch) -> None:
     monkeypatch.setattr(g, "WHOLE", True)
     assert g.launch_plan(7, 32)[0].kernel == "whole32"
     monkeypatch.setattr(g, "WHOLE", False)
-    assert g.launch_plan(7, 32)[0].kernel == "panel_small"
+    assert g.launch_plan(7, 32)[0].kernel == "preg32"  # PANEL_REG: the register panel
+    assert g.launch_plan(7, 32, reg=False)[0].kernel == "panel_small"
     gw = g.gen_whole
     assert gw.shared_bytes(*gw.CLASSES[-1]) + 256 <= g.WHOLE_SMEM  # 227 KB on H100/H200
     for cap, threads in gw.CLASSES:
@@ -330,6 +371,81 @@ def test_whole_source_is_generated() -> None:
     assert g.gen_whole.kernel_text(*g.gen_whole.CLASSES[-1]) == (
         Path(g.__file__).with_name("whole.c").read_text()), (
         "run python -m capqr.kernels.gpu.gen_whole")
+
+
+def test_panel_reg_source_is_generated() -> None:
+    assert g.gen_panel_reg.kernel_text(*g.gen_panel_reg.CLASSES[0]) == (
+        Path(g.__file__).with_name("panel_reg.c").read_text()), (
+        "run python -m capqr.kernels.gpu.gen_panel_reg")
+
+
+def test_panel_reg_classes() -> None:
+    """find_class picks the smallest class holding the panel (None past the largest,
+    REG_MAX_ROWS); each class is one launch kind whose source is written for its own
+    block size and compiled under its own register cap."""
+    gr = g.gen_panel_reg
+    caps = [gr.capacity(*c) for c in gr.CLASSES]
+    assert caps == sorted(caps) and len(set(caps)) == len(caps)
+    assert g.REG_MAX_ROWS == caps[-1] == 1024
+    for m, cap in ((1, 32), (32, 32), (33, 64), (512, 512), (513, 1024), (1024, 1024)):
+        assert gr.capacity(*gr.find_class(m)) == cap, m
+    assert gr.find_class(1025) is None
+    for c in gr.CLASSES:
+        kind = f"preg{gr.capacity(*c)}"
+        assert kind in g.LAUNCH_KINDS and gr.by_capacity(gr.capacity(*c)) == c
+        src, name, options = g._kernel_spec(kind)
+        assert (name, options) == ("gpu_qr_panel_reg", gr.options(*c))
+        assert f"rt_require_block_dim({gr.threads(*c)});" in src
+        assert f"int64_t W = {c[0]};" in src and f"a{c[1] - 1} = " in src
+        assert f"a{c[1]} " not in src  # exactly its rows per thread
+        assert gr.threads(*c) % 32 == 0 and gr.threads(*c) <= 1024
+
+
+def test_matrix_source_is_generated() -> None:
+    assert g.gen_matrix.kernel_text(g.gen_matrix.CLASSES[0]) == (
+        Path(g.__file__).with_name("matrix.c").read_text()), (
+        "run python -m capqr.kernels.gpu.gen_matrix")
+
+
+def test_plan_one_launch_per_matrix() -> None:
+    """A batch of at least PER_MATRIX_MIN_BATCH matrices of NB + 1 .. PER_MATRIX_MAX_N rows
+    is one launch of gpu_qr_matrix, one block per matrix, of the smallest class that
+    holds n, with no workspace; smaller batches, n <= NB (one panel), n past the
+    largest class and per_matrix=False take the blocked plan; whole=True comes first."""
+    gm = g.gen_matrix
+    big = g.PER_MATRIX_MIN_BATCH
+    assert g.PER_MATRIX and g.PER_MATRIX_MAX_N == gm.CLASSES[-1][0] == 1024
+    for n in (33, 64, 65, 176, 352, 512, 513, 1024):
+        (step,) = g.launch_plan(big, n)
+        cls = gm.find_class(n)
+        assert cls[0] == min(c[0] for c in gm.CLASSES if c[0] >= n)
+        assert (step.kernel, step.grid, step.block, step.args) == (
+            f"matrix{cls[0]}", big, gm.threads(cls), (n, big))
+        assert g._kernel_spec(step.kernel)[1] == "gpu_qr_matrix"
+        assert not g.needs_workspace(big, n) and g.one_launch(step.kernel)
+        assert len(g.launch_plan(big, n, per_matrix=False)) > 1
+        assert len(g.launch_plan(big - 1, n)) > 1
+    assert g.launch_plan(big, 32)[0].kernel == "preg32"
+    assert len(g.launch_plan(big, 1025)) > 1
+    assert g.launch_plan(big, 176, whole=True)[0].kernel.startswith("whole")
+    ws = g.Workspace(*"work work2 scratch gram steps vt".split())
+    assert ws.caps(g.Launch("matrix64", 1, 256, (40, 1)), "A", "tau") == ["A", "tau"]
+
+
+def test_matrix_classes() -> None:
+    """Each class's panel holds its capacity in rows and its update reaches every
+    trailing column; its source is written for its block size."""
+    gm = g.gen_matrix
+    caps = [c[0] for c in gm.CLASSES]
+    assert caps == sorted(caps)
+    for c in gm.CLASSES:
+        cap, warps, rows, cols = c
+        assert warps * rows >= cap and gm.threads(c) * cols >= cap - g.NB
+        src, name, options = g._kernel_spec(f"matrix{cap}")
+        assert (name, options) == ("gpu_qr_matrix", gm.options(c))
+        assert f"rt_require_block_dim({gm.threads(c)});" in src
+        assert f"float smem_v[{cap * 32}];" in src and f"z{cols - 1}_31" in src
+    assert gm.find_class(1025) is None and gm.find_class(1)[0] == caps[0]
 
 
 def test_on_device_routes_only_device_inputs() -> None:
@@ -508,15 +624,29 @@ def test_kernels_compile_on_first_use(monkeypatch) -> None:
 
     built = []
     monkeypatch.setattr(lane, "compile", lambda src, name, checked, options: built.append(
-        (name, checked, tuple(options))) or name)
+        (name, checked, tuple(options), src)) or name)
     ks = g._Compiled(checked=False)
-    for step in g.launch_plan(2, 300, None, two_panel=False):
+    for step in g.launch_plan(2, 300, None, two_panel=False, reg=False):
         assert ks[step.kernel] == "gpu_qr_" + step.kernel
-    assert sorted(n for n, _, _ in built) == ["gpu_qr_panel", "gpu_qr_panel_small",
-                                              "gpu_qr_update_apply", "gpu_qr_update_z"]
-    assert ("gpu_qr_panel", False, g.PANEL_OPTIONS) in built
+    assert sorted(n for n, *_ in built) == ["gpu_qr_panel", "gpu_qr_panel_small",
+                                            "gpu_qr_update_apply", "gpu_qr_update_z"]
+    assert ("gpu_qr_panel", False, g.PANEL_OPTIONS, g.PANEL_SOURCE) in built
     assert ks["update2_z"] == "gpu_qr_update2_z" and len(built) == 5
     assert ks["update2_z"] == "gpu_qr_update2_z" and len(built) == 5  # cached
+    # the default plan (PANEL_REG): one gpu_qr_panel_reg per class it reaches, each with
+    # its class's source and register cap; the updates are already built
+    gr = g.gen_panel_reg
+    plan = g.launch_plan(2, 300, None, two_panel=False, reg=True)
+    assert [s.kernel for s in plan] == [s.kernel for s in g.launch_plan(2, 300, None,
+                                                                       two_panel=False)]
+    for step in plan:
+        assert ks[step.kernel] == g._kernel_spec(step.kernel)[1]
+    reg = sorted({s.kernel for s in plan if s.kernel.startswith("preg")},
+                 key=lambda k: int(k[4:]))
+    assert reg == ["preg32", "preg64", "preg128", "preg256", "preg512"]
+    assert built[5:] == [("gpu_qr_panel_reg", False, gr.options(*gr.by_capacity(int(k[4:]))),
+                          gr.source(*gr.by_capacity(int(k[4:])))) for k in reg[::-1]]
+    assert ks["preg32"] == "gpu_qr_panel_reg" and len(built) == 10  # cached
 
 
 #: gpu_qr_whole's shapes: every class (32, 64, 128, 232 rows), its edges, the contest's two.

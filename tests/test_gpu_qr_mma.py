@@ -23,7 +23,9 @@ from test_gpu_qr import CONTEST_SHAPES, STRESS, _stress, model_qr, needs_gpu
 gpu = pytest.mark.gpu
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 
-#: launch kind -> (source, kernel) of what the small emulated plans run
+#: launch kind -> (source, kernel) of what the small emulated plans run (with reg=False:
+#: gpu_qr_panel_small, as the panels; the register panels are emulated in
+#: tests/test_gpu_emulated.py, with the same T in the same work buffer)
 KINDS = {"panel_small": (g.PANEL_SMALL_SOURCE, "gpu_qr_panel_small"),
          "update_z": (g.UPDATE_SOURCE, "gpu_qr_update_z"),
          "update_apply": (g.UPDATE_SOURCE, "gpu_qr_update_apply"),
@@ -110,12 +112,13 @@ def every_update_mma(monkeypatch) -> None:
 
 
 def _qr(emulated: dict, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, set[str]]:
-    """The plan with mma_update on, through the emulated kernels -> (H, tau, kinds run)."""
+    """The plan with mma_update on (and reg=False: the panels by gpu_qr_panel_small),
+    through the emulated kernels -> (H, tau, kinds run)."""
     batch, n, _ = a.shape
     A = a.copy()
     tau = np.zeros((batch, n), np.float32)
     ws = g.Workspace.alloc(batch, n, alloc=lambda size, dtype, name: np.zeros(size, dtype))
-    plan = g.launch_plan(batch, n, None, whole=False, mma_update=True)
+    plan = g.launch_plan(batch, n, None, whole=False, mma_update=True, reg=False)
     for step in plan:
         fault = emulated[step.kernel].launch(ws.caps(step, A, tau) + list(step.args),
                                              step.grid, step.block)

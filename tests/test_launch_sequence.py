@@ -660,10 +660,11 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
 
     monkeypatch.setattr(cuda, "translate", _translate_once)  # the sources are the same
     wholes = [f"whole{cap}" for cap, _ in g.gen_whole.CLASSES]
+    pregs = ["preg32", "preg64", "preg128", "preg256"]  # gpu_qr_panel_reg: what the plans reach
     ks = {kind: _fake_kernel(fake, src, name) for kind, (src, name, _) in
           ((k, g._kernel_spec(k)) for k in ["panel", "panel_small", "steps", "update_z",
                                             "update_apply", "update2_z", "update2_apply"]
-           + (wholes if whole else []))}
+           + pregs + (wholes if whole else []))}
     monkeypatch.setattr(g, "blocked_kernels", lambda checked=True: ks)
     A = cuda.alloc_device((batch, n, n), np.float32, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
@@ -682,6 +683,10 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
             assert (fake.shared[0] > 48 * 1024) == (n > 128) and ws is None
         else:
             assert ("update2_z" in kinds) == two_panel and ("steps" in kinds) == (n == 300)
+            gr = g.gen_panel_reg  # PANEL_REG: the other panels in registers
+            panels = [s for s in plan if s.kernel != "steps" and not s.kernel.startswith("update")]
+            assert panels and [s.kernel for s in panels] == [
+                f"preg{gr.capacity(*gr.find_class(n - s.args[1]))}" for s in panels]
         assert fake.calls["synchronize"] == 1
     finally:
         if ws is not None:
