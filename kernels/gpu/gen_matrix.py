@@ -78,12 +78,12 @@ def _update(cols: int) -> str:
             out.append(f"{z[q][i]} = {terms};")
     out.append("for (int64_t r = k0; r < n; r++) {")
     out.append("    int64_t vr = (r - k0) * 32;")
-    for q in range(cols):
-        out.append(f"    if (c{q} < n) {{")
-        out.append(f"        float s = cap_load_f32(M, r * n + c{q});")
-        out += [f"        s = fmaf(-smem_v[vr + {j}], {z[q][j]}, s);" for j in range(32)]
-        out.append(f"        cap_store_f32(M, r * n + c{q}, s);")
-        out.append("    }")
+    out += [f"    float s{q} = c{q} < n ? cap_load_f32(M, r * n + c{q}) : 0.0f;"
+            for q in range(cols)]
+    for j in range(32):
+        out.append(f"    float u{j} = smem_v[vr + {j}];")
+        out += [f"    s{q} = fmaf(-u{j}, {z[q][j]}, s{q});" for q in range(cols)]
+    out += [f"    if (c{q} < n) cap_store_f32(M, r * n + c{q}, s{q});" for q in range(cols)]
     out.append("}")
     return "\n".join(out)
 
