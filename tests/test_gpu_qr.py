@@ -537,6 +537,27 @@ def test_odd_sizes(n: int, whole: bool | None) -> None:
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("n", [33, 64, 100, 161, 256, 300, 513, 1000])
+def test_per_matrix_path(n: int) -> None:
+    """One launch of gpu_qr_matrix for a batch of PER_MATRIX_MIN_BATCH matrices, every
+    class (two trailing columns per thread from 512), ragged last panels."""
+    batch = g.PER_MATRIX_MIN_BATCH
+    assert g.launch_plan(batch, n)[0].kernel.startswith("matrix")
+    _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("kind", STRESS)
+def test_per_matrix_stress(kind: str) -> None:
+    rng = np.random.default_rng(15)
+    batch = g.PER_MATRIX_MIN_BATCH
+    assert g.launch_plan(batch, 96)[0].kernel == "matrix128"
+    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(batch)]))
+
+
+@gpu
+@needs_gpu
 @pytest.mark.parametrize("whole", [None, False])
 @pytest.mark.parametrize("kind", STRESS)
 def test_stress(kind: str, whole: bool | None) -> None:
