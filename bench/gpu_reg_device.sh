@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # The register panel (kernels.gpu.PANEL_REG, kernels/gpu/gen_panel_reg.py) and the
 # one-launch per-matrix kernel (kernels.gpu.PER_MATRIX, kernels/gpu/gen_matrix.py) on a
-# GPU, under 9 minutes on an H100, each part under its own `timeout`, files flat in $OUT:
+# GPU, under 7 minutes on an H100 (the default parts), each part under its own `timeout`, files flat in $OUT:
 #   machine.txt                 nvidia-smi, python and torch versions
 #   precompile.txt              bench.gpu_precompile: every kind of the plans, checked and
 #                               raw, 12 compilers at once; registers and local bytes each
 #   tests.txt                   pytest -m gpu tests/test_gpu_qr.py (default plans)  (TESTS_S)
-#   {base,reg,matrix}.{json,txt,log}  bench.gpu_bench, no peers, checked and raw:
+#   {base,new,reg,matrix}.{json,txt,log}  bench.gpu_bench, no peers, checked and raw:
 #                               base: --panel-reg off --per-matrix off (the plan before);
+#                               new: both on, every shape;
 #                               reg: --panel-reg on --per-matrix off;
 #                               matrix: both on, the shapes the per-matrix launch takes
-#   reg-compare.txt, matrix-compare.txt   base vs reg, reg vs matrix (bench.gpu_compare)
+#   new-compare.txt             base vs new (bench.gpu_compare); reg-compare.txt and
+#                               matrix-compare.txt (base vs reg, reg vs matrix) when run
 # Usage: OUT=/some/dir bash bench/gpu_reg_device.sh, the wheels installed and PYTHONPATH
 # set as at the top of bench/device_run.sh.  SHAPES narrows the base and reg runs,
-# MATRIX_SHAPES the matrix run; PARTS (default "tests base reg matrix") picks parts.
+# MATRIX_SHAPES the matrix run; PARTS (default "tests base new") picks parts.
 set -u
 OUT=${OUT:-bench-results/panel-reg}
-PARTS=${PARTS:-tests base reg matrix}
+PARTS=${PARTS:-tests base new}
 if ! python3 -c "import capqr" 2>/dev/null; then
     mkdir -p /tmp/capqr-path && ln -sfn "$PWD" /tmp/capqr-path/capqr
     export PYTHONPATH="/tmp/capqr-path${PYTHONPATH:+:$PYTHONPATH}"
@@ -47,9 +49,13 @@ run() {  # name, shapes, gpu_bench options...
     tail -2 "$OUT/$name.log"
 }
 [[ " $PARTS " == *" base "* ]] && run base "${SHAPES:-}" --panel-reg off --per-matrix off
+[[ " $PARTS " == *" new "* ]] && run new "${SHAPES:-}" --panel-reg on --per-matrix on
 [[ " $PARTS " == *" reg "* ]] && run reg "${SHAPES:-}" --panel-reg on --per-matrix off
 [[ " $PARTS " == *" matrix "* ]] && run matrix "${MATRIX_SHAPES:-20x32,40x176,40x352,640x512,60x1024}" \
     --panel-reg on --per-matrix on
+if [ -f "$OUT/base.json" ] && [ -f "$OUT/new.json" ]; then
+    python3 -m capqr.bench.gpu_compare "$OUT/base.json" "$OUT/new.json" --out "$OUT/new-compare.txt"
+fi
 if [ -f "$OUT/base.json" ] && [ -f "$OUT/reg.json" ]; then
     python3 -m capqr.bench.gpu_compare "$OUT/base.json" "$OUT/reg.json" --out "$OUT/reg-compare.txt"
 fi
