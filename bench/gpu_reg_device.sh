@@ -15,7 +15,8 @@
 #                               matrix-compare.txt (base vs reg, reg vs matrix) when run
 # Usage: OUT=/some/dir bash bench/gpu_reg_device.sh, the wheels installed and PYTHONPATH
 # set as at the top of bench/device_run.sh.  SHAPES narrows the base and reg runs,
-# MATRIX_SHAPES the matrix run; PARTS (default "tests base new") picks parts.
+# MATRIX_SHAPES the matrix run; PARTS (default "tests base new") picks parts; TESTS_K
+# selects tests (pytest -k).
 set -u
 OUT=${OUT:-bench-results/panel-reg}
 PARTS=${PARTS:-tests base new}
@@ -33,7 +34,7 @@ echo "rc=$?" >> "$OUT/precompile.txt"
 tail -2 "$OUT/precompile.txt"
 if [[ " $PARTS " == *" tests "* ]]; then
     timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
-        tests/test_gpu_qr.py > "$OUT/tests.txt" 2>&1
+        ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu_qr.py > "$OUT/tests.txt" 2>&1
     echo "rc=$?" >> "$OUT/tests.txt"
     tail -3 "$OUT/tests.txt"
 fi

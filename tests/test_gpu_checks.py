@@ -90,15 +90,15 @@ def test_cover_guards_hold_on_the_qr_plans(tmp_path_factory) -> None:
     emulate_cuda._ffi.cdef("long long capqr_emu_covers(int failed);", override=True)
     emulated = {kind: built[src][name] for kind, (src, name) in KINDS.items()}
     kinds = set()
-    for batch, n, tall_rows, two_panel, reg in ((2, 40, None, False, None),
+    for batch, n, tall_rows, two_panel, reg in ((2, 40, None, False, True),
                                                 (1, 300, None, True, False),
-                                                (1, 300, None, False, None),
+                                                (1, 300, None, False, True),
                                                 (2, 100, 64, True, False)):
         a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
         H, tau = _qr(emulated, a, two_panel, tall_rows, reg=reg)
         assert kernels.check(a, H, tau).ok
         kinds |= {s.kernel for s in g.launch_plan(batch, n, tall_rows, two_panel=two_panel,
-                                                  whole=False, reg=reg)}
+                                                  whole=False, reg=reg, per_matrix=False)}
     assert kinds == set(KINDS)
     for lib in {id(k.lib): k.lib for k in emulated.values()}.values():
         assert lib.capqr_emu_covers(0) > 0 and lib.capqr_emu_covers(1) == 0

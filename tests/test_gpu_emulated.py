@@ -60,15 +60,15 @@ def emulated_raw(tmp_path_factory) -> dict:
 
 
 def _qr(emulated: dict, a: np.ndarray, two_panel: bool, tall_rows: int | None = None,
-        reg: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """kernels.gpu's blocked plan for ``a`` (``reg`` None: PANEL_REG, the register
-    panels; False: gpu_qr_panel_small and gpu_qr_panel), run on the emulated lane."""
+        reg: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """kernels.gpu's blocked plan for ``a`` (``reg`` True: the register panels; False:
+    gpu_qr_panel_small and gpu_qr_panel), run on the emulated lane."""
     batch, n, _ = a.shape
     A = a.copy()
     tau = np.zeros((batch, n), np.float32)
     ws = g.Workspace.alloc(batch, n, alloc=lambda size, dtype, name: np.zeros(size, dtype))
     for step in g.launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=False,
-                              reg=reg):
+                              reg=reg, per_matrix=False):
         caps = ws.caps(step, A, tau)
         fault = emulated[step.kernel].launch(caps + list(step.args), step.grid, step.block)
         assert fault is None, (step, fault)
@@ -76,19 +76,19 @@ def _qr(emulated: dict, a: np.ndarray, two_panel: bool, tall_rows: int | None = 
 
 
 @pytest.mark.parametrize("batch,n,two_panel,reg", [
-    *((b, n, tp, None) for b, n in [(2, 40), (1, 96), (1, 161), (1, 300)]
+    *((b, n, tp, True) for b, n in [(2, 40), (1, 96), (1, 161), (1, 300)]
       for tp in (False, True)),
     (1, 161, True, False), (1, 300, False, False)])  # gpu_qr_panel_small, gpu_qr_panel
 def test_emulated_gpu_qr_passes_the_checker(emulated, batch: int, n: int, two_panel: bool,
-                                            reg: bool | None) -> None:
-    """The plans with the register panels (the default: gpu_qr_panel_reg, classes 32 to
+                                            reg: bool) -> None:
+    """The plans with the register panels (reg=True: gpu_qr_panel_reg, classes 32 to
     512 here) and with reg=False (gpu_qr_panel_small; 300 rows: gpu_qr_panel): kernels.check
     passes and the result agrees with the numpy model of the kernels."""
     from test_gpu_qr import model_qr
 
     kinds = {s.kernel for s in g.launch_plan(batch, n, None, two_panel=two_panel,
-                                             whole=False, reg=reg)}
-    assert any(k.startswith("preg") for k in kinds) == (reg is None)
+                                             whole=False, reg=reg, per_matrix=False)}
+    assert any(k.startswith("preg") for k in kinds) == reg
     a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
     H, tau = _qr(emulated, a, two_panel, reg=reg)
     rep = kernels.check(a, H, tau)
@@ -101,13 +101,14 @@ def test_emulated_gpu_qr_passes_the_checker(emulated, batch: int, n: int, two_pa
 @pytest.mark.parametrize("two_panel", [False, True])
 def test_emulated_stress_inputs(emulated, two_panel: bool) -> None:
     """tests/test_gpu_qr.py's stress inputs (graded, near rank deficient, zero and
-    duplicate columns, huge, tiny), 80 x 80 (a pair of panels with a trailing update)."""
+    duplicate columns, huge, tiny), 80 x 80 (a pair of panels with a trailing update),
+    through the register panels."""
     from test_gpu_qr import STRESS, _stress
 
     rng = np.random.default_rng(11)
     for kind in STRESS:
         a = _stress(kind, 80, rng)[None]
-        H, tau = _qr(emulated, a, two_panel)
+        H, tau = _qr(emulated, a, two_panel, reg=True)
         rep = kernels.check(a, H, tau)
         assert rep.ok, (kind, str(rep))
 
@@ -122,9 +123,9 @@ def test_emulated_update_launch_past_the_matrix_faults(emulated) -> None:
     assert fault is not None and fault["kind"] == 1 and fault["slot"] == 0  # OOB on A
 
 
-@pytest.mark.parametrize("two_panel,reg", [(False, None), (True, False)])
+@pytest.mark.parametrize("two_panel,reg", [(False, True), (True, False)])
 def test_emulated_checked_equals_raw(emulated, emulated_raw, two_panel: bool,
-                                     reg: bool | None) -> None:
+                                     reg: bool) -> None:
     """The instrumentation (checks, versioned loop copies) leaves the arithmetic alone:
     the raw build gives the same bits.  Each kernel once: the register panels (classes
     32 to 256) with one panel per update; gpu_qr_panel_small with pairs of panels."""
@@ -160,7 +161,7 @@ def test_emulated_largest_register_panel(tmp_path_factory) -> None:
     from test_gpu_qr import model_panel
 
     n, k0, nb = 520, 0, g.NB
-    (step,) = [s for s in g.launch_plan(1, n, None, whole=False) if s.args[1] == k0
+    (step,) = [s for s in g.launch_plan(1, n, None, whole=False, reg=True) if s.args[1] == k0
                and s.kernel.startswith("preg")]
     assert (step.kernel, step.grid, step.args) == ("preg1024", 1, (n, k0, nb))
     src, name, _ = g._kernel_spec(step.kernel)
@@ -578,7 +579,7 @@ def _matrix(matrix_kernels: dict, a: np.ndarray, cls: tuple[int, ...] | None = N
     """gpu_qr_matrix of ``cls`` (None: the class the plan picks for n) on ``a``."""
     batch, n, _ = a.shape
     if cls is None:
-        (step,) = g.launch_plan(max(batch, g.PER_MATRIX_MIN_BATCH), n)
+        (step,) = g.launch_plan(max(batch, g.PER_MATRIX_MIN_BATCH), n, per_matrix=True)
         cls = g.gen_matrix.by_capacity(int(step.kernel[6:]))
         assert step.block == g.gen_matrix.threads(cls)
     A, tau = a.copy(), np.zeros((batch, n), np.float32)

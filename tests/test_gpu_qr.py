@@ -186,16 +186,22 @@ def _is_panel(kind: str) -> bool:
     return kind.startswith(("panel", "preg")) or kind == "steps"
 
 
-@pytest.mark.parametrize("reg", [None, False])
+def test_plan_option_defaults() -> None:
+    """The register panel and the per-matrix launch stay off until a device run has
+    measured them against the plan before (docs/gpu.md); the tests name them."""
+    assert g.PANEL_REG is False and g.PER_MATRIX is False
+    assert not any(s.kernel.startswith(("preg", "matrix"))
+                   for b, n in CONTEST_SHAPES for s in g.launch_plan(b, n))
+
+
+@pytest.mark.parametrize("reg", [True, False])
 @pytest.mark.parametrize("two_panel", [False, True])
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(3, 1), (2, 33), (1, 100), (1, 161)])
-def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool,
-                                      reg: bool | None) -> None:
+def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool, reg: bool) -> None:
     """Every column in one panel launch, in order; the updates cover the trailing
-    columns; each panel goes to its kernel: with reg (default PANEL_REG) panels of at
-    most REG_MAX_ROWS rows to gpu_qr_panel_reg of the smallest class holding them,
-    with reg=False (and above REG_MAX_ROWS) to gpu_qr_panel_small / gpu_qr_panel."""
-    assert g.PANEL_REG  # the default
+    columns; each panel goes to its kernel: with reg=True panels of at most
+    REG_MAX_ROWS rows to gpu_qr_panel_reg of the smallest class holding them, with
+    reg=False (and above REG_MAX_ROWS) to gpu_qr_panel_small / gpu_qr_panel."""
     plan = g.launch_plan(batch, n, tall_rows=None, two_panel=two_panel, whole=False, reg=reg,
                          per_matrix=False)
     panels = [s for s in plan if _is_panel(s.kernel)]
@@ -220,7 +226,7 @@ def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool,
         else:
             assert s.grid == batch and 1 <= s.args[2] <= g.NB
             rows = n - s.args[1]
-            if reg is not False and rows <= g.REG_MAX_ROWS:
+            if reg and rows <= g.REG_MAX_ROWS:
                 cls = g.gen_panel_reg.find_class(rows)
                 assert (s.kernel, s.block) == (f"preg{g.gen_panel_reg.capacity(*cls)}",
                                                g.gen_panel_reg.threads(*cls))
@@ -233,7 +239,7 @@ def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool,
                 ("panel", g.PANEL_BLOCK))
             src = {"panel": g.PANEL_SOURCE, "panel_small": g.PANEL_SMALL_SOURCE}[s.kernel]
             assert f"int64_t P = {s.block};" in src  # written for one block size
-    if reg is False:
+    if not reg:
         assert not any(s.kernel.startswith("preg") for s in plan)
 
 
@@ -266,12 +272,12 @@ def test_plan_column_steps(batch: int, n: int) -> None:
 
 def test_default_plan_uses_column_steps_for_small_batches() -> None:
     """Small batches factor the panels of more than STEPS_ROWS rows by column steps,
-    with the register panels (or, reg=False, gpu_qr_panel_small) below; the other
+    with the register panels (reg=True; reg=False: gpu_qr_panel_small) below; the other
     batches one block per matrix throughout (with per_matrix=False, panel by panel)."""
     for batch, n in CONTEST_SHAPES:
         steps = batch <= g.STEPS_MAX_BATCH and n > g.STEPS_ROWS
         assert ("steps" in {s.kernel for s in g.launch_plan(batch, n)}) == steps
-    for reg in (None, False):
+    for reg in (True, False):
         for batch, n in CONTEST_SHAPES:
             plan = g.launch_plan(batch, n, reg=reg, per_matrix=False)
             kinds = {s.kernel for s in plan}
@@ -282,7 +288,7 @@ def test_default_plan_uses_column_steps_for_small_batches() -> None:
                     rows = n - s.args[1]
                     assert (s.kernel == "steps") == (steps and rows > g.STEPS_ROWS)
                     assert s.kernel.startswith("preg") == (
-                        reg is None and s.kernel != "steps" and rows <= g.REG_MAX_ROWS)
+                        reg and s.kernel != "steps" and rows <= g.REG_MAX_ROWS)
 
 
 def test_plan_rejects_empty() -> None:
@@ -358,7 +364,7 @@ def test_plan_one_launch_where_the_matrix_fits(monkeypatch) -> None:
     monkeypatch.setattr(g, "WHOLE", True)
     assert g.launch_plan(7, 32)[0].kernel == "whole32"
     monkeypatch.setattr(g, "WHOLE", False)
-    assert g.launch_plan(7, 32)[0].kernel == "preg32"  # PANEL_REG: the register panel
+    assert g.launch_plan(7, 32, reg=True)[0].kernel == "preg32"  # the register panel
     assert g.launch_plan(7, 32, reg=False)[0].kernel == "panel_small"
     gw = g.gen_whole
     assert gw.shared_bytes(*gw.CLASSES[-1]) + 256 <= g.WHOLE_SMEM  # 227 KB on H100/H200
@@ -414,20 +420,21 @@ def test_plan_one_launch_per_matrix() -> None:
     largest class and per_matrix=False take the blocked plan; whole=True comes first."""
     gm = g.gen_matrix
     big = g.PER_MATRIX_MIN_BATCH
-    assert g.PER_MATRIX and g.PER_MATRIX_MAX_N == gm.CLASSES[-1][0] == 1024
+    assert g.PER_MATRIX_MAX_N == gm.CLASSES[-1][0] == 1024
     for n in (33, 64, 65, 176, 352, 512, 513, 1024):
-        (step,) = g.launch_plan(big, n)
+        (step,) = g.launch_plan(big, n, per_matrix=True)
         cls = gm.find_class(n)
         assert cls[0] == min(c[0] for c in gm.CLASSES if c[0] >= n)
         assert (step.kernel, step.grid, step.block, step.args) == (
             f"matrix{cls[0]}", big, gm.threads(cls), (n, big))
         assert g._kernel_spec(step.kernel)[1] == "gpu_qr_matrix"
-        assert not g.needs_workspace(big, n) and g.one_launch(step.kernel)
+        assert not g.needs_workspace(big, n, per_matrix=True) and g.one_launch(step.kernel)
+        assert g.needs_workspace(big, n, per_matrix=False)
         assert len(g.launch_plan(big, n, per_matrix=False)) > 1
-        assert len(g.launch_plan(big - 1, n)) > 1
-    assert g.launch_plan(big, 32)[0].kernel == "preg32"
-    assert len(g.launch_plan(big, 1025)) > 1
-    assert g.launch_plan(big, 176, whole=True)[0].kernel.startswith("whole")
+        assert len(g.launch_plan(big - 1, n, per_matrix=True)) > 1
+    assert g.launch_plan(big, 32, reg=True, per_matrix=True)[0].kernel == "preg32"
+    assert len(g.launch_plan(big, 1025, per_matrix=True)) > 1
+    assert g.launch_plan(big, 176, whole=True, per_matrix=True)[0].kernel.startswith("whole")
     ws = g.Workspace(*"work work2 scratch gram steps vt".split())
     assert ws.caps(g.Launch("matrix64", 1, 256, (40, 1)), "A", "tau") == ["A", "tau"]
 
@@ -488,9 +495,12 @@ STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "z
 
 
 def _check_both(a: np.ndarray, tall_rows: int | None = None,
-                two_panel: bool | None = None, whole: bool | None = None) -> None:
-    H, tau = g.qr(a, checked=True, tall_rows=tall_rows, two_panel=two_panel, whole=whole)
-    Hr, taur = g.qr(a, checked=False, tall_rows=tall_rows, two_panel=two_panel, whole=whole)
+                two_panel: bool | None = None, whole: bool | None = None, *,
+                reg: bool | None = None, per_matrix: bool | None = None) -> None:
+    kw = {"tall_rows": tall_rows, "two_panel": two_panel, "whole": whole, "reg": reg,
+          "per_matrix": per_matrix}
+    H, tau = g.qr(a, checked=True, **kw)
+    Hr, taur = g.qr(a, checked=False, **kw)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
     assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
     rep = kernels.check(a, H, tau)
@@ -542,8 +552,9 @@ def test_per_matrix_path(n: int) -> None:
     """One launch of gpu_qr_matrix for a batch of PER_MATRIX_MIN_BATCH matrices, every
     class (two trailing columns per thread from 512), ragged last panels."""
     batch = g.PER_MATRIX_MIN_BATCH
-    assert g.launch_plan(batch, n)[0].kernel.startswith("matrix")
-    _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32))
+    assert g.launch_plan(batch, n, per_matrix=True)[0].kernel.startswith("matrix")
+    _check_both(np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32),
+                per_matrix=True)
 
 
 @gpu
@@ -552,29 +563,34 @@ def test_per_matrix_path(n: int) -> None:
 def test_per_matrix_stress(kind: str) -> None:
     rng = np.random.default_rng(15)
     batch = g.PER_MATRIX_MIN_BATCH
-    assert g.launch_plan(batch, 96)[0].kernel == "matrix128"
-    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(batch)]))
+    assert g.launch_plan(batch, 96, per_matrix=True)[0].kernel == "matrix128"
+    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(batch)]), per_matrix=True)
 
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("reg", [True, False])
 @pytest.mark.parametrize("whole", [None, False])
 @pytest.mark.parametrize("kind", STRESS)
-def test_stress(kind: str, whole: bool | None) -> None:
+def test_stress(kind: str, whole: bool | None, reg: bool) -> None:
+    """The stress inputs through the register panels (reg=True) and gpu_qr_panel_small."""
     rng = np.random.default_rng(7)
-    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(4)]), whole=whole)
+    _check_both(np.stack([_stress(kind, 96, rng) for _ in range(4)]), whole=whole, reg=reg)
 
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("reg", [True, False])
 @pytest.mark.parametrize("batch,n,tall_rows", [(3, 96, None), (2, 161, None), (2, 300, None),
                                                (1, 1024, None), (2, 300, 64), (40, 352, "auto"),
                                                (2, 1024, "auto")])
-def test_two_panel_updates(batch: int, n: int, tall_rows) -> None:
+def test_two_panel_updates(batch: int, n: int, tall_rows, reg: bool) -> None:
     """Pairs of panels with one trailing update (gpu_qr_update2_*), through every panel
-    kind, odd widths (161: a last pair of 32 + 1 columns) and row blocks."""
+    kind (the register panels with reg=True, gpu_qr_panel_small / gpu_qr_panel with
+    reg=False; the blocked plan, per_matrix=False, also for (40, 352)), odd widths (161: a
+    last pair of 32 + 1 columns) and row blocks."""
     a = np.random.default_rng(n + batch).standard_normal((batch, n, n)).astype(np.float32)
-    _check_both(a, tall_rows=tall_rows, two_panel=True, whole=False)
+    _check_both(a, tall_rows=tall_rows, two_panel=True, whole=False, reg=reg, per_matrix=False)
 
 
 @gpu
@@ -654,12 +670,10 @@ def test_kernels_compile_on_first_use(monkeypatch) -> None:
     assert ("gpu_qr_panel", False, g.PANEL_OPTIONS, g.PANEL_SOURCE) in built
     assert ks["update2_z"] == "gpu_qr_update2_z" and len(built) == 5
     assert ks["update2_z"] == "gpu_qr_update2_z" and len(built) == 5  # cached
-    # the default plan (PANEL_REG): one gpu_qr_panel_reg per class it reaches, each with
-    # its class's source and register cap; the updates are already built
+    # the plan with the register panels (reg=True): one gpu_qr_panel_reg per class it
+    # reaches, each with its class's source and register cap; the updates are already built
     gr = g.gen_panel_reg
     plan = g.launch_plan(2, 300, None, two_panel=False, reg=True)
-    assert [s.kernel for s in plan] == [s.kernel for s in g.launch_plan(2, 300, None,
-                                                                       two_panel=False)]
     for step in plan:
         assert ks[step.kernel] == g._kernel_spec(step.kernel)[1]
     reg = sorted({s.kernel for s in plan if s.kernel.startswith("preg")},

@@ -41,8 +41,11 @@ MMA_KINDS = ("update_mma_z", "update_mma_apply")
 @pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(2, 64), (3, 96), (1, 160), (1, 300)])
 def test_plan_swaps_big_updates_for_the_tensor_core_kernels(batch: int, n: int,
                                                             two_panel: bool) -> None:
-    simt = g.launch_plan(batch, n, None, two_panel=two_panel, whole=False, mma_update=False)
-    mma = g.launch_plan(batch, n, None, two_panel=two_panel, whole=False, mma_update=True)
+    # the blocked plan (per_matrix=False: also for the batches gpu_qr_matrix would take)
+    simt = g.launch_plan(batch, n, None, two_panel=two_panel, whole=False, mma_update=False,
+                         per_matrix=False)
+    mma = g.launch_plan(batch, n, None, two_panel=two_panel, whole=False, mma_update=True,
+                        per_matrix=False)
     assert len(simt) == len(mma)
     for s, m in zip(simt, mma, strict=True):
         assert (s.grid, s.block, s.args, s.group, s.slot) == (m.grid, m.block, m.args,
@@ -52,7 +55,8 @@ def test_plan_swaps_big_updates_for_the_tensor_core_kernels(batch: int, n: int,
         assert m.kernel == want
     assert not g.MMA_UPDATE  # off by default until measured on a device
     assert [s.kernel for s in g.launch_plan(batch, n, None, two_panel=two_panel,
-                                            whole=False)] == [s.kernel for s in simt]
+                                            whole=False, per_matrix=False)] == [
+        s.kernel for s in simt]
 
 
 def test_tensor_core_update_uses_the_simt_updates_buffers() -> None:
@@ -260,9 +264,10 @@ def test_emulated_mma_update_launch_past_the_matrix_faults(emulated, kind: str) 
 # GPU
 # ---------------------------------------------------------------------------
 def _check_both(a: np.ndarray) -> None:
-    """mma_update on: checked equals raw bit for bit and kernels.check passes."""
-    H, tau = g.qr(a, checked=True, whole=False, mma_update=True)
-    Hr, taur = g.qr(a, checked=False, whole=False, mma_update=True)
+    """mma_update on (the blocked plan, per_matrix=False, for every batch): checked equals
+    raw bit for bit and kernels.check passes."""
+    H, tau = g.qr(a, checked=True, whole=False, mma_update=True, per_matrix=False)
+    Hr, taur = g.qr(a, checked=False, whole=False, mma_update=True, per_matrix=False)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
     assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
     rep = kernels.check(a, H, tau)

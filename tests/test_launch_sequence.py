@@ -645,15 +645,19 @@ def test_fake_group_arguments_are_refused_before_anything_runs(fake: FakeDevice)
 _translate_once = functools.cache(cuda.translate)
 
 
-@pytest.mark.parametrize("batch,n,tall_rows,two_panel,whole", [
-    (3, 161, None, False, False), (3, 161, None, True, False), (1, 300, 64, True, True),
-    (1, 96, "auto", False, None), (2, 40, "auto", False, True), (1, 176, None, False, True)])
+@pytest.mark.parametrize("batch,n,tall_rows,two_panel,whole,reg", [
+    (3, 161, None, False, False, True), (3, 161, None, True, False, True),
+    (1, 300, 64, True, True, True), (1, 96, "auto", False, None, True),
+    (2, 40, "auto", False, True, True), (1, 176, None, False, True, True),
+    (3, 161, None, True, False, False), (1, 300, None, False, False, False)])
 def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monkeypatch,
                                                            batch: int, n: int, tall_rows,
-                                                           two_panel: bool, whole) -> None:
+                                                           two_panel: bool, whole,
+                                                           reg: bool) -> None:
     """kernels.gpu.qr_launch on the fake device, with the real kernel sources: every
     launch of the plan (one or two panels per update, column steps where the grid
-    fits, or the one launch of gpu_qr_whole, with its dynamic shared memory past
+    fits, the panels in registers (reg=True) or by gpu_qr_panel_small / gpu_qr_panel
+    (reg=False), or the one launch of gpu_qr_whole, with its dynamic shared memory past
     48 KB) passes the lane's argument, block-size and group checks against its
     kernel's signature, runs, and the sequence syncs once."""
     from capqr.kernels import gpu as g
@@ -668,11 +672,13 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
     monkeypatch.setattr(g, "blocked_kernels", lambda checked=True: ks)
     A = cuda.alloc_device((batch, n, n), np.float32, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
-    ws = g.Workspace.alloc(batch, n) if g.needs_workspace(batch, n, whole) else None
+    ws = (g.Workspace.alloc(batch, n)
+          if g.needs_workspace(batch, n, whole, per_matrix=False) else None)
     try:
-        g.qr_launch(A, tau, ws, n, tall_rows=tall_rows, two_panel=two_panel, whole=whole)
+        g.qr_launch(A, tau, ws, n, tall_rows=tall_rows, two_panel=two_panel, whole=whole,
+                    reg=reg, per_matrix=False)
         plan = g.launch_plan(batch, n, tall_rows, ks["steps"].max_group(g.STEP_BLOCK),
-                             two_panel, whole)
+                             two_panel, whole, reg=reg, per_matrix=False)
         assert [f.split("@")[0] for f, _ in fake.ran] == [
             g._kernel_spec(s.kernel)[1] for s in plan]
         kinds = {s.kernel for s in plan}
@@ -682,11 +688,13 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
             assert fake.shared == [ks[plan[0].kernel].dynamic_smem]
             assert (fake.shared[0] > 48 * 1024) == (n > 128) and ws is None
         else:
-            assert ("update2_z" in kinds) == two_panel and ("steps" in kinds) == (n == 300)
-            gr = g.gen_panel_reg  # PANEL_REG: the other panels in registers
+            assert ("update2_z" in kinds) == two_panel
+            assert ("steps" in kinds) == (n == 300 and tall_rows is not None)
+            gr = g.gen_panel_reg  # reg: the other panels in registers
             panels = [s for s in plan if s.kernel != "steps" and not s.kernel.startswith("update")]
             assert panels and [s.kernel for s in panels] == [
-                f"preg{gr.capacity(*gr.find_class(n - s.args[1]))}" for s in panels]
+                f"preg{gr.capacity(*gr.find_class(n - s.args[1]))}" if reg else
+                "panel_small" if n - s.args[1] <= g.SMALL_ROWS else "panel" for s in panels]
         assert fake.calls["synchronize"] == 1
     finally:
         if ws is not None:

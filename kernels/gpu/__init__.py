@@ -131,13 +131,17 @@ STEPS_OPTIONS = ("--maxrregcount=96",)
 #: and its per-column barriers and shared-memory checks dominate.
 WHOLE = False
 #: Panels of at most REG_MAX_ROWS rows go to gpu_qr_panel_reg (launch_plan's ``reg``;
-#: False: gpu_qr_panel_small and gpu_qr_panel as before).
-PANEL_REG = True
+#: False: gpu_qr_panel_small and gpu_qr_panel).  Off until measured on a device: it
+#: passes the emulated lane's tests (tests/test_gpu_emulated.py) and the census of
+#: checks, but no GPU could be started in the session that wrote it
+#: (bench/gpu_reg_device.sh times it against the plan before).
+PANEL_REG = False
 REG_MAX_ROWS = max(gen_panel_reg.capacity(*c) for c in gen_panel_reg.CLASSES)
 #: One launch of gpu_qr_matrix, one block per matrix (launch_plan's ``per_matrix``),
 #: for batches of at least PER_MATRIX_MIN_BATCH matrices of NB + 1 to PER_MATRIX_MAX_N
-#: rows; smaller batches leave most SMs idle that way.
-PER_MATRIX = True
+#: rows; smaller batches leave most SMs idle that way.  Off until measured on a device,
+#: as PANEL_REG.
+PER_MATRIX = False
 PER_MATRIX_MIN_BATCH = 16
 PER_MATRIX_MAX_N = gen_matrix.CLASSES[-1][0]
 #: Shared memory a block may opt into, assumed by launch_plan when not told (H100 and
@@ -447,15 +451,18 @@ def device_smem() -> int:
 
 
 def needs_workspace(batch: int, n: int, whole: bool | None = None,
-                    smem: int | None = None) -> bool:
-    """Whether the plan of this shape uses the workspace (not a single whole launch)."""
-    return not one_launch(launch_plan(batch, n, None, whole=whole, smem=smem)[0].kernel)
+                    smem: int | None = None, per_matrix: bool | None = None) -> bool:
+    """Whether the plan of this shape uses the workspace (not a single whole-matrix
+    launch)."""
+    return not one_launch(launch_plan(batch, n, None, whole=whole, smem=smem,
+                                      per_matrix=per_matrix)[0].kernel)
 
 
 def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool = True,
               timeout: float | None = None, tall_rows: int | None | str = "auto",
               two_panel: bool | None = None, whole: bool | None = None,
-              mma_update: bool | None = None) -> None:
+              mma_update: bool | None = None, reg: bool | None = None,
+              per_matrix: bool | None = None) -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
     ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc` (None
@@ -469,10 +476,10 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
     ks = blocked_kernels(checked)
     smem = device_smem()
     plan = launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=whole, smem=smem,
-                       mma_update=mma_update)
+                       mma_update=mma_update, reg=reg, per_matrix=per_matrix)
     if not one_launch(plan[0].kernel):  # the steps kernel only when it may run
         plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK), two_panel,
-                           whole, smem, mma_update)
+                           whole, smem, mma_update, reg, per_matrix)
     if ws is None and not one_launch(plan[0].kernel):
         raise ValueError(f"the plan of ({batch}, {n}) needs a Workspace")
     caps = ws.caps if ws is not None else (lambda step, A, tau: [A, tau])
@@ -484,8 +491,8 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
 
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
        tall_rows: int | None | str = "auto", two_panel: bool | None = None,
-       whole: bool | None = None, mma_update: bool | None = None
-       ) -> tuple[np.ndarray, np.ndarray]:
+       whole: bool | None = None, mma_update: bool | None = None, reg: bool | None = None,
+       per_matrix: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
@@ -498,10 +505,11 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
     ws = (Workspace.alloc(batch, n, prefix="")
-          if needs_workspace(batch, n, whole, device_smem()) else None)
+          if needs_workspace(batch, n, whole, device_smem(), per_matrix) else None)
     try:
         qr_launch(A, tau, ws, n, checked=checked, timeout=timeout, tall_rows=tall_rows,
-                  two_panel=two_panel, whole=whole, mma_update=mma_update)
+                  two_panel=two_panel, whole=whole, mma_update=mma_update, reg=reg,
+                  per_matrix=per_matrix)
         return A.numpy(), tau.numpy()
     finally:
         if ws is not None:
