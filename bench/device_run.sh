@@ -44,11 +44,7 @@
 set -u
 OUT=${OUT:-bench-results/device}
 PARTS=" ${PARTS:-gpu} "
-# The checkout's root is the package capqr: import it as such without installing.
-if ! python3 -c "import capqr" 2>/dev/null; then
-    mkdir -p /tmp/capqr-path && ln -sfn "$PWD" /tmp/capqr-path/capqr
-    export PYTHONPATH="/tmp/capqr-path${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
 missing=$(python3 - <<'PY'
 import importlib.util

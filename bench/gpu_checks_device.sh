@@ -12,11 +12,7 @@
 # bench/device_run.sh installed and on PYTHONPATH (see the top of that script).
 set -u
 OUT=${OUT:-bench-results/device}
-# The checkout's root is the package capqr: import it as such without installing.
-if ! python3 -c "import capqr" 2>/dev/null; then
-    mkdir -p /tmp/capqr-path && ln -sfn "$PWD" /tmp/capqr-path/capqr
-    export PYTHONPATH="/tmp/capqr-path${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
 missing=$(python3 - <<'EOF'
 import importlib.util

@@ -13,11 +13,7 @@
 # run.  Without a GPU the tests skip and gpu_bench says why and writes nothing.
 set -u
 OUT=${OUT:-bench-results/mma-update}
-# The checkout's root is the package capqr: import it as such without installing.
-if ! python3 -c "import capqr" 2>/dev/null; then
-    mkdir -p /tmp/capqr-path && ln -sfn "$PWD" /tmp/capqr-path/capqr
-    export PYTHONPATH="/tmp/capqr-path${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"

@@ -4,7 +4,7 @@ NVRTC builds one kernel at a time per process, and a fresh device host has an em
 cache ($CAPQR_CACHE/cuda), so a bench's first shapes would spend their time budget
 compiling.  ``python -m capqr.bench.gpu_precompile --shapes 20x32,2x4096 --reg both``
 builds every launch kind those plans use, checked and raw, in parallel processes;
-later processes load the cubins from the cache.
+later processes load the cubins from the cache.  Without a GPU it says why and exits 0.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 def kinds(shapes: list[tuple[int, int]], regs: tuple[bool | None, ...]) -> list[str]:
-    """The launch kinds of the plans of ``shapes``: the default plan with PANEL_REG as
-    each of ``regs`` says (None: as it is), and the blocked plan without per-matrix
-    launches."""
+    """The launch kinds of the plans of ``shapes`` with PANEL_REG as each of ``regs``
+    says (None: as it is), with and without the per-matrix launch."""
     from ..kernels import gpu as g
 
-    return sorted({s.kernel for b, n in shapes for reg in regs for pm in (None, False)
+    return sorted({s.kernel for b, n in shapes for reg in regs for pm in (True, False)
                    for s in g.launch_plan(b, n, reg=reg, per_matrix=pm)})
 
 
@@ -43,7 +42,9 @@ def _build(job: tuple[str, bool]) -> tuple[str, bool, float, int, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .gpu_bench import CONTEST_SHAPES
+    """Compile the kinds (each in a process of its own) and print one line per kernel;
+    without a GPU, say why and compile nothing."""
+    from .gpu_bench import CONTEST_SHAPES, gpu_missing
 
     ap = argparse.ArgumentParser(prog="python -m capqr.bench.gpu_precompile",
                                  description=__doc__.split("\n\n")[0])
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     ns = ap.parse_args(argv)
     shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
               if ns.shapes else list(CONTEST_SHAPES))
+    why = gpu_missing()
+    if why:
+        print(f"gpu_precompile: skipped: {why}")
+        return
     regs = {"default": (None,), "on": (True,), "off": (False,), "both": (True, False)}[ns.reg]
     jobs = [(k, c) for k in kinds(shapes, regs) for c in (True, False)]
     t0 = time.monotonic()

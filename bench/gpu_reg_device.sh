@@ -20,10 +20,7 @@
 set -u
 OUT=${OUT:-bench-results/panel-reg}
 PARTS=${PARTS:-tests base new}
-if ! python3 -c "import capqr" 2>/dev/null; then
-    mkdir -p /tmp/capqr-path && ln -sfn "$PWD" /tmp/capqr-path/capqr
-    export PYTHONPATH="/tmp/capqr-path${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"

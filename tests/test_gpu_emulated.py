@@ -432,21 +432,29 @@ def test_emulated_mma_f32_faults(mma_kernels, args, reason, buffer, index) -> No
 
 # ---------------------------------------------------------------------------
 # gpu_qr_whole: one launch per problem, the whole matrix in shared memory
+class BuiltOnFirstUse(dict):
+    """(class, checked) -> the emulated kernel ``entry`` of ``source(class)``, built on
+    first use."""
+
+    def __init__(self, workdir: object, source: object, entry: str) -> None:
+        super().__init__()
+        self.workdir, self.source, self.entry = workdir, source, entry
+
+    def __missing__(self, key: tuple[object, bool]) -> object:
+        from emulate_cuda import build
+
+        cls, checked = key
+        k = self[key] = build(self.source(cls), checked=checked,
+                              workdir=self.workdir)[self.entry]
+        return k
+
+
 @pytest.fixture(scope="module")
 def whole_kernels(tmp_path_factory) -> dict:
-    """(capacity, checked) -> the emulated gpu_qr_whole of that class, built on first use."""
-    from emulate_cuda import build
-
-    d = tmp_path_factory.mktemp("emu_whole")
-
-    class Built(dict):
-        def __missing__(self, key: tuple[int, bool]) -> object:
-            cap, checked = key
-            src = g.gen_whole.source(cap, dict(g.gen_whole.CLASSES)[cap])
-            k = self[key] = build(src, checked=checked, workdir=d)["gpu_qr_whole"]
-            return k
-
-    return Built()
+    """(capacity, checked) -> the emulated gpu_qr_whole of that class."""
+    return BuiltOnFirstUse(tmp_path_factory.mktemp("emu_whole"),
+                           lambda cap: g.gen_whole.source(cap, dict(g.gen_whole.CLASSES)[cap]),
+                           "gpu_qr_whole")
 
 
 def _whole(whole_kernels: dict, a: np.ndarray, checked: bool = True
@@ -559,19 +567,9 @@ SMALL_TWO_COLUMNS = (128, 2, 64, 2)
 
 @pytest.fixture(scope="module")
 def matrix_kernels(tmp_path_factory) -> dict:
-    """(class, checked) -> the emulated gpu_qr_matrix of that class, built on first use."""
-    from emulate_cuda import build
-
-    d = tmp_path_factory.mktemp("emu_matrix")
-
-    class Built(dict):
-        def __missing__(self, key: tuple[tuple[int, ...], bool]) -> object:
-            cls, checked = key
-            k = self[key] = build(g.gen_matrix.source(cls), checked=checked,
-                                  workdir=d)["gpu_qr_matrix"]
-            return k
-
-    return Built()
+    """(class, checked) -> the emulated gpu_qr_matrix of that class."""
+    return BuiltOnFirstUse(tmp_path_factory.mktemp("emu_matrix"), g.gen_matrix.source,
+                           "gpu_qr_matrix")
 
 
 def _matrix(matrix_kernels: dict, a: np.ndarray, cls: tuple[int, ...] | None = None,
