@@ -305,7 +305,7 @@ def _kernel_spec(kind: str) -> tuple[str, str, tuple[str, ...]]:
         threads = dict(gen_whole.CLASSES)[int(kind[5:])]
         # a block of 1024 threads runs only if each takes at most 64 registers
         return (gen_whole.source(int(kind[5:]), threads), "gpu_qr_whole",
-                (f"--maxrregcount={min(255, 65536 // threads)}",))
+                gen_panel_reg.one_block_options(threads))
     if kind.startswith("matrix"):
         mc = gen_matrix.by_capacity(int(kind[6:]))
         return gen_matrix.source(mc), "gpu_qr_matrix", gen_matrix.options(mc)

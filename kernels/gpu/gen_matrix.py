@@ -43,7 +43,7 @@ def by_capacity(cap: int) -> tuple[int, int, int, int]:
 
 def options(cls: tuple[int, int, int, int]) -> tuple[str, ...]:
     """NVRTC options: the register cap that keeps one block resident per SM."""
-    return (f"--maxrregcount={min(255, 65536 // threads(cls))}",)
+    return gen_panel_reg.one_block_options(threads(cls))
 
 
 def source(cls: tuple[int, int, int, int]) -> str:

@@ -56,9 +56,16 @@ def keeps_column(rows: int) -> bool:
     return rows <= KEEP_MAX_ROWS
 
 
+def one_block_options(block: int) -> tuple[str, ...]:
+    """NVRTC options capping registers so that one block of ``block`` threads fits an
+    SM's 65536 registers (every one-block-per-matrix kernel: register panel, per-matrix
+    kernel, whole-matrix kernel)."""
+    return (f"--maxrregcount={min(255, 65536 // block)}",)
+
+
 def options(warps: int, rows: int) -> tuple[str, ...]:
     """NVRTC options: the register cap that keeps one block resident per SM."""
-    return (f"--maxrregcount={min(255, 65536 // threads(warps, rows))}",)
+    return one_block_options(threads(warps, rows))
 
 
 def source(warps: int, rows: int) -> str:
