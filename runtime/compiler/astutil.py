@@ -90,6 +90,18 @@ def pure_lvalue(lv: c_ast.Node) -> bool:
     return False
 
 
+def conjoin(op: str, terms: list[c_ast.Node]) -> c_ast.Node:
+    """``terms`` joined by ``op`` ("&&" or "&") as a balanced tree, left to right, so
+    that a guard over thousands of accesses nests log2(n) deep, not n (every pass
+    that walks it recurses).  The same value and order of evaluation as a chain."""
+    if not terms:
+        raise ValueError("conjoin of no terms")
+    while len(terms) > 1:
+        terms = [c_ast.BinaryOp(op, terms[i], terms[i + 1]) if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def node_fields(n: c_ast.Node) -> Iterator[tuple[str, Any]]:
     """(attribute, value) for every child slot of a pycparser node."""
     for cls in type(n).__mro__:  # marked subclasses (hoist/) add no slots of their own

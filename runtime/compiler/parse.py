@@ -10,12 +10,26 @@ dialect's typedefs behind a ``#line 1`` so AST coordinates are user lines.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 
 from pycparser import c_ast, c_parser
 from pycparser.c_parser import ParseError
 
 from ..errors import VerifyError
+
+#: The deepest nesting of syntax (expressions within expressions, statements within
+#: statements) a kernel may have.  Verification, analyses and C generation walk the
+#: tree recursively, a few Python frames per level: RECURSION_LIMIT leaves room for
+#: this depth in every pass on both lanes (tests/test_nesting.py).  Deeper source is
+#: refused with a reason instead of failing inside a pass; no kernel needs it (a
+#: long sum can be split into statements).
+MAX_NESTING = 400
+RECURSION_LIMIT = 12000
+_TOO_DEEP = f"nesting deeper than {MAX_NESTING} levels"
+_TOO_DEEP_REASON = (f"expressions and statements may nest at most {MAX_NESTING} levels deep "
+                    "(a sum of that many terms nests as deep): split the expression into "
+                    "statements")
 
 #: Names the dialect provides as types.  ``cap_t`` is opaque to the parser.
 DIALECT_TYPEDEFS = {
@@ -92,9 +106,15 @@ def parse(source: str) -> ParsedSource:
                               "kernel dialect (the GPU lane compiles C++, which has none)")
     body = "\n".join(lines)
     full = PRELUDE + '#line 1 "kernel"\n' + body
+    if sys.getrecursionlimit() < RECURSION_LIMIT:
+        # raised, never lowered: lowering it back could cut short a pass running
+        # in another thread
+        sys.setrecursionlimit(RECURSION_LIMIT)
     parser = c_parser.CParser()
     try:
         ast = parser.parse(full, filename="kernel")
+    except RecursionError:
+        raise VerifyError(None, _TOO_DEEP, _TOO_DEEP_REASON) from None
     except ParseError as e:
         line, reason = _parse_error(str(e), parser, code)
         raise VerifyError(line, "syntax error", reason) from None
@@ -118,7 +138,20 @@ def parse(source: str) -> ParsedSource:
         if kl not in claimed:
             raise VerifyError(kl, "KERNEL marker", "KERNEL must directly precede a function "
                               "definition ('KERNEL void name(...) { ... }')")
+    _check_nesting(ast)
     return ParsedSource(source=source, ast=ast, kernels=kernels, funcs=funcs)
+
+
+def _check_nesting(ast: c_ast.FileAST) -> None:
+    """VerifyError if any node lies more than MAX_NESTING levels deep (walked without
+    recursion, so that the check itself holds for any depth)."""
+    stack: list[tuple[c_ast.Node, int]] = [(ext, 1) for ext in ast.ext]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            line = node.coord.line if node.coord is not None else None
+            raise VerifyError(line, _TOO_DEEP, _TOO_DEEP_REASON)
+        stack.extend((child, depth + 1) for _, child in node.children())
 
 
 def _blank_literals(text: str) -> str:

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 from pycparser import c_ast, c_generator
 
-from ..astutil import int_types, node_fields, pure_expr
+from ..astutil import conjoin, int_types, node_fields, pure_expr
 from ..dialect_api import WARP_FUNCS
 from .affine import (
     Span,
@@ -315,12 +315,9 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
     # and cheap, and evaluated unconditionally gcc can hoist the ones that do
     # not change in an enclosing loop.  A loop that does not run has span 0;
     # if a guard fails for it, the checked copy runs zero iterations.
-    is_int = span.is_int()
-    for term in terms:
-        is_int = c_ast.BinaryOp("&&", is_int, rt_is_int(corner(term.idx, var, span)))
-    cond: c_ast.Node = c_ast.ID(span.hok)
-    for g in guard_terms + wrap_terms:
-        cond = c_ast.BinaryOp("&", cond, g)
+    is_int = conjoin("&&", [span.is_int(), *(rt_is_int(corner(term.idx, var, span))
+                                             for term in terms)])
+    cond: c_ast.Node = conjoin("&", [c_ast.ID(span.hok), *guard_terms, *wrap_terms])
     # Inner loops folded into this loop's guard (bounds invariant here): their
     # span is computed once before this loop, one box check per access covers
     # every iteration of the nest, and this loop's fast copy runs their fast
@@ -328,21 +325,19 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
     hoisted: list[c_ast.Node] = []
     for box, inner, inner_terms in folds:
         hoisted += inner.span.decls(inner.span.is_int())
-        box_ok: c_ast.Node = c_ast.ID(inner.span.hok)
-        inner_ok: c_ast.Node = const(1)
+        box_ints: list[c_ast.Node] = [c_ast.ID(inner.span.hok)]
+        inner_oks: list[c_ast.Node] = [const(1)]
         box_narrow = narrow | ({inner.var} if inner.span.bits == 32 else set())
         for g in box_terms(inner_terms, var, span, inner.var, inner.span, ctx.types):
             guard_terms.append(g)
-            inner_ok = c_ast.BinaryOp("&", inner_ok, g)
+            inner_oks.append(g)
         for term in inner_terms:
-            box_ok = c_ast.BinaryOp("&&", box_ok, rt_is_int(corner(term.idx, var, span, inner.var,
-                                                                   inner.span)))
+            box_ints.append(rt_is_int(corner(term.idx, var, span, inner.var, inner.span)))
             for part in narrow_parts(term.idx, box_narrow, ctx.types) or []:
-                inner_ok = c_ast.BinaryOp("&", inner_ok, ibox_term(part, var, span, inner.var,
-                                                                  inner.span))
+                inner_oks.append(ibox_term(part, var, span, inner.var, inner.span))
         # an inner loop that never runs makes no access
-        box_ok = c_ast.BinaryOp("&&", box_ok, c_ast.BinaryOp(
-            "||", c_ast.UnaryOp("!", inner.span.runs()), inner_ok))
+        box_ok = c_ast.BinaryOp("&&", conjoin("&&", box_ints), c_ast.BinaryOp(
+            "||", c_ast.UnaryOp("!", inner.span.runs()), conjoin("&", inner_oks)))
         cond = c_ast.BinaryOp("&", cond, box_ok)
         replace_node(loop, box, inner.fast)
         covered += inner.covered
@@ -384,10 +379,8 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
         # unroll-and-jam it like raw code.
         quiet = copy.deepcopy(fast)
         silence(quiet)
-        short: c_ast.Node = span_below(span.hs, step, OUTER_SHORT_TRIP)
-        for term in nest.conds:
-            short = c_ast.BinaryOp("&&", short, term)
-        short = c_ast.BinaryOp("&&", short, nest_work_below(loop, span, nest))
+        short = conjoin("&&", [span_below(span.hs, step, OUTER_SHORT_TRIP), *nest.conds,
+                               nest_work_below(loop, span, nest)])
         fast_block = c_ast.If(short, then_poll(quiet), fast)
     ctx.table.loops.append(LoopPlan(loop.coord.line if loop.coord else 0, guard_terms, covered,
                                     fast_block is not fast))
@@ -511,9 +504,7 @@ def _interval_guard(node: c_ast.Node, ctx: Ctx) -> tuple[NestGuard, c_ast.Node] 
         return None
     if not g.terms:
         return None
-    terms: c_ast.Node = const(1)
-    for t in g.terms:
-        terms = c_ast.BinaryOp("&", terms, t)
+    terms = conjoin("&", [const(1), *g.terms])
     # conditions first (&&): the range terms read bounds the conditions vouch for
     return g, c_ast.BinaryOp("&&", c_ast.ID(g.ok), terms)
 
