@@ -10,6 +10,7 @@ later processes load the cubins from the cache.  Without a GPU it says why and e
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -63,7 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     regs = {"default": (None,), "on": (True,), "off": (False,), "both": (True, False)}[ns.reg]
     jobs = [(k, c) for k in kinds(shapes, regs) for c in (True, False)]
     t0 = time.monotonic()
-    with ProcessPoolExecutor(max_workers=ns.jobs) as pool:
+    # spawned, not forked: gpu_missing() initialised the driver in this process, and
+    # a forked child cannot use it (every compile failed that way on an H100)
+    with ProcessPoolExecutor(max_workers=ns.jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
         for kind, checked, s, regs, local in pool.map(_build, jobs):
             print(f"  {kind:16s} {'checked' if checked else 'raw':7s} {s:6.1f} s  "
                   f"{regs} registers, {local} bytes local", flush=True)

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 
 class CapqrError(Exception):
-    """Base class of every capqr error."""
+    """Base class of every capqr error.
+
+    Picklable with its attributes whatever its constructor takes (an error raised in
+    a worker process reaches the parent whole: pickle would call ``cls(*args)``, and
+    the subclasses take other arguments than their message)."""
+
+    def __reduce__(self) -> tuple:
+        return _rebuild, (type(self), self.args, self.__dict__.copy())
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> CapqrError:
+    err = Exception.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class VerifyError(CapqrError):
