@@ -187,11 +187,21 @@ def _is_panel(kind: str) -> bool:
 
 
 def test_plan_option_defaults() -> None:
-    """The register panel and the per-matrix launch stay off until a device run has
-    measured them against the plan before (docs/gpu.md); the tests name them."""
-    assert g.PANEL_REG is False and g.PER_MATRIX is False
-    assert not any(s.kernel.startswith(("preg", "matrix"))
-                   for b, n in CONTEST_SHAPES for s in g.launch_plan(b, n))
+    """The defaults an H100 run set (kernels/gpu/__init__.py, docs/gpu.md): the register
+    panel only for panels of at most REG_DEFAULT_ROWS rows, where it won (the contest's
+    (20,32)), and no per-matrix launch, which lost on every shape; the other tests
+    name the options they test."""
+    assert g.PANEL_REG is True and g.REG_DEFAULT_ROWS == 32 and g.PER_MATRIX is False
+    for b, n in CONTEST_SHAPES:
+        plan = g.launch_plan(b, n)
+        assert not any(s.kernel.startswith("matrix") for s in plan)
+        for s in plan:
+            if _is_panel(s.kernel) and s.kernel != "steps":
+                rows = n - s.args[1]
+                assert s.kernel.startswith("preg") == (rows <= g.REG_DEFAULT_ROWS), (b, n, s)
+    assert [s.kernel for s in g.launch_plan(20, 32)] == ["preg32"]
+    assert g.launch_plan(20, 32, reg=False)[0].kernel == "panel_small"
+    assert g.launch_plan(40, 176, reg=True)[0].kernel == "preg256"
 
 
 @pytest.mark.parametrize("reg", [True, False])

@@ -5,8 +5,9 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
 
 1. the panel is factored and its T factor formed, by one of
    ``gpu_qr_panel_reg`` (kernels/gpu/gen_panel_reg.py: one block per matrix, the
-   panel in registers, one barrier per column; with ``reg``, default PANEL_REG, for
-   panels of at most ``REG_MAX_ROWS`` rows), ``gpu_qr_panel_small``
+   panel in registers, one barrier per column: by default, PANEL_REG, for panels
+   of at most ``REG_DEFAULT_ROWS`` rows, with ``reg=True`` up to ``REG_MAX_ROWS``),
+   ``gpu_qr_panel_small``
    (kernels/src/gpu/panel_small.c: one block per matrix, the panel in shared memory)
    for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel``
    (kernels/src/gpu/panel.c: one block per matrix) above, or, for panels of more
@@ -130,17 +131,26 @@ STEPS_OPTIONS = ("--maxrregcount=96",)
 #: raw 0.127 vs 0.116 and 0.736 vs 0.601 ms: one block per matrix leaves most SMs idle
 #: and its per-column barriers and shared-memory checks dominate.
 WHOLE = False
-#: Panels of at most REG_MAX_ROWS rows go to gpu_qr_panel_reg (launch_plan's ``reg``;
-#: False: gpu_qr_panel_small and gpu_qr_panel).  Off until measured on a device: it
-#: passes the emulated lane's tests (tests/test_gpu_emulated.py) and the census of
-#: checks, but no GPU could be started in the session that wrote it
-#: (bench/gpu_reg_device.sh times it against the plan before).
-PANEL_REG = False
+#: Panels in registers, gpu_qr_panel_reg (launch_plan's ``reg``): by default
+#: (PANEL_REG) those of at most REG_DEFAULT_ROWS rows; with reg=True every panel of
+#: at most REG_MAX_ROWS rows (its largest class); reg=False: none (gpu_qr_panel_small
+#: and gpu_qr_panel).  On an H100 (bench/results/gpu-reg-2026-12-06-h100-e83e5a0.txt,
+#: checked ms, plan before vs reg=True) it won only on 32-row panels, (20,32) 0.207 ->
+#: 0.123, and lost from 176 rows on: (40,176) 0.884 -> 0.943, (40,352) 2.223 ->
+#: 2.623, (640,512) 21.1 -> 30.6 (panels 8.6 -> 17.8 ms), (60,1024) 19.7 -> 29.4.
+#: A class of 8 rows per thread or more holds the panel in too many registers
+#: (preg128 195, preg256 255 checked) for one column per barrier to pay.
+PANEL_REG = True
+REG_DEFAULT_ROWS = 32
 REG_MAX_ROWS = max(gen_panel_reg.capacity(*c) for c in gen_panel_reg.CLASSES)
 #: One launch of gpu_qr_matrix, one block per matrix (launch_plan's ``per_matrix``),
 #: for batches of at least PER_MATRIX_MIN_BATCH matrices of NB + 1 to PER_MATRIX_MAX_N
-#: rows; smaller batches leave most SMs idle that way.  Off until measured on a device,
-#: as PANEL_REG.
+#: rows; smaller batches leave most SMs idle that way.  Off: on an H100
+#: (bench/results/gpu-reg-2026-12-06-h100-e83e5a0-new.txt, checked ms, plan before vs
+#: per_matrix and reg) it lost on every shape it takes, (40,176) 0.879 -> 1.641,
+#: (40,352) 2.443 -> 9.073, (640,512) 21.2 -> 69.7: one block per matrix runs each
+#: panel and update on 256 threads, where the blocked plan spreads the updates over
+#: every SM.
 PER_MATRIX = False
 PER_MATRIX_MIN_BATCH = 16
 PER_MATRIX_MAX_N = gen_matrix.CLASSES[-1][0]
@@ -224,8 +234,8 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         two_panel = TWO_PANEL
     if mma_update is None:
         mma_update = MMA_UPDATE
-    if reg is None:
-        reg = PANEL_REG
+    reg_rows = ((REG_DEFAULT_ROWS if PANEL_REG else 0) if reg is None
+                else (REG_MAX_ROWS if reg else 0))
     cls = whole_class(n, smem) if (WHOLE if whole is None else whole) else None
     if cls is not None:
         return [Launch(f"whole{cls[0]}", batch, cls[1], (n, batch))]
@@ -241,7 +251,7 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         if tall_rows is not None and m > tall_rows and batch * nrb <= max_group:
             plan.append(Launch("steps", batch * nrb, STEP_BLOCK, (n, k0, nb, batch, nrb),
                                batch * nrb, slot))
-        elif reg and m <= REG_MAX_ROWS:
+        elif m <= reg_rows:
             cls = gen_panel_reg.find_class(m)
             plan.append(Launch(f"preg{gen_panel_reg.capacity(*cls)}", batch,
                                gen_panel_reg.threads(*cls), (n, k0, nb), slot=slot))
