@@ -16,12 +16,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 
-def kinds(shapes: list[tuple[int, int]], regs: tuple[bool | None, ...]) -> list[str]:
-    """The launch kinds of the plans of ``shapes`` with PANEL_REG as each of ``regs``
-    says (None: as it is), with and without the per-matrix launch."""
+def kinds(shapes: list[tuple[int, int]], regs: tuple[bool | None, ...],
+          per_matrix: tuple[bool | None, ...] = (None,)) -> list[str]:
+    """The launch kinds of the plans of ``shapes`` with the register panel and the
+    per-matrix launch as each of ``regs`` and ``per_matrix`` says (None: the default)."""
     from ..kernels import gpu as g
 
-    return sorted({s.kernel for b, n in shapes for reg in regs for pm in (True, False)
+    return sorted({s.kernel for b, n in shapes for reg in regs for pm in per_matrix
                    for s in g.launch_plan(b, n, reg=reg, per_matrix=pm)})
 
 
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="plans with the register panel on, off, both or as kernels.gpu says")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),
                     help="compiler processes at once (default: the cores, at most 12)")
+    ap.add_argument("--per-matrix", choices=("default", "both"), default="default",
+                    help="plans with the per-matrix launch as kernels.gpu says, or with and "
+                         "without it (its 1024 class alone takes minutes to compile)")
     ns = ap.parse_args(argv)
     shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
               if ns.shapes else list(CONTEST_SHAPES))
@@ -62,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"gpu_precompile: skipped: {why}")
         return
     regs = {"default": (None,), "on": (True,), "off": (False,), "both": (True, False)}[ns.reg]
-    jobs = [(k, c) for k in kinds(shapes, regs) for c in (True, False)]
+    pms = {"default": (None,), "both": (True, False)}[ns.per_matrix]
+    jobs = [(k, c) for k in kinds(shapes, regs, pms) for c in (True, False)]
     t0 = time.monotonic()
     # spawned, not forked: gpu_missing() initialised the driver in this process, and
     # a forked child cannot use it (every compile failed that way on an H100)

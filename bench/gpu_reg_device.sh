@@ -26,7 +26,10 @@ mkdir -p "$OUT"
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
   nproc; uptime
 } > "$OUT/machine.txt" 2>&1
-timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile > "$OUT/precompile.txt" 2>&1
+pm=default
+[[ " $PARTS " == *" new "* || " $PARTS " == *" matrix "* ]] && pm=both
+timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile --per-matrix $pm \
+    > "$OUT/precompile.txt" 2>&1
 echo "rc=$?" >> "$OUT/precompile.txt"
 tail -2 "$OUT/precompile.txt"
 if [[ " $PARTS " == *" tests "* ]]; then
