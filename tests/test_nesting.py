@@ -91,9 +91,9 @@ def test_deep_source_lowers_for_the_gpu() -> None:
 
 
 def test_wide_loop_guard_is_balanced_and_still_checks() -> None:
-    """600 accesses in one loop body: compiled, right, and an access past the buffer in
+    """200 accesses in one loop body: compiled, right, and an access past the buffer in
     the last iteration faults at its index."""
-    width = 600
+    width = 200
     k = runtime.compile(_wide_loop_kernel(width), "k")
     m = 3
     x = np.random.default_rng(1).standard_normal(m * width).astype(np.float32)
