@@ -54,7 +54,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     ws = g.Workspace.alloc(batch, n, prefix="")
     plan = g.launch_plan(batch, n, tall_rows)
     row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
-                 "panel_reg": g.PANEL_REG, "per_matrix": g.PER_MATRIX,
+                 "reg_rows": g.REG_ROWS, "per_matrix": g.PER_MATRIX,
                  "mma_update": g.MMA_UPDATE, "mma_min_rows": g.MMA_MIN_ROWS,
                  "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows}
     outs = {}
@@ -161,8 +161,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mma-update", choices=("default", "on", "off"), default="default",
                     help="the trailing update on the tensor cores (kernels.gpu.MMA_UPDATE)")
     ap.add_argument("--panel-reg", choices=("default", "on", "off"), default="default",
-                    help="panels of at most kernels.gpu.REG_MAX_ROWS rows in registers "
-                         "(kernels.gpu.PANEL_REG)")
+                    help="on: panels of at most kernels.gpu.REG_MAX_ROWS rows in registers; "
+                         "off: none; default: of at most kernels.gpu.REG_ROWS")
     ap.add_argument("--per-matrix", choices=("default", "on", "off"), default="default",
                     help="one launch, one block per matrix, where the batch allows "
                          "(kernels.gpu.PER_MATRIX)")
@@ -243,7 +243,7 @@ def _set_plan_options(ns: argparse.Namespace) -> None:
     if ns.mma_min_rows is not None:
         g.MMA_MIN_ROWS = ns.mma_min_rows
     if ns.panel_reg != "default":
-        g.PANEL_REG = ns.panel_reg == "on"
+        g.REG_ROWS = g.REG_MAX_ROWS if ns.panel_reg == "on" else 0
     if ns.per_matrix != "default":
         g.PER_MATRIX = ns.per_matrix == "on"
 

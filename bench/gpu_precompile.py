@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     # a forked child cannot use it (every compile failed that way on an H100)
     with ProcessPoolExecutor(max_workers=ns.jobs,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
-        for kind, checked, s, regs, local in pool.map(_build, jobs):
+        for kind, checked, s, nregs, local in pool.map(_build, jobs):
             print(f"  {kind:16s} {'checked' if checked else 'raw':7s} {s:6.1f} s  "
-                  f"{regs} registers, {local} bytes local", flush=True)
+                  f"{nregs} registers, {local} bytes local", flush=True)
     print(f"{len(jobs)} kernels in {time.monotonic() - t0:.1f} s")
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The register panel (kernels.gpu.PANEL_REG, kernels/gpu/gen_panel_reg.py) and the
+# The register panel (kernels.gpu.REG_ROWS, kernels/gpu/gen_panel_reg.py) and the
 # one-launch per-matrix kernel (kernels.gpu.PER_MATRIX, kernels/gpu/gen_matrix.py) on a
 # GPU, under 7 minutes on an H100 (the default parts), each part under its own `timeout`, files flat in $OUT:
 #   machine.txt                 nvidia-smi, python and torch versions

@@ -188,20 +188,38 @@ def _is_panel(kind: str) -> bool:
 
 def test_plan_option_defaults() -> None:
     """The defaults an H100 run set (kernels/gpu/__init__.py, docs/gpu.md): the register
-    panel only for panels of at most REG_DEFAULT_ROWS rows, where it won (the contest's
+    panel only for panels of at most REG_ROWS rows, where it won (the contest's
     (20,32)), and no per-matrix launch, which lost on every shape; the other tests
     name the options they test."""
-    assert g.PANEL_REG is True and g.REG_DEFAULT_ROWS == 32 and g.PER_MATRIX is False
+    assert g.REG_ROWS == 32 and g.PER_MATRIX is False
     for b, n in CONTEST_SHAPES:
         plan = g.launch_plan(b, n)
         assert not any(s.kernel.startswith("matrix") for s in plan)
         for s in plan:
             if _is_panel(s.kernel) and s.kernel != "steps":
                 rows = n - s.args[1]
-                assert s.kernel.startswith("preg") == (rows <= g.REG_DEFAULT_ROWS), (b, n, s)
+                assert s.kernel.startswith("preg") == (rows <= g.REG_ROWS), (b, n, s)
     assert [s.kernel for s in g.launch_plan(20, 32)] == ["preg32"]
     assert g.launch_plan(20, 32, reg=False)[0].kernel == "panel_small"
     assert g.launch_plan(40, 176, reg=True)[0].kernel == "preg256"
+
+
+@pytest.mark.parametrize("choice,kind", [("on", "preg256"), ("off", "panel_small"),
+                                         ("default", "panel_small")])
+def test_bench_panel_reg_option_sets_the_plan(monkeypatch, choice: str, kind: str) -> None:
+    """bench.gpu_bench --panel-reg on sends every panel of up to REG_MAX_ROWS rows to the
+    register panel (what gpu_reg_device.sh's reg part measures), off none."""
+    import argparse
+
+    from capqr.bench.gpu_bench import _set_plan_options
+
+    monkeypatch.setattr(g, "REG_ROWS", g.REG_ROWS)
+    monkeypatch.setattr(g, "PER_MATRIX", g.PER_MATRIX)
+    monkeypatch.setattr(g, "MMA_UPDATE", g.MMA_UPDATE)
+    _set_plan_options(argparse.Namespace(mma_update="default", mma_min_rows=None,
+                                         panel_reg=choice, per_matrix="default"))
+    assert g.launch_plan(40, 176)[0].kernel == kind
+    assert (g.launch_plan(20, 32)[0].kernel == "preg32") == (choice != "off")
 
 
 @pytest.mark.parametrize("reg", [True, False])

@@ -5,8 +5,8 @@ checked launches (:func:`launch_plan`): for each panel of ``NB`` columns,
 
 1. the panel is factored and its T factor formed, by one of
    ``gpu_qr_panel_reg`` (kernels/gpu/gen_panel_reg.py: one block per matrix, the
-   panel in registers, one barrier per column: by default, PANEL_REG, for panels
-   of at most ``REG_DEFAULT_ROWS`` rows, with ``reg=True`` up to ``REG_MAX_ROWS``),
+   panel in registers, one barrier per column: by default for panels of at most
+   ``REG_ROWS`` rows, with ``reg=True`` up to ``REG_MAX_ROWS``),
    ``gpu_qr_panel_small``
    (kernels/src/gpu/panel_small.c: one block per matrix, the panel in shared memory)
    for at most ``SMALL_ROWS`` rows, ``gpu_qr_panel``
@@ -131,17 +131,16 @@ STEPS_OPTIONS = ("--maxrregcount=96",)
 #: raw 0.127 vs 0.116 and 0.736 vs 0.601 ms: one block per matrix leaves most SMs idle
 #: and its per-column barriers and shared-memory checks dominate.
 WHOLE = False
-#: Panels in registers, gpu_qr_panel_reg (launch_plan's ``reg``): by default
-#: (PANEL_REG) those of at most REG_DEFAULT_ROWS rows; with reg=True every panel of
-#: at most REG_MAX_ROWS rows (its largest class); reg=False: none (gpu_qr_panel_small
-#: and gpu_qr_panel).  On an H100 (bench/results/gpu-reg-2026-12-06-h100-e83e5a0.txt,
+#: Panels in registers, gpu_qr_panel_reg (launch_plan's ``reg``): by default those
+#: of at most REG_ROWS rows (0: none); with reg=True every panel of at most
+#: REG_MAX_ROWS rows (its largest class); reg=False: none (gpu_qr_panel_small and
+#: gpu_qr_panel).  On an H100 (bench/results/gpu-reg-2026-12-06-h100-e83e5a0.txt,
 #: checked ms, plan before vs reg=True) it won only on 32-row panels, (20,32) 0.207 ->
 #: 0.123, and lost from 176 rows on: (40,176) 0.884 -> 0.943, (40,352) 2.223 ->
 #: 2.623, (640,512) 21.1 -> 30.6 (panels 8.6 -> 17.8 ms), (60,1024) 19.7 -> 29.4.
 #: A class of 8 rows per thread or more holds the panel in too many registers
 #: (preg128 195, preg256 255 checked) for one column per barrier to pay.
-PANEL_REG = True
-REG_DEFAULT_ROWS = 32
+REG_ROWS = 32
 REG_MAX_ROWS = max(gen_panel_reg.capacity(*c) for c in gen_panel_reg.CLASSES)
 #: One launch of gpu_qr_matrix, one block per matrix (launch_plan's ``per_matrix``),
 #: for batches of at least PER_MATRIX_MIN_BATCH matrices of NB + 1 to PER_MATRIX_MAX_N
@@ -222,8 +221,9 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
     :func:`default_tall_rows`.  ``two_panel`` (None: TWO_PANEL): one trailing
     update per pair of panels (module doc).  ``mma_update`` (None: MMA_UPDATE): the
     one-panel updates of at least MMA_MIN_ROWS rows on the tensor cores.  ``reg``
-    (None: PANEL_REG): the other panels of at most REG_MAX_ROWS rows in registers
-    (gpu_qr_panel_reg, the smallest class that holds them).  ``per_matrix`` (None:
+    puts the other panels in registers (gpu_qr_panel_reg, the smallest class that
+    holds them): None, those of at most REG_ROWS rows; True, of at most
+    REG_MAX_ROWS; False, none.  ``per_matrix`` (None:
     PER_MATRIX): one launch of gpu_qr_matrix where the batch and n allow (module doc).
     """
     if batch < 1 or n < 1:
@@ -234,8 +234,7 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         two_panel = TWO_PANEL
     if mma_update is None:
         mma_update = MMA_UPDATE
-    reg_rows = ((REG_DEFAULT_ROWS if PANEL_REG else 0) if reg is None
-                else (REG_MAX_ROWS if reg else 0))
+    reg_rows = REG_ROWS if reg is None else (REG_MAX_ROWS if reg else 0)
     cls = whole_class(n, smem) if (WHOLE if whole is None else whole) else None
     if cls is not None:
         return [Launch(f"whole{cls[0]}", batch, cls[1], (n, batch))]
