@@ -317,7 +317,7 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
     # if a guard fails for it, the checked copy runs zero iterations.
     is_int = conjoin("&&", [span.is_int(), *(rt_is_int(corner(term.idx, var, span))
                                              for term in terms)])
-    cond: c_ast.Node = conjoin("&", [c_ast.ID(span.hok), *guard_terms, *wrap_terms])
+    conds: list[c_ast.Node] = [c_ast.ID(span.hok), *guard_terms, *wrap_terms]
     # Inner loops folded into this loop's guard (bounds invariant here): their
     # span is computed once before this loop, one box check per access covers
     # every iteration of the nest, and this loop's fast copy runs their fast
@@ -338,9 +338,10 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
         # an inner loop that never runs makes no access
         box_ok = c_ast.BinaryOp("&&", conjoin("&&", box_ints), c_ast.BinaryOp(
             "||", c_ast.UnaryOp("!", inner.span.runs()), conjoin("&", inner_oks)))
-        cond = c_ast.BinaryOp("&", cond, box_ok)
+        conds.append(box_ok)
         replace_node(loop, box, inner.fast)
         covered += inner.covered
+    cond = conjoin("&", conds)
     if ctx.warp_vote and has_barrier(loop.stmt, barriers=WARP_FUNCS):
         # every lane takes the copy the whole warp voted for (module doc)
         cond = c_ast.FuncCall(c_ast.ID(ctx.warp_vote), c_ast.ExprList([cond]))
