@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import itertools
 import json
 import platform
 import statistics
@@ -36,8 +37,13 @@ CONTEST_SHAPES: tuple[tuple[int, int], ...] = BATCHED["full"]
 def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "auto",
                 peers: tuple[str, ...] = ("torch.geqrf",),
                 peer_budget_s: float = gpu_peers.PEER_BUDGET_S,
-                cublas: gpu_peers.Cublas | None = None) -> dict:
-    """Time checked and raw capqr and the ``peers`` for one (batch, n)."""
+                cublas: gpu_peers.Cublas | None = None, graph: str = "off") -> dict:
+    """Time checked and raw capqr and the ``peers`` for one (batch, n).
+
+    ``graph``: "off" times the launch sequence (launch_many), "on" its CUDA graph
+    (qr_launch's ``graphs``: recorded in the untimed first run, replayed after),
+    "both" the sequence as checked_ms / raw_ms and the graph as checked_graph_ms /
+    raw_graph_ms."""
     from ..kernels import gpu as g
     from ..runtime import cuda
     from ..runtime.cuda import driver as drv
@@ -56,25 +62,40 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
                  "reg_rows": g.REG_ROWS, "per_matrix": g.PER_MATRIX,
                  "mma_update": g.MMA_UPDATE, "mma_min_rows": g.MMA_MIN_ROWS,
-                 "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows}
+                 "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows,
+                 "graph": graph}
     outs = {}
     start, end = drv.Event(), drv.Event()
-    for name, checked in (("checked", True), ("raw", False)):
+    graphs: dict = {}
+    modes = {"off": ((False, ""),), "on": ((True, ""),),
+             "both": ((False, ""), (True, "_graph"))}[graph]
+    for (use_graph, suffix), (name, checked) in itertools.product(
+            modes, (("checked", True), ("raw", False))):
         ks = g.blocked_kernels(checked)
         ts = []
-        for it in range(repeat + 1):  # the first run compiles/warms up: not timed
+        for it in range(repeat + 1):  # the first run compiles/records/warms up: not timed
             restore()
             drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
             start.record()
-            g.qr_launch(A, tau, ws, n, checked=checked, tall_rows=tall_rows)
+            g.qr_launch(A, tau, ws, n, checked=checked, tall_rows=tall_rows,
+                        graphs=graphs if use_graph else None)
             end.record()
             end.synchronize()
             if it:
                 ts.append(start.elapsed_ms(end))
-        row[f"{name}_ms"] = statistics.median(ts)
-        row[f"{name}_samples_ms"] = ts
+        row[f"{name}{suffix}_ms"] = statistics.median(ts)
+        row[f"{name}{suffix}_samples_ms"] = ts
         row[f"{name}_registers"] = {k: v.registers() for k, v in ks.items()}
-        outs[name] = (A.numpy(), tau.numpy())
+        res = (A.numpy(), tau.numpy())
+        if name in outs and not all(np.array_equal(x.view(np.uint32), y.view(np.uint32))
+                                    for x, y in zip(outs[name], res, strict=True)):
+            row[f"{name}_graph_differs"] = True  # the graph must give the sequence's bits
+        outs.setdefault(name, res)
+    for gr in graphs.values():
+        gr.close()
+    if graph == "both":
+        row["graph_speedup_checked"] = row["checked_ms"] / row["checked_graph_ms"]
+        row["graph_speedup_raw"] = row["raw_ms"] / row["raw_graph_ms"]
     flops = batch * (4.0 / 3.0) * n ** 3
     row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
     row["overhead"] = row["checked_ms"] / row["raw_ms"]
@@ -169,6 +190,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mma-min-rows", type=int, default=None,
                     help="rows from which an update takes the tensor cores "
                          "(kernels.gpu.MMA_MIN_ROWS)")
+    ap.add_argument("--graph", choices=("off", "on", "both"), default="off",
+                    help="time the launch sequence (off), its CUDA graph replayed (on), or "
+                         "both (the graph as checked_graph_ms / raw_graph_ms)")
     ap.add_argument("--peers", default=",".join(gpu_peers.PEERS),
                     help="comma-separated peers to time beside capqr, from "
                          f"{','.join(gpu_peers.PEERS)}; empty for none")
@@ -213,7 +237,7 @@ def main(argv: list[str] | None = None) -> Path | None:
     out = Path(ns.out) if ns.out else default_out() / f"gpu-{_dt.date.today().isoformat()}.json"
     for b, n in shapes:
         rep = ns.repeat_large if n >= 4096 else ns.repeat
-        r = bench_shape(b, n, rep, tall, peers, ns.peer_budget_s, cublas)
+        r = bench_shape(b, n, rep, tall, peers, ns.peer_budget_s, cublas, ns.graph)
         r["repeat"] = rep
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive
@@ -226,8 +250,20 @@ def main(argv: list[str] | None = None) -> Path | None:
                        for p, v in r.get("peers", {}).items())
         print(f"({b:4d},{n:5d}) checked {r['checked_ms']:10.3f} ms  raw {r['raw_ms']:10.3f} ms  "
               f"overhead {r['overhead']:.3f}x  {pm}", flush=True)
+        if ns.graph == "both":
+            print(f"    graph: checked {r['checked_graph_ms']:.3f} ms "
+                  f"({r['graph_speedup_checked']:.3f}x), raw {r['raw_graph_ms']:.3f} ms "
+                  f"({r['graph_speedup_raw']:.3f}x), checked/raw "
+                  f"{r['checked_graph_ms'] / r['raw_graph_ms']:.3f}x"
+                  + ("  RESULTS DIFFER" if r.get("checked_graph_differs")
+                     or r.get("raw_graph_differs") else ""), flush=True)
     res = _write(out, dev, rows, ns.repeat)
     text = gpu_peers.table(rows) + f"geomean checked/raw {res['geomean_overhead']:.3f}x\n"
+    if "geomean_graph_speedup_checked" in res:
+        text += ("CUDA graph vs launch sequence: checked "
+                 f"{res['geomean_graph_speedup_checked']:.3f}x, raw "
+                 f"{res['geomean_graph_speedup_raw']:.3f}x faster (geomean); with graphs "
+                 f"checked/raw {res['geomean_graph_overhead']:.3f}x\n")
     out.with_suffix(".txt").write_text(text)
     print(text + f"wrote {out} and {out.with_suffix('.txt')}")
     return out
@@ -267,6 +303,13 @@ def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:
         "ceilings_tflops": CEILINGS_TFLOPS,
         "geomean_overhead": geomean([r["overhead"] for r in rows]),
     }
+    graphed = [r for r in rows if "checked_graph_ms" in r]
+    if graphed:  # --graph both
+        res["geomean_graph_speedup_checked"] = geomean(
+            [r["graph_speedup_checked"] for r in graphed])
+        res["geomean_graph_speedup_raw"] = geomean([r["graph_speedup_raw"] for r in graphed])
+        res["geomean_graph_overhead"] = geomean(
+            [r["checked_graph_ms"] / r["raw_graph_ms"] for r in graphed])
     res.update(gpu_peers.geomeans(rows))
     if res.get("geomean_speedup_vs_torch"):
         try:

@@ -214,6 +214,8 @@ class FakeDevice:
                                    max_smem_optin=232448)
         self.per_sm = 2  # blocks of any kernel resident per SM (cuOccupancy...)
         self.shared: list[int] = []  # each launch's dynamic shared memory (bytes)
+        self.graphs: dict[Any, list[SimpleNamespace]] = {}  # CUgraph -> its nodes
+        self.execs: dict[Any, list[SimpleNamespace]] = {}   # CUgraphExec -> its nodes
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -273,9 +275,8 @@ class FakeDevice:
         return 0
 
     # -- launches and the stream -------------------------------------------------
-    def cuLaunchKernel(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
-                       shared: int, stream: Any, params: Any, extra: Any) -> int:
-        self._count("launch")
+    def _parse(self, fn: Any, gx: int, params: Any) -> SimpleNamespace:
+        """A launch as the device sees it: the values of its parameters, copied now."""
         f = real_drv.ffi()
         kinds = self.params[fn]
         n = len(kinds)
@@ -283,9 +284,61 @@ class FakeDevice:
                   int(f.cast("int *", params[n + 1])[0]))
         caps = [int(f.cast("unsigned long long *", params[i])[0])  # rt_cap.p
                 for i, kind in enumerate(kinds) if kind == "cap"]
-        self.queue.append(SimpleNamespace(fn=fn, record=hidden[0], index=hidden[1], caps=caps,
-                                          grid=gx, started=False))
+        return SimpleNamespace(fn=fn, record=hidden[0], index=hidden[1], caps=caps, grid=gx,
+                               started=False)
+
+    def cuLaunchKernel(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                       shared: int, stream: Any, params: Any, extra: Any) -> int:
+        self._count("launch")
+        self.queue.append(self._parse(fn, gx, params))
         self.shared.append(shared)
+        return 0
+
+    # -- graphs: a chain of kernel nodes, each holding its launch as parsed when added -----
+    def cuGraphCreate(self, g: Any, flags: int) -> int:
+        self._count("graph create")
+        g[0] = real_drv.ffi().cast("CUgraph", 0x6000 + 16 * self.calls["graph create"])
+        self.graphs[g[0]] = []
+        return 0
+
+    def cuGraphAddKernelNode_v2(self, node: Any, graph: Any, deps: Any, ndeps: int,
+                                p: Any) -> int:
+        nodes = self.graphs[graph]
+        assert ndeps == (1 if nodes else 0), "each node depends on the one before"
+        assert not nodes or deps[0] == nodes[-1].handle, "each node depends on the one before"
+        launch = self._parse(p.func, p.gridDimX, p.kernelParams)
+        self._count("graph node")
+        launch.handle = real_drv.ffi().cast("CUgraphNode", 0x10_0000 + self.calls["graph node"])
+        launch.cooperative = False
+        nodes.append(launch)
+        node[0] = launch.handle
+        return 0
+
+    def cuGraphKernelNodeSetAttribute(self, node: Any, attr: int, value: Any) -> int:
+        assert attr == real_drv.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        (launch,) = [n for ns in self.graphs.values() for n in ns if n.handle == node]
+        assert launch.grid <= self.per_sm * self.dev.sm_count, "a cooperative grid that cannot fit"
+        launch.cooperative = bool(value.cooperative)
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, e: Any, graph: Any, flags: int) -> int:
+        e[0] = graph
+        self.execs[graph] = list(self.graphs[graph])
+        return 0
+
+    def cuGraphLaunch(self, e: Any, stream: Any) -> int:
+        assert stream == real_drv.ffi().NULL, "graphs go to the launch stream"
+        self._count("graph launch")
+        self.queue.extend(SimpleNamespace(**{**vars(n), "started": False})
+                          for n in self.execs[e])
+        return 0
+
+    def cuGraphExecDestroy(self, e: Any) -> int:
+        del self.execs[e]
+        return 0
+
+    def cuGraphDestroy(self, graph: Any) -> int:
+        del self.graphs[graph]
         return 0
 
     def cuLaunchCooperativeKernel(self, fn: Any, gx: int, gy: int, gz: int, bx: int, by: int,

@@ -471,13 +471,19 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
               timeout: float | None = None, tall_rows: int | None | str = "auto",
               two_panel: bool | None = None, whole: bool | None = None,
               mma_update: bool | None = None, reg: bool | None = None,
-              per_matrix: bool | None = None) -> None:
+              per_matrix: bool | None = None, graphs: dict | None = None) -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
     ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc` (None
     where :func:`needs_workspace` says the plan has no use for it).
     One launch sequence, synced at the end (``timeout``: for the whole sequence;
     a sequence the caller left pending is synced with it).
+
+    ``graphs``: a dict the caller keeps for repeated calls on the same buffers: the
+    sequence is recorded there as a CUDA graph on first use (runtime/cuda/graphs.py,
+    keyed by the plan, the build and the buffers) and replayed by one launch after,
+    with the same checks, faults and results.  The caller closes its graphs
+    (``LaunchGraph.close``) when done with the buffers.
     """
     from ...runtime import cuda
 
@@ -492,9 +498,18 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
     if ws is None and not one_launch(plan[0].kernel):
         raise ValueError(f"the plan of ({batch}, {n}) needs a Workspace")
     caps = ws.caps if ws is not None else (lambda step, A, tau: [A, tau])
-    # one batch: the host enqueues (2,4096)'s 4222 launches faster than one call each
-    cuda.launch_many([(ks[step.kernel], caps(step, A, tau), step.args, step.grid, step.block,
-                       step.group) for step in plan])
+    launches = [(ks[step.kernel], caps(step, A, tau), step.args, step.grid, step.block,
+                 step.group) for step in plan]
+    if graphs is None:
+        # one batch: the host enqueues (2,4096)'s 4222 launches faster than one call each
+        cuda.launch_many(launches)
+    else:
+        # the graph holds these buffers, so their ids name them while it is kept
+        key = (checked, tuple(plan), *dict.fromkeys(id(c) for launch in launches
+                                                    for c in launch[1]))
+        if key not in graphs:
+            graphs[key] = cuda.record_graph(launches)
+        graphs[key].launch()
     cuda.sync(timeout)
 
 

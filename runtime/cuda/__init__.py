@@ -8,6 +8,8 @@ and ``runtime.launch``):
 * :func:`compile` -> :class:`CudaKernel`; :func:`launch` (``sync=False`` enqueues),
   :func:`launch_many` (enqueues a list at a lower host cost per launch);
   :func:`sync` (waits for the sequence, raises its first fault); :func:`time_launch`
+* :func:`record_graph` -> :class:`LaunchGraph`: a launch sequence recorded once as a CUDA
+  graph, enqueued by one ``LaunchGraph.launch()`` (``graphs``)
 * :func:`available` -> (bool, reason) — False on machines without a GPU.
 * :func:`isolate` (or ``CAPQR_CUDA_ISOLATE=1``): run the driver in a device process
   the lane restarts to end a kernel that ignores its cancel (``remote``).
@@ -19,13 +21,15 @@ Modules by job: ``memory`` (device capabilities, their holds and deferred
 release), ``kernel`` (the lane's target of runtime/pipeline.py: CUDA lowering,
 NVRTC build), ``params`` (a launch's parameter block), ``launches`` (launch
 rules, enqueueing), ``sequence`` (the sequence's device record, waiting,
-``sync``), ``timing``; ``lower``, ``nvrtc``, ``driver`` and ``remote`` (the
-isolated lane's device process) below them.
+``sync``), ``graphs`` (recorded sequences), ``timing``; ``lower``, ``nvrtc``,
+``driver`` and ``remote`` (the isolated lane's device process) below them.
 """
 
 from __future__ import annotations
 
 from .driver import CudaError, CudaUnavailable, available, isolate
+from .graphs import LaunchGraph
+from .graphs import record as record_graph
 from .kernel import CudaKernel, compile, translate
 from .launches import launch, launch_many
 from .lower import CudaSource, instrument
@@ -39,6 +43,7 @@ __all__ = [
     "CudaSource",
     "CudaUnavailable",
     "DeviceCapability",
+    "LaunchGraph",
     "alloc_device",
     "available",
     "compile",
@@ -47,6 +52,7 @@ __all__ = [
     "launch",
     "launch_many",
     "pending",
+    "record_graph",
     "sync",
     "time_launch",
     "to_device",

@@ -81,6 +81,29 @@ CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 CUresult cuEventDestroy_v2(CUevent e);
 CUresult cuGetErrorName(CUresult err, const char **s);
 CUresult cuGetErrorString(CUresult err, const char **s);
+typedef void *CUgraph;
+typedef void *CUgraphNode;
+typedef void *CUgraphExec;
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    void *kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
+typedef union { char pad[64]; int cooperative; } CUlaunchAttributeValue;
+CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                 size_t ndeps, const CUDA_KERNEL_NODE_PARAMS_v2 *params);
+CUresult cuGraphKernelNodeSetAttribute(CUgraphNode node, int attr,
+                                       const CUlaunchAttributeValue *value);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream s);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuGraphDestroy(CUgraph graph);
 """
 
 CUDA_SUCCESS = 0
@@ -97,6 +120,7 @@ CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1  # static __shared__ bytes
 CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2  # a graph kernel node that runs as cuLaunchCooperativeKernel
 CU_JIT_INFO_LOG_BUFFER = 3
 CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4
 CU_JIT_ERROR_LOG_BUFFER = 5

@@ -1,0 +1,166 @@
+"""A launch sequence recorded once and replayed as one CUDA graph launch.
+
+A host-driven plan of hundreds of launches costs the host 20-55 us per launch to
+enqueue (parameter packing, checks, cuLaunchKernel), which is on the critical path
+wherever a kernel runs for less than that.  :func:`record` builds the sequence as
+a CUDA graph, one kernel node after the other (cuGraphAddKernelNode: the driver
+copies each node's parameters), and :meth:`LaunchGraph.launch` enqueues all of it
+with one cuGraphLaunch.
+
+What a launch promises stays as it is:
+
+- the parameters are packed by the same ParamBlock as a launch's, so every
+  checked kernel gets the sequence record and its index in the sequence (the
+  graph's launches are indices 0 .. n-1: a replay first syncs a pending sequence);
+- a replay clears the record, holds every buffer until the sync that covers it and
+  registers each node as a launch of the sequence, so ``sync`` raises the first
+  fault with its kernel, buffer and ``launch_index`` as for ``launch_many``;
+- the bounds in the nodes are those of the buffers at :func:`record`; a buffer
+  freed since is refused at the replay (the hold checks every buffer first), so a
+  graph never runs on memory that was given back;
+- a context reset (runtime/cuda/sequence.py) takes the graph with the context, and
+  every buffer of the graph too: a replay after it is refused as a launch of those
+  buffers is (CapabilityFault "lost").
+
+Not on the isolated lane (its driver is in another process): :func:`record`
+raises CudaUnavailable there, and callers launch the sequence instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..argcheck import check_grid
+from . import driver as drv
+from .kernel import CudaKernel
+from .launches import check_block, check_cooperative
+from .memory import DeviceCapability, drain_all, hold_all, unhold_all
+from .params import ParamBlock
+from .sequence import current, device_record, reset_record, sync_locked
+
+#: (kernel, caps, args, grid, block, group): launch_many's entries
+Entry = tuple[CudaKernel, Sequence[DeviceCapability], Sequence[Any], int, int, Any]
+
+
+class LaunchGraph:
+    """A recorded launch sequence (:func:`record`); :meth:`launch` enqueues it."""
+
+    def __init__(self, entries: list[Entry]):
+        self.entries = entries
+        self.caps = list({id(c): c for _, caps, *_ in entries for c in caps}.values())
+        self.names: list[tuple[CudaKernel, list[str]]] = []
+        self._graph: Any = None
+        self._exec: Any = None
+        self._epoch = -1
+        self._build()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _build(self) -> None:
+        """Record the nodes in the current context (the caller holds the buffers).  Every
+        launch's arguments are checked and packed before the graph is created."""
+        L, f = drv.lib(), drv.ffi()
+        dev = drv.device()
+        record = dev.seq_record or device_record(dev)
+        epoch = drv.context_epoch()
+        nodes = []
+        for index, (kernel, caps, args, grid, block, group) in enumerate(self.entries):
+            cooperative = check_cooperative(kernel, group, grid, block)
+            params = ParamBlock(kernel)  # the driver copies the values at AddKernelNode
+            names = params.pack(caps, args, record, index)
+            nodes.append((kernel, names, params, cooperative))
+        graph = f.new("CUgraph *")
+        drv.check(L.cuGraphCreate(graph, 0), "cuGraphCreate")
+        try:
+            node = f.new("CUgraphNode *")
+            prev = f.new("CUgraphNode[1]")
+            for index, ((kernel, _, params, cooperative), (_, _, _, grid, block, _)) in \
+                    enumerate(zip(nodes, self.entries, strict=True)):
+                p = f.new("CUDA_KERNEL_NODE_PARAMS_v2 *")
+                p.func = kernel.live_function()
+                p.gridDimX, p.gridDimY, p.gridDimZ = grid, 1, 1
+                p.blockDimX, p.blockDimY, p.blockDimZ = block, 1, 1
+                p.sharedMemBytes = kernel.dynamic_smem
+                p.kernelParams = params.params
+                drv.check(L.cuGraphAddKernelNode_v2(node, graph[0], prev, 1 if index else 0, p),
+                          "cuGraphAddKernelNode")
+                if cooperative:
+                    value = f.new("CUlaunchAttributeValue *")
+                    value.cooperative = 1
+                    drv.check(L.cuGraphKernelNodeSetAttribute(
+                        node[0], drv.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, value),
+                        "cuGraphKernelNodeSetAttribute")
+                prev[0] = node[0]
+            exec_ = f.new("CUgraphExec *")
+            drv.check(L.cuGraphInstantiateWithFlags(exec_, graph[0], 0),
+                      "cuGraphInstantiateWithFlags")
+        except BaseException:
+            L.cuGraphDestroy(graph[0])
+            raise
+        self._graph, self._exec, self._epoch = graph[0], exec_[0], epoch
+        self.names = [(kernel, names) for kernel, names, _, _ in nodes]
+
+    def launch(self) -> None:
+        """Enqueue the graph as launches 0 .. n-1 of a new sequence (a pending sequence
+        is synced first, raising its fault); ``runtime.cuda.sync`` waits for it."""
+        with current.lock:
+            drain_all()
+            sync_locked(None)
+            # refuses a buffer freed since record(), or lost with a reset of the context
+            # (which took the graph with it: every buffer of the graph is older)
+            held = hold_all(self.caps)
+            try:
+                dev = drv.device()
+                reset_record(dev.seq_record)
+                drv.check(drv.lib().cuGraphLaunch(self._exec, drv.ffi().NULL), "cuGraphLaunch")
+            except BaseException:
+                unhold_all(held)
+                raise
+            current.launches.extend(self.names)
+            current.held.extend(held)
+
+    def close(self) -> None:
+        """Destroy the graph (its buffers' holds were the replays', already released; a
+        graph of a context that was reset went with it)."""
+        if self._exec is not None and self._epoch == drv.context_epoch():
+            L = drv.lib()
+            L.cuGraphExecDestroy(self._exec)
+            L.cuGraphDestroy(self._graph)
+        self._graph = self._exec = None
+
+
+def record(launches: Sequence[tuple[Any, ...]]) -> LaunchGraph:
+    """A :class:`LaunchGraph` of ``(kernel, caps, args, grid, block)`` or ``(..., block,
+    group)`` launches, as :func:`runtime.cuda.launch_many` takes them.  Every argument
+    is checked as a launch checks it (counts, types, grid, block, a freed buffer);
+    nothing runs until :meth:`LaunchGraph.launch`.  CudaUnavailable on the isolated
+    lane."""
+    if drv.isolated():
+        raise drv.CudaUnavailable("CUDA graphs are not available on the isolated lane (its "
+                                  "driver runs in a device process): launch the sequence")
+    entries: list[Entry] = []
+    for entry in launches:
+        if len(entry) not in (5, 6):
+            raise TypeError("record takes (kernel, caps, args, grid, block) or (kernel, caps, "
+                            f"args, grid, block, group) tuples, got {len(entry)} items")
+        kernel, caps, args, grid, block, *group = entry
+        caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
+        check_grid(grid, None)
+        if grid == 0:  # arguments checked; no block to run (as a launch of an empty grid)
+            ParamBlock(kernel).pack(caps, args)
+            continue
+        entries.append((kernel, caps, tuple(args), int(grid), int(block),
+                        group[0] if group else None))
+    if not entries:
+        raise ValueError("record: no launch with blocks to run")
+    dev = drv.device()
+    for kernel, _, _, _, block, _ in entries:
+        check_block(kernel, block, dev)
+    with current.lock:
+        held = hold_all(list({id(c): c for _, caps, *_ in entries for c in caps}.values()))
+        try:
+            return LaunchGraph(entries)
+        finally:
+            unhold_all(held)
