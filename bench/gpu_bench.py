@@ -99,8 +99,9 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     flops = batch * (4.0 / 3.0) * n ** 3
     row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
     row["overhead"] = row["checked_ms"] / row["raw_ms"]
-    restore()
-    row["profile_checked"] = _profile(g, A, tau, ws, plan)
+    for name, checked in (("checked", True), ("raw", False)):
+        restore()
+        row[f"profile_{name}"] = _profile(g, A, tau, ws, plan, checked)
     row["checked_equals_raw"] = bool(
         np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
         and np.array_equal(outs["checked"][1].view(np.uint32), outs["raw"][1].view(np.uint32)))
@@ -119,8 +120,9 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     return row
 
 
-def _profile(g, A, tau, ws, plan: list) -> dict:
-    """One checked run of the launch sequence with CUDA events between the launches:
+def _profile(g, A, tau, ws, plan: list, checked: bool = True) -> dict:
+    """One run of the launch sequence (the ``checked`` or the raw build) with CUDA events
+    between the launches:
     GPU ms per kind of kernel (the events sit on the stream between the kernels, so
     they time the kernels and the gaps between them, not the host), the host time
     to enqueue the whole sequence, and the wall time to its end."""
@@ -129,7 +131,7 @@ def _profile(g, A, tau, ws, plan: list) -> dict:
     from ..runtime import cuda
     from ..runtime.cuda import driver as drv
 
-    ks = g.blocked_kernels(True)
+    ks = g.blocked_kernels(checked)
     evs = [(drv.Event(), drv.Event()) for _ in plan]
     drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
     t0 = time.perf_counter()
@@ -241,11 +243,14 @@ def main(argv: list[str] | None = None) -> Path | None:
         r["repeat"] = rep
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive
-        pr = r["profile_checked"]
+        pr, pw = r["profile_checked"], r["profile_raw"]
         print(f"    profile: panel {pr['panel_gpu_ms']:.3f} ms, "
               f"update {pr['update_gpu_ms']:.3f} ms, "
               f"{pr['launches']} launches, enqueue {pr['host_us_per_launch']:.1f} us/launch, "
               f"{r['checked_tflops']:.2f} TFLOP/s", flush=True)
+        print("    checked/raw ms by kernel: " + ", ".join(
+            f"{k} {v:.3f}/{pw['gpu_ms_by_kernel'].get(k, 0.0):.3f}"
+            for k, v in pr["gpu_ms_by_kernel"].items()), flush=True)
         pm = "  ".join(f"{p} {v['ms']:.3f} ms" if "ms" in v else f"{p} {next(iter(v))}"
                        for p, v in r.get("peers", {}).items())
         print(f"({b:4d},{n:5d}) checked {r['checked_ms']:10.3f} ms  raw {r['raw_ms']:10.3f} ms  "
