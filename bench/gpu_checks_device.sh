@@ -25,9 +25,7 @@ if [ -n "$missing" ]; then
     echo "install the carried wheels and set PYTHONPATH (see bench/device_run.sh)" >&2
     exit 2
 fi
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nproc; uptime
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
-} > "$OUT/machine.txt" 2>&1
+machine_txt "$OUT/machine.txt"
 timeout 60 python3 - > "$OUT/census.txt" 2>&1 <<'EOF'
 from capqr.kernels import gpu as g
 from capqr.runtime.cuda.census import loop_checks

@@ -14,10 +14,7 @@ set -u
 OUT=${OUT:-bench-results/graph}
 . "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
-  nproc; uptime
-} > "$OUT/machine.txt" 2>&1
+machine_txt "$OUT/machine.txt"
 timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile > "$OUT/precompile.txt" 2>&1
 echo "rc=$?" >> "$OUT/precompile.txt"
 tail -2 "$OUT/precompile.txt"

@@ -15,9 +15,7 @@ set -u
 OUT=${OUT:-bench-results/mma-update}
 . "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
-} > "$OUT/machine.txt" 2>&1
+machine_txt "$OUT/machine.txt"
 timeout "${TESTS_S:-80}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
     tests/test_gpu_qr_mma.py > "$OUT/mma-tests.txt" 2>&1
 echo "rc=$?" >> "$OUT/mma-tests.txt"

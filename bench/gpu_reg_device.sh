@@ -22,10 +22,7 @@ OUT=${OUT:-bench-results/panel-reg}
 PARTS=${PARTS:-tests base new}
 . "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"
-  nproc; uptime
-} > "$OUT/machine.txt" 2>&1
+machine_txt "$OUT/machine.txt"
 pm=default
 [[ " $PARTS " == *" new "* || " $PARTS " == *" matrix "* ]] && pm=both
 timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile --per-matrix $pm \

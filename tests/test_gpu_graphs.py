@@ -28,6 +28,7 @@ from test_launch_sequence import (
     _holds,
     _oob,
     installed,
+    sync_raises_the_copy_fault,
 )
 
 
@@ -82,14 +83,7 @@ def test_fake_graph_fault_is_the_sequences(fake: FakeDevice) -> None:
     graph = cuda.record_graph([(put, [a], (0, 1.0), 1, 32), (copy, [a, b], (6,), 4, 32),
                                (put, [canary], (0, 1.0), 1, 32)])
     graph.launch()
-    with pytest.raises(CapabilityFault) as e:
-        runtime.sync()
-    f = e.value
-    assert (f.reason, f.kernel, f.buffer, f.index, f.access, f.block, f.thread, f.line,
-            f.launch_index) == ("out-of-bounds", "copy", "b", 6, "load", 3, 17, COPY_LINE, 1)
-    assert fake.ran == [(put.function, 0), (copy.function, 1)]
-    assert fake.exited_at_entry == [(put.function, 2)]
-    assert (_holds(a), _holds(b), _holds(canary)) == (0, 0, 0)
+    sync_raises_the_copy_fault(fake, put, copy, [a, b, canary])
     graph.close()
 
 

@@ -476,6 +476,12 @@ def test_fake_fault_in_the_middle_across_modules(fake: FakeDevice) -> None:
     runtime.launch(copy, [a, b], args=(6,), grid=4, sync=False)
     runtime.launch(put, [canary], args=(0, 1.0), sync=False)
     assert (_holds(a), _holds(b), _holds(canary)) == (2, 1, 1)
+    sync_raises_the_copy_fault(fake, put, copy, [a, b, canary])
+
+
+def sync_raises_the_copy_fault(fake: FakeDevice, put: Any, copy: Any, bufs: list) -> None:
+    """After put, a faulting copy (b[6], block 3, thread 17) and put: sync raises the copy's
+    fault as launch 1, the third launch exits at entry, and nothing stays held."""
     with pytest.raises(CapabilityFault) as e:
         runtime.sync()
     f = e.value
@@ -483,7 +489,7 @@ def test_fake_fault_in_the_middle_across_modules(fake: FakeDevice) -> None:
             f.launch_index) == ("out-of-bounds", "copy", "b", 6, "load", 3, 17, COPY_LINE, 1)
     assert fake.ran == [(put.function, 0), (copy.function, 1)]
     assert fake.exited_at_entry == [(put.function, 2)]
-    assert (_holds(a), _holds(b), _holds(canary)) == (0, 0, 0)
+    assert [_holds(c) for c in bufs] == [0] * len(bufs)
 
 
 def test_fake_launch_many_is_the_same_sequence(fake: FakeDevice) -> None:
