@@ -69,7 +69,11 @@ def test_fake_graph_replays_the_sequence(fake: FakeDevice) -> None:
         assert (_holds(a), _holds(b)) == (0, 0) and cuda.pending() == 0
     assert fake.calls.get("launch", 0) == 0 and fake.calls["graph create"] == 1
     graph.close()
-    assert not fake.graphs and not fake.execs
+    graph.close()  # idempotent
+    assert not fake.graphs and not fake.execs and not graph.caps
+    with pytest.raises(ValueError, match="closed"):
+        graph.launch()
+    assert cuda.pending() == 0 and (_holds(a), _holds(b)) == (0, 0)
 
 
 def test_fake_graph_fault_is_the_sequences(fake: FakeDevice) -> None:

@@ -104,7 +104,10 @@ class LaunchGraph:
 
     def launch(self) -> None:
         """Enqueue the graph as launches 0 .. n-1 of a new sequence (a pending sequence
-        is synced first, raising its fault); ``runtime.cuda.sync`` waits for it."""
+        is synced first, raising its fault); ``runtime.cuda.sync`` waits for it.
+        ValueError after :meth:`close`."""
+        if self._exec is None:
+            raise ValueError("this LaunchGraph was closed: record_graph() a new one")
         with current.lock:
             drain_all()
             sync_locked(None)
@@ -122,13 +125,14 @@ class LaunchGraph:
             current.held.extend(held)
 
     def close(self) -> None:
-        """Destroy the graph (its buffers' holds were the replays', already released; a
-        graph of a context that was reset went with it)."""
+        """Destroy the graph and drop its buffers (the driver frees a graph still running
+        once it ends; a graph of a context that was reset went with it).  Idempotent."""
         if self._exec is not None and self._epoch == drv.context_epoch():
             L = drv.lib()
             L.cuGraphExecDestroy(self._exec)
             L.cuGraphDestroy(self._graph)
         self._graph = self._exec = None
+        self.entries, self.caps = [], []  # the buffers are the collector's again
 
 
 def record(launches: Sequence[tuple[Any, ...]]) -> LaunchGraph:
