@@ -143,6 +143,10 @@ def test_fake_graph_arguments_are_checked_at_record(fake: FakeDevice) -> None:
         cuda.record_graph([(put, [freed], (0, 1.0), 1, 32)])
     with pytest.raises(TypeError, match="tuples"):
         cuda.record_graph([(put, [x], (0, 1.0), 1)])
+    with pytest.raises(ValueError, match="grid must be at least 1"):
+        cuda.record_graph([(put, [x], (0, 1.0), 0, 32)])
+    with pytest.raises(ValueError, match="no launch"):
+        cuda.record_graph([])
     assert fake.calls.get("graph create", 0) == 0 and _holds(x) == 0
 
 

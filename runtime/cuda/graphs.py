@@ -152,13 +152,10 @@ def record(launches: Sequence[tuple[Any, ...]]) -> LaunchGraph:
         kernel, caps, args, grid, block, *group = entry
         caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
         check_grid(grid, None)
-        if grid == 0:  # arguments checked; no block to run (as a launch of an empty grid)
-            ParamBlock(kernel).pack(caps, args)
-            continue
         entries.append((kernel, caps, tuple(args), int(grid), int(block),
                         group[0] if group else None))
     if not entries:
-        raise ValueError("record: no launch with blocks to run")
+        raise ValueError("record_graph: no launch to record")
     dev = drv.device()
     for kernel, _, _, _, block, _ in entries:
         check_block(kernel, block, dev)
