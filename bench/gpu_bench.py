@@ -37,13 +37,15 @@ CONTEST_SHAPES: tuple[tuple[int, int], ...] = BATCHED["full"]
 def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "auto",
                 peers: tuple[str, ...] = ("torch.geqrf",),
                 peer_budget_s: float = gpu_peers.PEER_BUDGET_S,
-                cublas: gpu_peers.Cublas | None = None, graph: str = "off") -> dict:
+                cublas: gpu_peers.Cublas | None = None, graph: str = "off",
+                check_matrices: int | None = None) -> dict:
     """Time checked and raw capqr and the ``peers`` for one (batch, n).
 
     ``graph``: "off" times the launch sequence (launch_many), "on" its CUDA graph
     (qr_launch's ``graphs``: recorded in the untimed first run, replayed after),
     "both" the sequence as checked_ms / raw_ms and the graph as checked_graph_ms /
-    raw_graph_ms."""
+    raw_graph_ms.  ``check_matrices``: how many matrices of the batch kernels.check
+    verifies (None: all; checked equals raw is compared on all of them either way)."""
     from ..kernels import gpu as g
     from ..runtime import cuda
     from ..runtime.cuda import driver as drv
@@ -110,7 +112,9 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     ws.free()
     from .. import kernels
 
-    rep = kernels.check(a, outs["checked"][0], outs["checked"][1])
+    k = checked_count(batch, check_matrices)
+    rep = kernels.check(a[:k], outs["checked"][0][:k], outs["checked"][1][:k])
+    row["check_matrices"] = k
     row["check_ok"] = bool(rep.ok)
     row["check_worst"] = {k: float(v) for k, v in rep.worst().items()}
     if peers:
@@ -118,6 +122,13 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
         row["torch_geqrf_ms"] = row["peers"].get("torch.geqrf", {}).get("ms")
         row.update(gpu_peers.speedups(row))
     return row
+
+
+def checked_count(batch: int, check_matrices: int | None) -> int:
+    """How many matrices of a batch the bench verifies with kernels.check: all (None), or
+    the first ``check_matrices`` (at least 1).  On the device host the check of all 640
+    matrices of (640,512) takes longer than the timings."""
+    return batch if check_matrices is None else max(1, min(batch, check_matrices))
 
 
 def _profile(g, A, tau, ws, plan: list, checked: bool = True) -> dict:
@@ -195,6 +206,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--graph", choices=("off", "on", "both"), default="off",
                     help="time the launch sequence (off), its CUDA graph replayed (on), or "
                          "both (the graph as checked_graph_ms / raw_graph_ms)")
+    ap.add_argument("--check-matrices", type=int, default=None,
+                    help="verify only the first N matrices of each batch with kernels.check "
+                         "(default: all; for short device experiments)")
     ap.add_argument("--peers", default=",".join(gpu_peers.PEERS),
                     help="comma-separated peers to time beside capqr, from "
                          f"{','.join(gpu_peers.PEERS)}; empty for none")
@@ -239,7 +253,8 @@ def main(argv: list[str] | None = None) -> Path | None:
     out = Path(ns.out) if ns.out else default_out() / f"gpu-{_dt.date.today().isoformat()}.json"
     for b, n in shapes:
         rep = ns.repeat_large if n >= 4096 else ns.repeat
-        r = bench_shape(b, n, rep, tall, peers, ns.peer_budget_s, cublas, ns.graph)
+        r = bench_shape(b, n, rep, tall, peers, ns.peer_budget_s, cublas, ns.graph,
+                        ns.check_matrices)
         r["repeat"] = rep
         rows.append(r)
         _write(out, dev, rows, ns.repeat)  # after every shape: partial results survive

@@ -19,7 +19,7 @@ P=runtime/cuda/prelude.cuh
 cp "$P" "$OUT/.prelude.orig"
 variant() {
     timeout "${PRECOMPILE_S:-90}" python3 -m capqr.bench.gpu_precompile > /dev/null 2>&1
-    timeout "${BENCH_S:-100}" python3 -m capqr.bench.gpu_bench --peers "" --repeat 5 \
+    timeout "${BENCH_S:-100}" python3 -m capqr.bench.gpu_bench --peers "" --check-matrices 8 --repeat 5 \
         --repeat-large 3 --shapes "$SHAPES" --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
     echo "rc=$?" >> "$OUT/$1.log"
     echo "== $1"; grep -E "^\(|by kernel|geomean checked" "$OUT/$1.log"

@@ -442,6 +442,17 @@ def test_gpu_bench_skips_without_gpu(monkeypatch: pytest.MonkeyPatch,
     assert "skipped: no usable GPU (no device in this test)" in capsys.readouterr().out
 
 
+def test_gpu_bench_check_matrices_option() -> None:
+    """--check-matrices N verifies the first N matrices of a batch (at least one, at most
+    the batch); without it every matrix is checked."""
+    from capqr.bench import gpu_bench
+
+    assert gpu_bench.parse_args([]).check_matrices is None
+    assert gpu_bench.parse_args(["--check-matrices", "8"]).check_matrices == 8
+    assert [gpu_bench.checked_count(640, c) for c in (None, 8, 0, 10**6)] == [640, 8, 1, 640]
+    assert gpu_bench.checked_count(2, 8) == 2
+
+
 # -- CPU peers --------------------------------------------------------------------------------
 
 def test_cpu_peers_speedups_and_table() -> None:
