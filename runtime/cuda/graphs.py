@@ -31,10 +31,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..argcheck import check_grid
 from . import driver as drv
 from .kernel import CudaKernel
-from .launches import check_block, check_cooperative
+from .launches import check_block, check_cooperative, distinct_caps, launch_entries
 from .memory import DeviceCapability, drain_all, hold_all, unhold_all
 from .params import ParamBlock
 from .sequence import current, device_record, reset_record, sync_locked
@@ -48,12 +47,17 @@ class LaunchGraph:
 
     def __init__(self, entries: list[Entry]):
         self.entries = entries
-        self.caps = list({id(c): c for _, caps, *_ in entries for c in caps}.values())
+        self.caps = distinct_caps(entries)
         self.names: list[tuple[CudaKernel, list[str]]] = []
         self._graph: Any = None
         self._exec: Any = None
         self._epoch = -1
-        self._build()
+        with current.lock:
+            held = hold_all(self.caps)  # the bounds packed below are of live buffers
+            try:
+                self._build()
+            finally:
+                unhold_all(held)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -67,17 +71,17 @@ class LaunchGraph:
         epoch = drv.context_epoch()
         nodes = []
         for index, (kernel, caps, args, grid, block, group) in enumerate(self.entries):
+            check_block(kernel, block, dev)
             cooperative = check_cooperative(kernel, group, grid, block)
             params = ParamBlock(kernel)  # the driver copies the values at AddKernelNode
             names = params.pack(caps, args, record, index)
-            nodes.append((kernel, names, params, cooperative))
+            nodes.append((kernel, names, params, cooperative, grid, block))
         graph = f.new("CUgraph *")
         drv.check(L.cuGraphCreate(graph, 0), "cuGraphCreate")
         try:
             node = f.new("CUgraphNode *")
             prev = f.new("CUgraphNode[1]")
-            for index, ((kernel, _, params, cooperative), (_, _, _, grid, block, _)) in \
-                    enumerate(zip(nodes, self.entries, strict=True)):
+            for index, (kernel, _, params, cooperative, grid, block) in enumerate(nodes):
                 p = f.new("CUDA_KERNEL_NODE_PARAMS_v2 *")
                 p.func = kernel.live_function()
                 p.gridDimX, p.gridDimY, p.gridDimZ = grid, 1, 1
@@ -100,7 +104,7 @@ class LaunchGraph:
             L.cuGraphDestroy(graph[0])
             raise
         self._graph, self._exec, self._epoch = graph[0], exec_[0], epoch
-        self.names = [(kernel, names) for kernel, names, _, _ in nodes]
+        self.names = [(kernel, names) for kernel, names, *_ in nodes]
 
     def launch(self) -> None:
         """Enqueue the graph as launches 0 .. n-1 of a new sequence (a pending sequence
@@ -144,24 +148,9 @@ def record(launches: Sequence[tuple[Any, ...]]) -> LaunchGraph:
     if drv.isolated():
         raise drv.CudaUnavailable("CUDA graphs are not available on the isolated lane (its "
                                   "driver runs in a device process): launch the sequence")
-    entries: list[Entry] = []
-    for entry in launches:
-        if len(entry) not in (5, 6):
-            raise TypeError("record takes (kernel, caps, args, grid, block) or (kernel, caps, "
-                            f"args, grid, block, group) tuples, got {len(entry)} items")
-        kernel, caps, args, grid, block, *group = entry
-        caps = [caps] if isinstance(caps, DeviceCapability) else list(caps)
-        check_grid(grid, None)
-        entries.append((kernel, caps, tuple(args), int(grid), int(block),
-                        group[0] if group else None))
+    entries = [(kernel, caps, tuple(args), int(grid), int(block), group)
+               for kernel, caps, args, grid, block, group in launch_entries(launches,
+                                                                           "record_graph")]
     if not entries:
         raise ValueError("record_graph: no launch to record")
-    dev = drv.device()
-    for kernel, _, _, _, block, _ in entries:
-        check_block(kernel, block, dev)
-    with current.lock:
-        held = hold_all(list({id(c): c for _, caps, *_ in entries for c in caps}.values()))
-        try:
-            return LaunchGraph(entries)
-        finally:
-            unhold_all(held)
+    return LaunchGraph(entries)

@@ -90,6 +90,27 @@ def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[An
     current.held.extend(own)
 
 
+def launch_entries(launches: Sequence[tuple[Any, ...]], who: str) -> list[tuple[Any, ...]]:
+    """``(kernel, caps, args, grid, block)`` or ``(..., block, group)`` tuples as
+    ``(kernel, [caps], args, grid, block, group or None)``; TypeError for another length,
+    ValueError for a grid that is not a positive int (``who``: the caller, for messages)."""
+    for entry in launches:
+        if len(entry) not in (5, 6):
+            raise TypeError(f"{who} takes (kernel, caps, args, grid, block) or (kernel, "
+                            f"caps, args, grid, block, group) tuples, got {len(entry)} items")
+    plan = [(kernel, [caps] if isinstance(caps, DeviceCapability) else list(caps), args, grid,
+             block, group[0] if group else None)
+            for kernel, caps, args, grid, block, *group in launches]
+    for _, _, _, grid, _, _ in plan:
+        check_grid(grid, None)
+    return plan
+
+
+def distinct_caps(plan: Sequence[tuple[Any, ...]]) -> list[DeviceCapability]:
+    """Each buffer of :func:`launch_entries`' launches once, in first-use order."""
+    return list({id(c): c for _, caps, *_ in plan for c in caps}.values())
+
+
 def launch_many(launches: Sequence[tuple[Any, ...]]) -> None:
     """Enqueue ``(kernel, caps, args, grid, block)`` launches (or ``(..., block, group)``)
     in order, each as ``launch(kernel, caps, args=args, grid=grid, block=block,
@@ -101,18 +122,9 @@ def launch_many(launches: Sequence[tuple[Any, ...]]) -> None:
     host-driven plan (thousands of launches) costs the host less per launch.  An
     argument error raises at its launch; the launches before it stay enqueued.
     """
-    for entry in launches:
-        if len(entry) not in (5, 6):
-            raise TypeError("launch_many takes (kernel, caps, args, grid, block) or (kernel, "
-                            f"caps, args, grid, block, group) tuples, got {len(entry)} items")
-    plan = [(kernel, [caps] if isinstance(caps, DeviceCapability) else list(caps), args, grid,
-             block, group[0] if group else None)
-            for kernel, caps, args, grid, block, *group in launches]
-    for _, _, _, grid, _, _ in plan:
-        check_grid(grid, None)
+    plan = launch_entries(launches, "launch_many")
     with current.lock:
-        distinct = {id(c): c for _, caps, _, _, _, _ in plan for c in caps}
-        held = hold_all(list(distinct.values()))  # all or none, before any launch
+        held = hold_all(distinct_caps(plan))  # all or none, before any launch
         before = len(current.launches)
         try:
             dev = drv.device()  # binds the context to this thread for the whole batch
