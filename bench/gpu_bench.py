@@ -56,9 +56,6 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     A = cuda.alloc_device(a.shape, np.float32, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
 
-    def restore() -> None:
-        drv.check(drv.lib().cuMemcpyDtoD_v2(A.ptr, A0.ptr, A.nbytes), "cuMemcpyDtoD")
-
     ws = g.Workspace.alloc(batch, n, prefix="")
     plan = g.launch_plan(batch, n, tall_rows)
     row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
@@ -76,15 +73,10 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
         ks = g.blocked_kernels(checked)
         ts = []
         for it in range(repeat + 1):  # the first run compiles/records/warms up: not timed
-            restore()
-            drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
-            start.record()
-            g.qr_launch(A, tau, ws, n, checked=checked, tall_rows=tall_rows,
-                        graphs=graphs if use_graph else None)
-            end.record()
-            end.synchronize()
+            ms = time_qr(A0, A, tau, ws, n, start, end, checked=checked, tall_rows=tall_rows,
+                         graphs=graphs if use_graph else None)
             if it:
-                ts.append(start.elapsed_ms(end))
+                ts.append(ms)
         row[f"{name}{suffix}_ms"] = statistics.median(ts)
         row[f"{name}{suffix}_samples_ms"] = ts
         row[f"{name}_registers"] = {k: v.registers() for k, v in ks.items()}
@@ -102,7 +94,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
     row["overhead"] = row["checked_ms"] / row["raw_ms"]
     for name, checked in (("checked", True), ("raw", False)):
-        restore()
+        restore(A0, A)
         row[f"profile_{name}"] = _profile(g, A, tau, ws, plan, checked)
     row["checked_equals_raw"] = bool(
         np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
@@ -122,6 +114,28 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
         row["torch_geqrf_ms"] = row["peers"].get("torch.geqrf", {}).get("ms")
         row.update(gpu_peers.speedups(row))
     return row
+
+
+def restore(A0, A) -> None:
+    """A's input again, from A0 (a device-to-device copy on the launch stream)."""
+    from ..runtime.cuda import driver as drv
+
+    drv.check(drv.lib().cuMemcpyDtoD_v2(A.ptr, A0.ptr, A.nbytes), "cuMemcpyDtoD")
+
+
+def time_qr(A0, A, tau, ws, n: int, start, end, **options) -> float:
+    """ms of one kernels.gpu.qr_launch(A, tau, ws, n, **options) by CUDA events around it,
+    A restored from A0 and the device idle before (outside the timing)."""
+    from ..kernels import gpu as g
+    from ..runtime.cuda import driver as drv
+
+    restore(A0, A)
+    drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
+    start.record()
+    g.qr_launch(A, tau, ws, n, **options)
+    end.record()
+    end.synchronize()
+    return start.elapsed_ms(end)
 
 
 def checked_count(batch: int, check_matrices: int | None) -> int:

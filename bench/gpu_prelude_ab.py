@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .gpu_bench import time_qr
+
 #: variant -> (pattern, replacement) edits of prelude.cuh, applied in order
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no-barrier-test": [(r'(?m)^    if \(__rt_bfault\) asm volatile\("exit;"\);.*\n', "")],
@@ -92,14 +94,9 @@ def main(argv: list[str] | None = None) -> None:
                 order = list(builds)[it % 3:] + list(builds)[:it % 3]
                 for b in order:
                     g.blocked_kernels = lambda checked=True, b=b: builds[b]
-                    drv.check(drv.lib().cuMemcpyDtoD_v2(A.ptr, A0.ptr, A.nbytes), "copy")
-                    drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
-                    start.record()
-                    g.qr_launch(A, tau, ws, n, checked=b != "raw")
-                    end.record()
-                    end.synchronize()
+                    ms = time_qr(A0, A, tau, ws, n, start, end, checked=b != "raw")
                     if it:
-                        times[b].append(start.elapsed_ms(end))
+                        times[b].append(ms)
                     bits[b] = A.numpy().tobytes()
         finally:
             g.blocked_kernels = real
