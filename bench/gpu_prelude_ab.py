@@ -1,24 +1,31 @@
-"""``python -m capqr.bench.gpu_prelude_ab``: what a part of the checked prelude costs, A/B
+"""``python -m capqr.bench.gpu_prelude_ab``: what a part of the checked build costs, A/B
 in one process, interleaved run by run.
 
-The default plan's kernels are compiled three times: raw, checked with the prelude as
-committed (v0), and checked with a variant of runtime/cuda/prelude.cuh (each source
-tagged with the variant's name, so it gets its own cache key).  For every shape the
-three builds then run in turn, ``--repeat`` times, each run timed with CUDA events
-around the launch sequence (the input restored outside), so clock or load drifts hit
-all three alike.  Variants (measurement only: none is a safe prelude):
+The default plan's kernels are compiled raw, checked as committed (v0), and checked once
+per variant: an edit of runtime/cuda/prelude.cuh and/or of the NVRTC options (each
+source tagged with the variant's name, so it gets its own cache key).  For every shape
+the builds then run in turn, ``--repeat`` times, each run timed with CUDA events around
+the launch sequence (the input restored outside), so clock or load drifts hit all builds
+alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
+``--profile`` runs).  Variants (measurement only: none is a safe prelude):
 
 - ``no-barrier-test``: rt_sync_threads and rt_block_all without the test of
   ``__rt_bfault`` after the barrier (a faulted block's survivors would run on to their
   next poll instead of leaving at their next barrier);
-- ``no-polls``: that, and RT_POLL / RT_POLL_NOW compiled out (no cancel).
+- ``no-polls``: that, and RT_POLL / RT_POLL_NOW compiled out (no cancel);
+- ``no-prologue``: the kernel entry without its read of the sequence record and its
+  barrier (every thread sets the block's shared words itself);
+- ``free-regs``: the committed prelude, without the kinds' ``--maxrregcount`` (the
+  checked build's registers against its spills).
 
-Prints the median ms per shape and build, and writes them as JSON to ``--out``.
+Prints the median ms per shape and build and the per-kind GPU ms, and writes them as
+JSON to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import statistics
@@ -31,15 +38,24 @@ from .gpu_bench import time_qr
 #: variant -> (pattern, replacement) edits of prelude.cuh, applied in order
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no-barrier-test": [(r'(?m)^    if \(__rt_bfault\) asm volatile\("exit;"\);.*\n', "")],
+    "no-prologue": [(r"(?ms)^#define RT_PROLOGUE\(seq, launch\) do \{.*?\} while \(0\)$",
+                     "#define RT_PROLOGUE(seq, launch) do { __rt_bseq = (seq); "
+                     "__rt_blaunch = (launch); __rt_bfault = 0; } while (0)")],
+    "free-regs": [],
 }
 VARIANTS["no-polls"] = VARIANTS["no-barrier-test"] + [
     (r"(?m)^#define RT_POLL\(pc\) rt_poll\(pc\)$", "#define RT_POLL(pc) ((void)(pc))"),
     (r"(?m)^#define RT_POLL_NOW\(\) rt_poll_slow\(\).*$", "#define RT_POLL_NOW() ((void)0)")]
+#: variants that compile without the kinds' register cap
+FREE_REGS = frozenset({"free-regs"})
 KINDS = ("panel", "panel_small", "steps", "update_z", "update_apply", "preg32")
 
 
 def variant_kernels(variant: str) -> dict:
-    """The KINDS compiled checked against the edited prelude."""
+    """The KINDS compiled checked against the edited prelude and options (the kinds'
+    compiles run in threads: NVRTC releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ..kernels import gpu as g
     from ..runtime import cuda
     from ..runtime.cuda import lower
@@ -49,34 +65,68 @@ def variant_kernels(variant: str) -> dict:
         text, n = re.subn(pat, rep, text)
         if n == 0:
             raise SystemExit(f"variant {variant}: {pat!r} matches nothing in the prelude")
+
+    def build(kind: str):
+        src, name, options = g._kernel_spec(kind)
+        if variant in FREE_REGS:
+            options = tuple(o for o in options if not o.startswith("--maxrregcount"))
+        return cuda.compile(src + f"\n/* prelude variant {variant} */\n", name,
+                            checked=True, options=options)
+
     saved = lower.device_prelude
     lower.device_prelude = lambda: lower.inline_includes(text)
     try:
-        ks = {}
-        for kind in KINDS:
-            src, name, options = g._kernel_spec(kind)
-            ks[kind] = cuda.compile(src + f"\n/* prelude variant {variant} */\n", name,
-                                    checked=True, options=options)
-        return ks
+        with ThreadPoolExecutor(max_workers=len(KINDS)) as pool:
+            return dict(zip(KINDS, pool.map(build, KINDS), strict=True))
     finally:
         lower.device_prelude = saved
+
+
+def profile(g, builds: dict, A0, A, tau, ws, n: int, runs: int) -> dict[str, dict[str, float]]:
+    """build -> kernel kind -> median GPU ms over ``runs`` profiled sequences
+    (gpu_bench._profile: CUDA events between the launches)."""
+    from .gpu_bench import _profile, restore
+
+    real = g.blocked_kernels
+    out = {}
+    try:
+        for b, ks in builds.items():
+            g.blocked_kernels = lambda checked=True, ks=ks: ks
+            per: dict[str, list[float]] = {}
+            for _ in range(runs):
+                restore(A0, A)
+                plan = g.launch_plan(A.shape[0], n)
+                for kind, ms in _profile(g, A, tau, ws, plan, checked=b != "raw")[
+                        "gpu_ms_by_kernel"].items():
+                    per.setdefault(kind, []).append(ms)
+            out[b] = {k: statistics.median(v) for k, v in per.items()}
+    finally:
+        g.blocked_kernels = real
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m capqr.bench.gpu_prelude_ab",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variant", choices=sorted(VARIANTS), default="no-barrier-test")
-    ap.add_argument("--shapes", default="40x176,40x352,640x512,8x2048,2x4096")
+    ap.add_argument("--variant", default="no-barrier-test",
+                    help=f"comma-separated, of: {', '.join(sorted(VARIANTS))}")
+    ap.add_argument("--shapes", default="20x32,40x176,40x352,640x512,60x1024,8x2048,2x4096")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--profile", type=int, default=3, help="profiled runs per build")
     ap.add_argument("--out", default="gpu-prelude-ab.json")
     ns = ap.parse_args(argv)
+    variants = [v for v in ns.variant.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
     from ..kernels import gpu as g
     from ..runtime import cuda
     from ..runtime.cuda import driver as drv
 
     builds = {"raw": {k: g.blocked_kernels(False)[k] for k in KINDS},
               "v0": {k: g.blocked_kernels(True)[k] for k in KINDS},
-              ns.variant: variant_kernels(ns.variant)}
+              **{v: variant_kernels(v) for v in variants}}
+    names = list(builds)
     real = g.blocked_kernels
     start, end = drv.Event(), drv.Event()
     rows = []
@@ -91,13 +141,15 @@ def main(argv: list[str] | None = None) -> None:
         bits = {}
         try:
             for it in range(ns.repeat + 1):
-                order = list(builds)[it % 3:] + list(builds)[:it % 3]
-                for b in order:
+                k = it % len(names)
+                for b in names[k:] + names[:k]:
                     g.blocked_kernels = lambda checked=True, b=b: builds[b]
                     ms = time_qr(A0, A, tau, ws, n, start, end, checked=b != "raw")
                     if it:
                         times[b].append(ms)
-                    bits[b] = A.numpy().tobytes()
+                    bits[b] = hashlib.sha1(A.numpy().tobytes()).hexdigest()
+            g.blocked_kernels = real
+            kinds = profile(g, builds, A0, A, tau, ws, n, ns.profile) if ns.profile else {}
         finally:
             g.blocked_kernels = real
             ws.free()
@@ -105,14 +157,17 @@ def main(argv: list[str] | None = None) -> None:
                 c.free()
         row = {"batch": batch, "n": n, **{f"{b}_ms": statistics.median(t)
                                            for b, t in times.items()},
-               "same_bits": len(set(bits.values())) == 1}
+               "same_bits": len(set(bits.values())) == 1, "gpu_ms_by_kernel": kinds}
         rows.append(row)
-        print(f"({batch},{n}) raw {row['raw_ms']:.3f}  v0 {row['v0_ms']:.3f}  "
-              f"{ns.variant} {row[ns.variant + '_ms']:.3f} ms  v0/raw "
-              f"{row['v0_ms'] / row['raw_ms']:.3f}  {ns.variant}/raw "
-              f"{row[ns.variant + '_ms'] / row['raw_ms']:.3f}  same bits {row['same_bits']}",
-              flush=True)
-    Path(ns.out).write_text(json.dumps({"device": drv.device().name, "variant": ns.variant,
+        raw = row["raw_ms"]
+        print(f"({batch},{n}) raw {raw:.3f} ms; " + "  ".join(
+            f"{b} {row[b + '_ms']:.3f} ({row[b + '_ms'] / raw:.3f}x)" for b in names[1:])
+            + f"  same bits {row['same_bits']}", flush=True)
+        for kind in sorted(kinds.get("raw", {})):
+            r = kinds["raw"][kind]
+            print(f"    {kind:13s} raw {r:.3f} ms; " + "  ".join(
+                f"{b} {kinds[b][kind] / r:.3f}x" for b in names[1:]), flush=True)
+    Path(ns.out).write_text(json.dumps({"device": drv.device().name, "variants": variants,
                                         "repeat": ns.repeat, "rows": rows}, indent=1) + "\n")
 
 
