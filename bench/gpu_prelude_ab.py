@@ -15,8 +15,9 @@ alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
 - ``no-polls``: that, and RT_POLL / RT_POLL_NOW compiled out (no cancel);
 - ``no-prologue``: the kernel entry without its read of the sequence record and its
   barrier (every thread sets the block's shared words itself);
-- ``free-regs``: the committed prelude, without the kinds' ``--maxrregcount`` (the
-  checked build's registers against its spills).
+- ``free-regs``: the committed prelude, each kind's ``--maxrregcount`` raised to what its
+  block size allows (65536 / threads, at most 255): the checked build's registers
+  against its spills.
 
 Prints the median ms per shape and build and the per-kind GPU ms, and writes them as
 JSON to ``--out``.
@@ -51,9 +52,10 @@ FREE_REGS = frozenset({"free-regs"})
 KINDS = ("panel", "panel_small", "steps", "update_z", "update_apply", "preg32")
 
 
-def variant_kernels(variant: str) -> dict:
+def variant_kernels(variant: str, blocks: dict[str, int]) -> dict:
     """The KINDS compiled checked against the edited prelude and options (the kinds'
-    compiles run in threads: NVRTC releases the GIL)."""
+    compiles run in threads: NVRTC releases the GIL).  ``blocks``: threads per block of
+    each kind, for FREE_REGS variants."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..kernels import gpu as g
@@ -69,7 +71,8 @@ def variant_kernels(variant: str) -> dict:
     def build(kind: str):
         src, name, options = g._kernel_spec(kind)
         if variant in FREE_REGS:
-            options = tuple(o for o in options if not o.startswith("--maxrregcount"))
+            options = tuple(o for o in options if not o.startswith("--maxrregcount")) + (
+                f"--maxrregcount={min(255, 65536 // blocks.get(kind, 1024))}",)
         return cuda.compile(src + f"\n/* prelude variant {variant} */\n", name,
                             checked=True, options=options)
 
@@ -123,15 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     from ..runtime import cuda
     from ..runtime.cuda import driver as drv
 
+    shapes = [tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
+    blocks = {s.kernel: s.block for b, n in shapes for s in g.launch_plan(b, n)}
     builds = {"raw": {k: g.blocked_kernels(False)[k] for k in KINDS},
               "v0": {k: g.blocked_kernels(True)[k] for k in KINDS},
-              **{v: variant_kernels(v) for v in variants}}
+              **{v: variant_kernels(v, blocks) for v in variants}}
     names = list(builds)
     real = g.blocked_kernels
     start, end = drv.Event(), drv.Event()
     rows = []
-    for shape in ns.shapes.split(","):
-        batch, n = (int(v) for v in shape.split("x"))
+    for batch, n in shapes:
         a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
         A0 = cuda.to_device(a, perms="r", name="A0")
         A = cuda.alloc_device(a.shape, np.float32, name="A")
