@@ -13,6 +13,8 @@ alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
   ``__rt_bfault`` after the barrier (a faulted block's survivors would run on to their
   next poll instead of leaving at their next barrier);
 - ``no-polls``: that, and RT_POLL / RT_POLL_NOW compiled out (no cancel);
+- ``no-tile-polls``: rt_tile_copy without its poll per element (its clock starts at 0,
+  so each copy's first poll reads the sequence record);
 - ``no-prologue``: the kernel entry without its read of the sequence record and its
   barrier (every thread sets the block's shared words itself);
 - ``free-regs``: the committed prelude, each kind's ``--maxrregcount`` raised to what its
@@ -42,6 +44,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no-prologue": [(r"(?ms)^#define RT_PROLOGUE\(seq, launch\) do \{.*?\} while \(0\)$",
                      "#define RT_PROLOGUE(seq, launch) do { __rt_bseq = (seq); "
                      "__rt_blaunch = (launch); __rt_bfault = 0; } while (0)")],
+    "no-tile-polls": [(r"(?m)^            RT_POLL\(pc\);\n", "")],
     "free-regs": [],
 }
 VARIANTS["no-polls"] = VARIANTS["no-barrier-test"] + [
