@@ -12,13 +12,13 @@ OUT=${OUT:-bench-results/prelude}
 . "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
 machine_txt "$OUT/machine.txt"
-timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile --reg default \
+timeout "${PRECOMPILE_S:-120}" python3 -m capqr.bench.gpu_precompile --reg default \
     > "$OUT/precompile.txt" 2>&1
 echo "rc=$?" >> "$OUT/precompile.txt"
 tail -2 "$OUT/precompile.txt"
 sel=()
 [ -n "${SHAPES:-}" ] && sel=(--shapes "$SHAPES")
-timeout "${AB_S:-330}" python3 -m capqr.bench.gpu_prelude_ab \
+timeout "${AB_S:-400}" python3 -m capqr.bench.gpu_prelude_ab \
     --variant "${VARIANTS:-no-tile-polls,no-barrier-test,no-polls,no-prologue,free-regs}" \
     --repeat "${REPEAT:-5}" ${sel[@]+"${sel[@]}"} --out "$OUT/ab.json" > "$OUT/ab.log" 2>&1
 echo "rc=$?" >> "$OUT/ab.log"
