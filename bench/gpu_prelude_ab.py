@@ -2,8 +2,9 @@
 in one process, interleaved run by run.
 
 The default plan's kernels are compiled raw, checked as committed (v0), and checked once
-per variant: an edit of runtime/cuda/prelude.cuh and/or of the NVRTC options (each
-source tagged with the variant's name, so it gets its own cache key).  For every shape
+per variant: regex edits of the lowered CUDA text (runtime/cuda/prelude.cuh, inlined at
+its top, and the kernel) and/or of the NVRTC options (each source tagged with the
+variant's name, so it gets its own cache key).  For every shape
 the builds then run in turn, ``--repeat`` times, each run timed with CUDA events around
 the launch sequence (the input restored outside), so clock or load drifts hit all builds
 alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
@@ -17,6 +18,10 @@ alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
   so each copy's first poll reads the sequence record);
 - ``no-prologue``: the kernel entry without its read of the sequence record and its
   barrier (every thread sets the block's shared words itself);
+- ``no-loop-guards``: every versioned loop takes its fast (and quiet) copy without
+  evaluating its guard or span test;
+- ``no-nest-guard``: a versioned nest's outlined guard call is not made (its fast copy
+  runs);
 - ``free-regs``: the committed prelude, each kind's ``--maxrregcount`` raised to what its
   block size allows (65536 / threads, at most 255): the checked build's registers
   against its spills.
@@ -38,13 +43,19 @@ import numpy as np
 
 from .gpu_bench import time_qr
 
-#: variant -> (pattern, replacement) edits of prelude.cuh, applied in order
+#: variant -> (pattern, replacement) edits of the lowered CUDA text of every kind (the
+#: prelude, inlined at its top, and the kernel), applied in order
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no-barrier-test": [(r'(?m)^    if \(__rt_bfault\) asm volatile\("exit;"\);.*\n', "")],
     "no-prologue": [(r"(?ms)^#define RT_PROLOGUE\(seq, launch\) do \{.*?\} while \(0\)$",
                      "#define RT_PROLOGUE(seq, launch) do { __rt_bseq = (seq); "
                      "__rt_blaunch = (launch); __rt_bfault = 0; } while (0)")],
     "no-tile-polls": [(r"(?m)^            RT_POLL\(pc\);\n", "")],
+    # every versioned loop takes its fast copy, quiet where it has one: the guards and
+    # spans computed per loop, not the copies' code, are what this prices
+    "no-loop-guards": [(r"if \((?=\(*(?:__h\d+_ok|rt_div\(__h\d+_span))", "if (1 || ")],
+    # the outlined guard of a whole versioned nest (runtime/compiler/hoist/nest_guard.py)
+    "no-nest-guard": [(r"rt_(block|warp)_all\(__rtg", r"rt_\1_all(1 || __rtg")],
     "free-regs": [],
 }
 VARIANTS["no-polls"] = VARIANTS["no-barrier-test"] + [
@@ -56,36 +67,47 @@ KINDS = ("panel", "panel_small", "steps", "update_z", "update_apply", "preg32")
 
 
 def variant_kernels(variant: str, blocks: dict[str, int]) -> dict:
-    """The KINDS compiled checked against the edited prelude and options (the kinds'
+    """The KINDS compiled checked from the edited lowered text and options (the kinds'
     compiles run in threads: NVRTC releases the GIL).  ``blocks``: threads per block of
-    each kind, for FREE_REGS variants."""
+    each kind, for FREE_REGS variants.  An edit that matches no kind's text is an error."""
+    import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
     from ..kernels import gpu as g
     from ..runtime import cuda
-    from ..runtime.cuda import lower
+    from ..runtime.cuda import kernel
 
-    text = lower.PRELUDE_PATH.read_text()
-    for pat, rep in VARIANTS[variant]:
-        text, n = re.subn(pat, rep, text)
-        if n == 0:
-            raise SystemExit(f"variant {variant}: {pat!r} matches nothing in the prelude")
+    edits = VARIANTS[variant]
+    hits = [0] * len(edits)
+    real = kernel.CudaTarget.lower
+
+    def lower(self, verified, entry):
+        out = real(self, verified, entry)
+        text = out.text
+        for e, (pat, rep) in enumerate(edits):
+            text, n = re.subn(pat, rep, text)
+            hits[e] += n
+        return dataclasses.replace(out, text=text)
 
     def build(kind: str):
         src, name, options = g._kernel_spec(kind)
         if variant in FREE_REGS:
             options = tuple(o for o in options if not o.startswith("--maxrregcount")) + (
                 f"--maxrregcount={min(255, 65536 // blocks.get(kind, 1024))}",)
-        return cuda.compile(src + f"\n/* prelude variant {variant} */\n", name,
-                            checked=True, options=options)
+        return cuda.compile(src + f"\n/* variant {variant} */\n", name, checked=True,
+                            options=options)
 
-    saved = lower.device_prelude
-    lower.device_prelude = lambda: lower.inline_includes(text)
+    kernel.CudaTarget.lower = lower
     try:
         with ThreadPoolExecutor(max_workers=len(KINDS)) as pool:
-            return dict(zip(KINDS, pool.map(build, KINDS), strict=True))
+            built = dict(zip(KINDS, pool.map(build, KINDS), strict=True))
     finally:
-        lower.device_prelude = saved
+        kernel.CudaTarget.lower = real
+    for (pat, _rep), n in zip(edits, hits, strict=True):
+        if n == 0:
+            raise SystemExit(f"variant {variant}: {pat!r} matches nothing in the kernels")
+    print(f"variant {variant}: edits matched {hits} times", flush=True)
+    return built
 
 
 def profile(g, builds: dict, A0, A, tau, ws, n: int, runs: int) -> dict[str, dict[str, float]]:

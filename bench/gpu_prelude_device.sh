@@ -3,7 +3,7 @@
 # on an H100, each part under its own `timeout`, files flat in $OUT (at most 4):
 #   machine.txt      nvidia-smi, python and torch versions, cores, load
 #   precompile.txt   bench.gpu_precompile (the default plans' kernels, checked and raw)
-#   ab.{log,json}    bench.gpu_prelude_ab --variant $VARIANTS: raw, v0 and each variant
+#   ab.{log,json}    bench.gpu_prelude_ab --variant $VARIANTS (default: all of them): raw, v0, each variant
 #                    interleaved run by run, then GPU ms per kernel kind
 # Usage: OUT=/some/dir bash bench/gpu_prelude_device.sh, the wheels installed and PYTHONPATH
 # set as at the top of bench/device_run.sh.  VARIANTS, SHAPES and REPEAT narrow the run.
@@ -19,7 +19,7 @@ tail -2 "$OUT/precompile.txt"
 sel=()
 [ -n "${SHAPES:-}" ] && sel=(--shapes "$SHAPES")
 timeout "${AB_S:-400}" python3 -m capqr.bench.gpu_prelude_ab \
-    --variant "${VARIANTS:-no-tile-polls,no-barrier-test,no-polls,no-prologue,free-regs}" \
+    --variant "${VARIANTS:-no-tile-polls,no-loop-guards,no-nest-guard,no-barrier-test,no-polls,no-prologue,free-regs}" \
     --repeat "${REPEAT:-5}" ${sel[@]+"${sel[@]}"} --out "$OUT/ab.json" > "$OUT/ab.log" 2>&1
 echo "rc=$?" >> "$OUT/ab.log"
 cat "$OUT/ab.log"
