@@ -24,7 +24,8 @@ alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
   runs);
 - ``free-regs``: the committed prelude, each kind's ``--maxrregcount`` raised to what its
   block size allows (65536 / threads, at most 255): the checked build's registers
-  against its spills.
+  against its spills;
+- ``tile-regs``: no-tile-polls and free-regs together.
 
 Prints the median ms per shape and build and the per-kind GPU ms, and writes them as
 JSON to ``--out``.
@@ -61,8 +62,10 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 VARIANTS["no-polls"] = VARIANTS["no-barrier-test"] + [
     (r"(?m)^#define RT_POLL\(pc\) rt_poll\(pc\)$", "#define RT_POLL(pc) ((void)(pc))"),
     (r"(?m)^#define RT_POLL_NOW\(\) rt_poll_slow\(\).*$", "#define RT_POLL_NOW() ((void)0)")]
-#: variants that compile without the kinds' register cap
-FREE_REGS = frozenset({"free-regs"})
+#: no-tile-polls and free-regs together
+VARIANTS["tile-regs"] = VARIANTS["no-tile-polls"]
+#: variants whose kinds' register caps are raised to what their block allows
+FREE_REGS = frozenset({"free-regs", "tile-regs"})
 KINDS = ("panel", "panel_small", "steps", "update_z", "update_apply", "preg32")
 
 
