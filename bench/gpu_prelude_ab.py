@@ -115,7 +115,8 @@ def variant_kernels(variant: str, blocks: dict[str, int]) -> dict:
 
 def profile(g, builds: dict, A0, A, tau, ws, n: int, runs: int) -> dict[str, dict[str, float]]:
     """build -> kernel kind -> median GPU ms over ``runs`` profiled sequences
-    (gpu_bench._profile: CUDA events between the launches)."""
+    (gpu_bench._profile: CUDA events between the launches), each build's plan as
+    kernels.gpu.qr_launch makes it."""
     from .gpu_bench import _profile, restore
 
     real = g.blocked_kernels
@@ -126,7 +127,9 @@ def profile(g, builds: dict, A0, A, tau, ws, n: int, runs: int) -> dict[str, dic
             per: dict[str, list[float]] = {}
             for _ in range(runs):
                 restore(A0, A)
-                plan = g.launch_plan(A.shape[0], n)
+                # as qr_launch plans it: the steps kernel's group is what its build fits
+                plan = g.launch_plan(A.shape[0], n, "auto", ks["steps"].max_group(g.STEP_BLOCK),
+                                     smem=g.device_smem())
                 for kind, ms in _profile(g, A, tau, ws, plan, checked=b != "raw")[
                         "gpu_ms_by_kernel"].items():
                     per.setdefault(kind, []).append(ms)
