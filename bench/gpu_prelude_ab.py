@@ -14,8 +14,6 @@ alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
   ``__rt_bfault`` after the barrier (a faulted block's survivors would run on to their
   next poll instead of leaving at their next barrier);
 - ``no-polls``: that, and RT_POLL / RT_POLL_NOW compiled out (no cancel);
-- ``no-tile-polls``: rt_tile_copy without its poll per element (its clock starts at 0,
-  so each copy's first poll reads the sequence record);
 - ``no-prologue``: the kernel entry without its read of the sequence record and its
   barrier (every thread sets the block's shared words itself);
 - ``no-loop-guards``: every versioned loop takes its fast (and quiet) copy without
@@ -24,8 +22,9 @@ alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
   runs);
 - ``free-regs``: the committed prelude, each kind's ``--maxrregcount`` raised to what its
   block size allows (65536 / threads, at most 255): the checked build's registers
-  against its spills;
-- ``tile-regs``: no-tile-polls and free-regs together.
+  against its spills.
+
+(``no-tile-polls``, measured at 86809e7, is now the prelude: rt_tile_copy does not poll.)
 
 Prints the median ms per shape and build and the per-kind GPU ms, and writes them as
 JSON to ``--out``.
@@ -51,7 +50,6 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no-prologue": [(r"(?ms)^#define RT_PROLOGUE\(seq, launch\) do \{.*?\} while \(0\)$",
                      "#define RT_PROLOGUE(seq, launch) do { __rt_bseq = (seq); "
                      "__rt_blaunch = (launch); __rt_bfault = 0; } while (0)")],
-    "no-tile-polls": [(r"(?m)^            RT_POLL\(pc\);\n", "")],
     # every versioned loop takes its fast copy, quiet where it has one: the guards and
     # spans computed per loop, not the copies' code, are what this prices
     "no-loop-guards": [(r"if \((?=\(*(?:__h\d+_ok|rt_div\(__h\d+_span))", "if (1 || ")],
@@ -62,10 +60,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 VARIANTS["no-polls"] = VARIANTS["no-barrier-test"] + [
     (r"(?m)^#define RT_POLL\(pc\) rt_poll\(pc\)$", "#define RT_POLL(pc) ((void)(pc))"),
     (r"(?m)^#define RT_POLL_NOW\(\) rt_poll_slow\(\).*$", "#define RT_POLL_NOW() ((void)0)")]
-#: no-tile-polls and free-regs together
-VARIANTS["tile-regs"] = VARIANTS["no-tile-polls"]
 #: variants whose kinds' register caps are raised to what their block allows
-FREE_REGS = frozenset({"free-regs", "tile-regs"})
+FREE_REGS = frozenset({"free-regs"})
 KINDS = ("panel", "panel_small", "steps", "update_z", "update_apply", "preg32")
 
 

@@ -19,7 +19,7 @@ tail -2 "$OUT/precompile.txt"
 sel=()
 [ -n "${SHAPES:-}" ] && sel=(--shapes "$SHAPES")
 timeout "${AB_S:-400}" python3 -m capqr.bench.gpu_prelude_ab \
-    --variant "${VARIANTS:-no-tile-polls,no-loop-guards,no-nest-guard,no-barrier-test,no-polls,no-prologue,free-regs,tile-regs}" \
+    --variant "${VARIANTS:-no-loop-guards,no-nest-guard,no-barrier-test,no-polls,no-prologue,free-regs}" \
     --repeat "${REPEAT:-5}" ${sel[@]+"${sel[@]}"} --out "$OUT/ab.json" > "$OUT/ab.log" 2>&1
 echo "rc=$?" >> "$OUT/ab.log"
 cat "$OUT/ab.log"

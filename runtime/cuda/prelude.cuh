@@ -261,7 +261,11 @@ static __device__ __forceinline__ void rt_group_leave(void)
  * (consecutive threads take consecutive columns; 16-byte vectors when both
  * addresses, both strides and cols allow), and a barrier (the tile is there
  * for every thread).  Both barriers are rt_sync_threads: survivors of a fault
- * elsewhere in the block leave there. */
+ * elsewhere in the block leave there.  The copy does not poll: RT_TILE_CHECK put the
+ * tile inside a local array, so a thread moves at most that array's elements (shared
+ * memory: under 64K floats), a bounded stretch like a quiet loop's
+ * (runtime/compiler/hoist/polls.py).  A poll per element cost a clock read per
+ * element and, its clock starting at 0, a read of the sequence record per copy. */
 /* dst[r*dld + k] = src[r*sld + k] for the rows x cols tile, spread over the block. */
 template <class T, class V>
 static __device__ __forceinline__ void rt_tile_copy(const T *src, long long sld, T *dst,
@@ -269,8 +273,6 @@ static __device__ __forceinline__ void rt_tile_copy(const T *src, long long sld,
                                                     long long cols)
 {
     const long long W = (long long)(sizeof(V) / sizeof(T));
-    unsigned int pc = 0u;
-    (void)pc;
     if (rows <= 0 || cols <= 0) return;
     if ((((unsigned long long)src | (unsigned long long)dst) % sizeof(V)) == 0
             && sld % W == 0 && dld % W == 0 && cols % W == 0) {
@@ -280,7 +282,6 @@ static __device__ __forceinline__ void rt_tile_copy(const T *src, long long sld,
         while (r < (unsigned long long)rows) {
             *(V *)(dst + (long long)r * dld + (long long)k * W) =
                 *(const V *)(src + (long long)r * sld + (long long)k * W);
-            RT_POLL(pc);
             k += dk; r += dr;
             if (k >= cw) { k -= cw; r += 1; }
         }
@@ -290,7 +291,6 @@ static __device__ __forceinline__ void rt_tile_copy(const T *src, long long sld,
         unsigned long long dr = nt / cw, dk = nt % cw;
         while (r < (unsigned long long)rows) {
             dst[(long long)r * dld + (long long)k] = src[(long long)r * sld + (long long)k];
-            RT_POLL(pc);
             k += dk; r += dr;
             if (k >= cw) { k -= cw; r += 1; }
         }

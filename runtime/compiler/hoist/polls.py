@@ -36,11 +36,13 @@ def entry_polls(ast: c_ast.FileAST) -> frozenset[str]:
       (no recursion).
     So a stretch runs at most depth x (a body, plus one call-free body per call
     site in it) statements, each a bounded amount of work (a quiet loop or nest at
-    most QUIET_WORK of estimated work, a tile copy one row of a fixed-size local
-    array between its per-row polls).  A call-free function needs no entry poll: its one pass is
-    counted in its caller's stretch.  Polling at every function's entry would be
-    as sound and polls more: 2.2-2.7x as many entry polls on the QR kernels
-    (e.g. 1299 -> 3457 per n=1024 factorisation), neither measurable in time.
+    most QUIET_WORK of estimated work, a tile copy at most one row of a fixed-size
+    local array between its per-row polls on the CPU, at most the whole array,
+    which lives in shared memory, on the GPU).  A call-free function needs no
+    entry poll: its one pass is counted in its caller's stretch.  Polling at every
+    function's entry would be as sound and polls more: 2.2-2.7x as many entry polls
+    on the QR kernels (e.g. 1299 -> 3457 per n=1024 factorisation), neither
+    measurable in time.
     Without entry polls a DAG of loop-free helpers (h1 calls h0 twice, h2 calls
     h1 twice, ...) ran 2^depth calls with no poll: no timeout, cancel or
     collector handshake was answered.  On the GPU a poll reads the thread's clock
