@@ -1042,6 +1042,34 @@ def test_loops_with_barriers_get_one_cover_guard(cover_builds) -> None:
     assert k.lib.capqr_emu_covers(0) > before[0] and k.lib.capqr_emu_covers(1) == before[1]
 
 
+def test_cover_guards_run_short_loops_quiet(cover_builds) -> None:
+    """In the covered copy the row loops are their quiet copies alone: no span, no
+    short-trip test and no poll of their own on each entry (the loop around them polls
+    every column).  The cover guard requires that they are short, from their counters'
+    intervals: rows that give a thread more iterations than a quiet loop may run make
+    it fail, and the checked copy (which decides per loop, polling) runs instead, with
+    the same bits."""
+    from capqr.runtime.cuda import translate
+
+    body = readable(translate(COVER_SRC).text).split("void __rtk_cover(", 1)[1]
+    fast = body.split("if (rt_block_all(__rtg1_cover(", 1)[1].split("\n    else\n", 1)[0]
+    assert fast.count("for (long long r = ") == 2, fast
+    assert "rt_loop_span" not in fast and fast.count("RT_POLL") == 1, fast
+    k = cover_builds["cover"]
+    import emulate_cuda
+
+    emulate_cuda._ffi.cdef("long long capqr_emu_covers(int failed);", override=True)
+    # one thread: the unrolled loop runs rows / 2 iterations, its tail's interval spans
+    # rows; a quiet loop may run 65536 (polls.SHORT_TRIP)
+    for rows, holds in ((50_000, True), (300_000, False)):
+        before = k.lib.capqr_emu_covers(0), k.lib.capqr_emu_covers(1)
+        args = (2, rows, 0, 0)
+        assert _cover_run(k, 1, args) == _cover_run(cover_builds["checked"], 1, args)
+        after = k.lib.capqr_emu_covers(0), k.lib.capqr_emu_covers(1)
+        # (evaluated, failed)
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 0 if holds else 1)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nc=st.integers(-1, 10), rows=st.integers(-3, 30),
        ld=st.one_of(st.integers(-12, 12), st.sampled_from([2**61, -(2**62), 2**63 - 1, 2**31])),

@@ -92,6 +92,9 @@ class NestGuard:
         # the guard): the guard checks their accesses through the same expression
         self.cap_exprs: dict[str, c_ast.Node] = {}
         self.writes = write_counts(loop)
+        # id(for loop) -> (its counter's interval, its smallest step): what
+        # short_loops needs to bound a loop's trip count before the nest
+        self.counters: dict[int, tuple[_Ival, _Bound]] = {}
 
     @property
     def terms(self) -> list[c_ast.Node]:
@@ -514,15 +517,17 @@ class NestGuard:
         if var in assigned(f.stmt):
             raise NoBound
         s: _Bound
+        s_min: _Bound
         if isinstance(step, int):
-            s = step
+            s = s_min = step
         elif pure_expr(step) and not (ids_in(step) & self.written):
-            s = self._new(copy.deepcopy(step))
+            s = s_min = self._new(copy.deepcopy(step))
         else:
             # a step the nest computes (int64_t nw = P / 32;), one value or a range
             # (a column's row groups): the counter's interval does not depend on it,
             # the guard requires it positive and checks the last step with its top
             lo_s, s = self.ival(step, env)
+            s_min = lo_s
             if lo_s != s:
                 if isinstance(lo_s, int):
                     if lo_s <= 0:
@@ -549,10 +554,29 @@ class NestGuard:
             self._ge(self._ovf("rt_sub_ovf", lo, s), bottom)
             iv = (lo, a[1])
         self.expr(f.cond, env)
+        self.counters[id(f)] = (iv, s_min)
         body = dict(env)
         body[var] = iv
         self._narrowed(body, *iv)  # an empty counter interval: the body never runs
         self.stmt(f.stmt, body)
+
+    def short_loop(self, f: c_ast.For, limit: int) -> bool:
+        """Require that ``f`` (a loop this guard walked) runs at most ``limit``
+        iterations wherever it runs: its counter's interval spans less than limit
+        steps of its smallest step.  False (nothing required) where constants say
+        it cannot hold or the loop was not walked."""
+        if id(f) not in self.counters:
+            return False
+        (lo, hi), step = self.counters[id(f)]
+        if isinstance(lo, int) and isinstance(hi, int) and isinstance(step, int):
+            return hi - lo < limit * step
+        try:
+            width = self._ovf("rt_sub_ovf", hi, lo)
+            most = self._ovf("rt_mul_ovf", step, limit)
+        except NoBound:   # a constant that overflows: nothing was added to the guard
+            return False
+        self._require(c_ast.BinaryOp("<", self._node(width), self._node(most)))
+        return True
 
     def _le(self, b: _Bound, limit: int) -> None:
         if isinstance(b, int):

@@ -54,6 +54,7 @@ per-loop versioning above, in every copy.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pycparser import c_ast, c_generator
@@ -89,6 +90,7 @@ from .loops import (
     leaf_body,
     loop_depth,
     loop_shape,
+    loops_in,
     replace_node,
 )
 from .marks import (
@@ -195,6 +197,8 @@ def _maybe_version(loop: c_ast.For, ctx: Ctx, nested: bool = False) -> c_ast.Nod
     Deeper nests are left alone: each level doubles the code.  ``nested``: the
     loop sits inside another loop of the function.
     """
+    if isinstance(loop, QUIET_LOOPS):
+        return None  # quiet already (a covered copy's short loop: _short_loops)
     depth = loop_depth(loop.stmt)
     # with a warp vote, warp collectives do not stop versioning (block barriers do)
     blocking = ctx.barriers - WARP_FUNCS if ctx.warp_vote else ctx.barriers
@@ -524,6 +528,8 @@ def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: Ctx, vote: str | None
     if built is None:
         return None
     g, cond = built
+    # under a block vote, the covered copy runs its short loops' quiet copies alone
+    quiet = _short_loops(node, g) if vote is not None else []
     compute = [_int_decl(g.ok, const(1))] + g.decls
     if vote is not None:
         call = _outline(g, compute, cond, ctx)
@@ -531,11 +537,51 @@ def _guarded(node: c_ast.Node, pre: list[c_ast.Node], ctx: Ctx, vote: str | None
             cond, compute = call, []
         cond = c_ast.FuncCall(c_ast.ID(vote), c_ast.ExprList([cond]))
     fast = copy.deepcopy(node)
+    if quiet:
+        twins = {id(a): b for a, b in _twins(node, fast)}
+        for loop in quiet:
+            mark_nopoll(twins[id(loop)])
     covered = _mark_unchecked(fast, ctx)
     ctx.table.loops.append(LoopPlan(node.coord.line if node.coord else 0, list(g.terms), covered,
                                     False))
     guarded = Versioned(cond, c_ast.Compound([fast]), node, node.coord)
     return c_ast.Compound(pre + compute + [guarded])
+
+
+def _short_loops(node: c_ast.Node, g: NestGuard) -> list[c_ast.For]:
+    """The innermost leaf loops under ``node`` that the covered copy runs quiet, each
+    one's trip bound required by ``g`` (NestGuard.short_loop).
+
+    In the covered copy every access is unchecked already, so per-loop versioning
+    (_walk, after this) gave each such loop three copies (quiet, polling, and the
+    polling one again where its span cannot be computed) and, on every entry, its span
+    and whether that is short: a decision the cover guard makes once for all entries
+    from the counter's interval.  A loop that can run longer makes the guard fail, and
+    the checked copy decides per loop as before.  Liveness is the quiet copy's
+    (polls.py): at most its limit of iterations, and no poll after it because it sits
+    in the covered loop, which polls every iteration.  (H200, gpu_prelude_ab: the
+    panels' per-loop decisions cost 0.2-0.37 of their raw time.)"""
+    out = []
+    for loop in loops_in(node):
+        if (type(loop) is not c_ast.For or loop is node or loop_depth(loop.stmt) != 0
+                or not leaf_body(loop.stmt)):
+            continue
+        limit = quiet_limit(SHORT_TRIP, iteration_work(loop))
+        if limit > 1 and g.short_loop(loop, limit):
+            out.append(loop)
+    return out
+
+
+def _twins(a: c_ast.Node, b: c_ast.Node) -> Iterator[tuple[c_ast.Node, c_ast.Node]]:
+    """Corresponding nodes of a tree and its deep copy."""
+    yield a, b
+    for (_x, va), (_y, vb) in zip(node_fields(a), node_fields(b), strict=True):
+        if isinstance(va, list):
+            for ia, ib in zip(va, vb, strict=True):
+                if isinstance(ia, c_ast.Node):
+                    yield from _twins(ia, ib)
+        elif isinstance(va, c_ast.Node):
+            yield from _twins(va, vb)
 
 
 #: Outlined guards keep each bound in a register where they compute it
