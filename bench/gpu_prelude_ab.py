@@ -14,6 +14,7 @@ alike; then each build's sequence is profiled (GPU ms per kernel kind, median of
   ``__rt_bfault`` after the barrier (a faulted block's survivors would run on to their
   next poll instead of leaving at their next barrier);
 - ``no-polls``: that, and RT_POLL / RT_POLL_NOW compiled out (no cancel);
+- ``no-tile-checks``: tile copies without their range check;
 - ``no-prologue``: the kernel entry without its read of the sequence record and its
   barrier (every thread sets the block's shared words itself);
 - ``no-loop-guards``: every versioned loop takes its fast (and quiet) copy without
@@ -47,6 +48,10 @@ from .gpu_bench import time_qr
 #: prelude, inlined at its top, and the kernel), applied in order
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no-barrier-test": [(r'(?m)^    if \(__rt_bfault\) asm volatile\("exit;"\);.*\n', "")],
+    # tile copies without their range check (capabilities/checks.h RT_TILE_CHECK)
+    "no-tile-checks": [(r"(?m)^(#define RT_TILE_CHECK\(S, st\))  +\\$",
+                        r"#define RT_TILE_CHECK(S, st) (void)n; (void)a; (void)line\n"
+                        r"#define RT_TILE_CHECK_UNUSED(S, st) \\")],
     "no-prologue": [(r"(?ms)^#define RT_PROLOGUE\(seq, launch\) do \{.*?\} while \(0\)$",
                      "#define RT_PROLOGUE(seq, launch) do { __rt_bseq = (seq); "
                      "__rt_blaunch = (launch); __rt_bfault = 0; } while (0)")],
