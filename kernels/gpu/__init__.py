@@ -112,12 +112,14 @@ MMA_MIN_ROWS = 2 * CHUNK
 #: The same cap as the SIMT update kernels, so the two compare at five blocks per SM.
 UPDATE_MMA_OPTIONS = ("--maxrregcount=96",)
 #: gpu_qr_panel runs 512 threads: at 64 registers two blocks share an SM (the raw
-#: build needs 48; the checked one 72 uncapped, so at 128 it ran one block per SM,
-#: and spills 16 bytes at 64: ptxas -v, NVRTC 13.0, sm_90).
+#: build needs 48).  The checked build spills at 64 (nvcc 13.0 ptxas -v, sm_90, 0c74c45:
+#: 216 bytes stored, 1060 loaded in the kernel, 224 / 240 in its outlined cover guard;
+#: 153 registers uncapped), yet raising its cap to 128 (one block per SM) was slower:
+#: bench/results/gpu-prelude-ab-2026-12-06-h200-86809e7.log, free-regs.
 PANEL_OPTIONS = ("--maxrregcount=64",)
 #: gpu_qr_panel_small runs 256 threads: at 64 registers four blocks share an SM, as its
-#: 46 KB of shared memory allow (ptxas -v, nvcc 13.0, sm_90: the checked build needs 76
-#: uncapped since its column loop's cover guard, 64 without spills; raw 48).
+#: 46 KB of shared memory allow (ptxas -v, nvcc 13.0, sm_90, 0c74c45: the checked build
+#: spills 48 bytes at 64, 106 registers uncapped; raw 48).
 SMALL_OPTIONS = ("--maxrregcount=64",)
 #: gpu_qr_steps: 96 registers (no spills in either build, NVRTC 13, sm_90) let two
 #: blocks share an SM, so a cooperative grid of 256 blocks ((8,2048)) fits an H200.
