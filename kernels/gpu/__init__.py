@@ -114,8 +114,10 @@ UPDATE_MMA_OPTIONS = ("--maxrregcount=96",)
 #: gpu_qr_panel runs 512 threads: at 64 registers two blocks share an SM (the raw
 #: build needs 48).  The checked build spills at 64 (nvcc 13.0 ptxas -v, sm_90, 0c74c45:
 #: 216 bytes stored, 1060 loaded in the kernel, 224 / 240 in its outlined cover guard;
-#: 153 registers uncapped), yet raising its cap to 128 (one block per SM) was slower:
-#: bench/results/gpu-prelude-ab-2026-12-06-h200-86809e7.log, free-regs.
+#: 153 registers uncapped).  At a cap of 128 (one block per SM) the checked panel ran
+#: 1.79x raw at (640,512) against 1.48x at 64, but 1.30-1.33x against 1.42-1.45x at
+#: (40,352) and (60,1024) (H200, bench/results/gpu-prelude-ab-2026-12-06-h200-86809e7.log,
+#: free-regs): one cap for all shapes stays 64.
 PANEL_OPTIONS = ("--maxrregcount=64",)
 #: gpu_qr_panel_small runs 256 threads: at 64 registers four blocks share an SM, as its
 #: 46 KB of shared memory allow (ptxas -v, nvcc 13.0, sm_90, 0c74c45: the checked build
