@@ -570,11 +570,12 @@ class NestGuard:
         (lo, hi), step = self.counters[id(f)]
         if isinstance(lo, int) and isinstance(hi, int) and isinstance(step, int):
             return hi - lo < limit * step
-        try:
+        try:  # raises (before adding anything) only for two constants that overflow
             width = self._ovf("rt_sub_ovf", hi, lo)
-            most = self._ovf("rt_mul_ovf", step, limit)
-        except NoBound:   # a constant that overflows: nothing was added to the guard
+        except NoBound:
             return False
+        # loop() holds the step in (0, 2^20] and limit <= SHORT_TRIP: no overflow
+        most = self._ovf("rt_mul_ovf", step, limit)
         self._require(c_ast.BinaryOp("<", self._node(width), self._node(most)))
         return True
 
