@@ -17,6 +17,8 @@ import itertools
 import json
 import platform
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,31 @@ CEILINGS_TFLOPS = {"fp32_simt": 50, "fp16_tensor": 790,
 CONTEST_SHAPES: tuple[tuple[int, int], ...] = BATCHED["full"]
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """"20x32,2x4096" -> [(20, 32), (2, 4096)] (the GPU benches' --shapes)."""
+    return [(int(b), int(n)) for b, n in (s.split("x") for s in text.split(","))]
+
+
+@contextmanager
+def qr_buffers(a: np.ndarray) -> Iterator[tuple]:
+    """(A0, A, tau, ws) on the device for the (batch, n, n) input ``a``: A0 holds it
+    (read-only, for :func:`restore`), A is factored in place; all freed on exit."""
+    from ..kernels import gpu as g
+    from ..runtime import cuda
+
+    batch, n = a.shape[0], a.shape[1]
+    A0 = cuda.to_device(a, perms="r", name="A0")
+    A = cuda.alloc_device(a.shape, np.float32, name="A")
+    tau = cuda.alloc_device((batch, n), np.float32, name="tau")
+    ws = g.Workspace.alloc(batch, n, prefix="")
+    try:
+        yield A0, A, tau, ws
+    finally:
+        ws.free()
+        for c in (A0, A, tau):
+            c.free()
+
+
 def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "auto",
                 peers: tuple[str, ...] = ("torch.geqrf",),
                 peer_budget_s: float = gpu_peers.PEER_BUDGET_S,
@@ -47,61 +74,53 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
     raw_graph_ms.  ``check_matrices``: how many matrices of the batch kernels.check
     verifies (None: all; checked equals raw is compared on all of them either way)."""
     from ..kernels import gpu as g
-    from ..runtime import cuda
     from ..runtime.cuda import driver as drv
 
     rng = np.random.default_rng(batch * 100003 + n)
     a = rng.standard_normal((batch, n, n)).astype(np.float32)
-    A0 = cuda.to_device(a, perms="r", name="A0")
-    A = cuda.alloc_device(a.shape, np.float32, name="A")
-    tau = cuda.alloc_device((batch, n), np.float32, name="tau")
-
-    ws = g.Workspace.alloc(batch, n, prefix="")
-    plan = g.launch_plan(batch, n, tall_rows)
-    row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
-                 "reg_rows": g.REG_ROWS, "per_matrix": g.PER_MATRIX,
-                 "mma_update": g.MMA_UPDATE, "mma_min_rows": g.MMA_MIN_ROWS,
-                 "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows,
-                 "graph": graph}
-    outs = {}
-    start, end = drv.Event(), drv.Event()
-    graphs: dict = {}
-    modes = {"off": ((False, ""),), "on": ((True, ""),),
-             "both": ((False, ""), (True, "_graph"))}[graph]
-    for (use_graph, suffix), (name, checked) in itertools.product(
-            modes, (("checked", True), ("raw", False))):
-        ks = g.blocked_kernels(checked)
-        ts = []
-        for it in range(repeat + 1):  # the first run compiles/records/warms up: not timed
-            ms = time_qr(A0, A, tau, ws, n, start, end, checked=checked, tall_rows=tall_rows,
-                         graphs=graphs if use_graph else None)
-            if it:
-                ts.append(ms)
-        row[f"{name}{suffix}_ms"] = statistics.median(ts)
-        row[f"{name}{suffix}_samples_ms"] = ts
-        row[f"{name}_registers"] = {k: v.registers() for k, v in ks.items()}
-        res = (A.numpy(), tau.numpy())
-        if name in outs and not all(np.array_equal(x.view(np.uint32), y.view(np.uint32))
-                                    for x, y in zip(outs[name], res, strict=True)):
-            row[f"{name}_graph_differs"] = True  # the graph must give the sequence's bits
-        outs.setdefault(name, res)
-    for gr in graphs.values():
-        gr.close()
-    if graph == "both":
-        row["graph_speedup_checked"] = row["checked_ms"] / row["checked_graph_ms"]
-        row["graph_speedup_raw"] = row["raw_ms"] / row["raw_graph_ms"]
-    flops = batch * (4.0 / 3.0) * n ** 3
-    row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
-    row["overhead"] = row["checked_ms"] / row["raw_ms"]
-    for name, checked in (("checked", True), ("raw", False)):
-        restore(A0, A)
-        row[f"profile_{name}"] = _profile(g, A, tau, ws, plan, checked)
-    row["checked_equals_raw"] = bool(
-        np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
-        and np.array_equal(outs["checked"][1].view(np.uint32), outs["raw"][1].view(np.uint32)))
-    for c in (A0, A, tau):
-        c.free()
-    ws.free()
+    with qr_buffers(a) as (A0, A, tau, ws):
+        plan = g.launch_plan(batch, n, tall_rows)
+        row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
+                     "reg_rows": g.REG_ROWS, "per_matrix": g.PER_MATRIX,
+                     "mma_update": g.MMA_UPDATE, "mma_min_rows": g.MMA_MIN_ROWS,
+                     "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows,
+                     "graph": graph}
+        outs = {}
+        start, end = drv.Event(), drv.Event()
+        graphs: dict = {}
+        modes = {"off": ((False, ""),), "on": ((True, ""),),
+                 "both": ((False, ""), (True, "_graph"))}[graph]
+        for (use_graph, suffix), (name, checked) in itertools.product(
+                modes, (("checked", True), ("raw", False))):
+            ks = g.blocked_kernels(checked)
+            ts = []
+            for it in range(repeat + 1):  # the first run compiles/records/warms up: not timed
+                ms = time_qr(A0, A, tau, ws, n, start, end, checked=checked, tall_rows=tall_rows,
+                             graphs=graphs if use_graph else None)
+                if it:
+                    ts.append(ms)
+            row[f"{name}{suffix}_ms"] = statistics.median(ts)
+            row[f"{name}{suffix}_samples_ms"] = ts
+            row[f"{name}_registers"] = {k: v.registers() for k, v in ks.items()}
+            res = (A.numpy(), tau.numpy())
+            if name in outs and not all(np.array_equal(x.view(np.uint32), y.view(np.uint32))
+                                        for x, y in zip(outs[name], res, strict=True)):
+                row[f"{name}_graph_differs"] = True  # the graph must give the sequence's bits
+            outs.setdefault(name, res)
+        for gr in graphs.values():
+            gr.close()
+        if graph == "both":
+            row["graph_speedup_checked"] = row["checked_ms"] / row["checked_graph_ms"]
+            row["graph_speedup_raw"] = row["raw_ms"] / row["raw_graph_ms"]
+        flops = batch * (4.0 / 3.0) * n ** 3
+        row["checked_tflops"] = flops / (row["checked_ms"] * 1e-3) / 1e12
+        row["overhead"] = row["checked_ms"] / row["raw_ms"]
+        for name, checked in (("checked", True), ("raw", False)):
+            restore(A0, A)
+            row[f"profile_{name}"] = _profile(g, A, tau, ws, plan, checked)
+        row["checked_equals_raw"] = bool(
+            np.array_equal(outs["checked"][0].view(np.uint32), outs["raw"][0].view(np.uint32))
+            and np.array_equal(outs["checked"][1].view(np.uint32), outs["raw"][1].view(np.uint32)))
     from .. import kernels
 
     k = checked_count(batch, check_matrices)
@@ -260,8 +279,7 @@ def main(argv: list[str] | None = None) -> Path | None:
             print(f"cublasSgeqrfBatched: skipped: {e}", flush=True)
     from ..runtime.cuda import driver as drv
 
-    shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
-              if ns.shapes else CONTEST_SHAPES)
+    shapes = parse_shapes(ns.shapes) if ns.shapes else CONTEST_SHAPES
     dev = drv.device()
     rows: list[dict] = []
     out = Path(ns.out) if ns.out else default_out() / f"gpu-{_dt.date.today().isoformat()}.json"

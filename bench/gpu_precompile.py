@@ -46,7 +46,7 @@ def _build(job: tuple[str, bool]) -> tuple[str, bool, float, int, int]:
 def main(argv: list[str] | None = None) -> None:
     """Compile the kinds (each in a process of its own) and print one line per kernel;
     without a GPU, say why and compile nothing."""
-    from .gpu_bench import CONTEST_SHAPES, gpu_missing
+    from .gpu_bench import CONTEST_SHAPES, gpu_missing, parse_shapes
 
     ap = argparse.ArgumentParser(prog="python -m capqr.bench.gpu_precompile",
                                  description=__doc__.split("\n\n")[0])
@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="plans with the per-matrix launch as kernels.gpu says, or with and "
                          "without it (its 1024 class alone takes minutes to compile)")
     ns = ap.parse_args(argv)
-    shapes = ([tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
-              if ns.shapes else list(CONTEST_SHAPES))
+    shapes = parse_shapes(ns.shapes) if ns.shapes else list(CONTEST_SHAPES)
     why = gpu_missing()
     if why:
         print(f"gpu_precompile: skipped: {why}")

@@ -38,11 +38,13 @@ import hashlib
 import json
 import re
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from .gpu_bench import time_qr
+from .gpu_bench import parse_shapes, qr_buffers, time_qr
 
 #: variant -> (pattern, replacement) edits of the lowered CUDA text of every kind (the
 #: prelude, inlined at its top, and the kernel), applied in order
@@ -114,29 +116,37 @@ def variant_kernels(variant: str, blocks: dict[str, int]) -> dict:
     return built
 
 
+@contextmanager
+def using(g, ks: dict) -> Iterator[None]:
+    """kernels.gpu.qr_launch (and gpu_bench._profile) take ``ks`` as both builds' kernels
+    while inside; the real blocked_kernels again after."""
+    real = g.blocked_kernels
+    g.blocked_kernels = lambda checked=True: ks
+    try:
+        yield
+    finally:
+        g.blocked_kernels = real
+
+
 def profile(g, builds: dict, A0, A, tau, ws, n: int, runs: int) -> dict[str, dict[str, float]]:
     """build -> kernel kind -> median GPU ms over ``runs`` profiled sequences
     (gpu_bench._profile: CUDA events between the launches), each build's plan as
     kernels.gpu.qr_launch makes it."""
     from .gpu_bench import _profile, restore
 
-    real = g.blocked_kernels
     out = {}
-    try:
-        for b, ks in builds.items():
-            g.blocked_kernels = lambda checked=True, ks=ks: ks
-            per: dict[str, list[float]] = {}
+    for b, ks in builds.items():
+        per: dict[str, list[float]] = {}
+        # as qr_launch plans it: the steps kernel's group is what its build fits
+        plan = g.launch_plan(A.shape[0], n, "auto", ks["steps"].max_group(g.STEP_BLOCK),
+                             smem=g.device_smem())
+        with using(g, ks):
             for _ in range(runs):
                 restore(A0, A)
-                # as qr_launch plans it: the steps kernel's group is what its build fits
-                plan = g.launch_plan(A.shape[0], n, "auto", ks["steps"].max_group(g.STEP_BLOCK),
-                                     smem=g.device_smem())
                 for kind, ms in _profile(g, A, tau, ws, plan, checked=b != "raw")[
                         "gpu_ms_by_kernel"].items():
                     per.setdefault(kind, []).append(ms)
-            out[b] = {k: statistics.median(v) for k, v in per.items()}
-    finally:
-        g.blocked_kernels = real
+        out[b] = {k: statistics.median(v) for k, v in per.items()}
     return out
 
 
@@ -155,43 +165,31 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         ap.error(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
     from ..kernels import gpu as g
-    from ..runtime import cuda
     from ..runtime.cuda import driver as drv
 
-    shapes = [tuple(int(v) for v in s.split("x")) for s in ns.shapes.split(",")]
+    shapes = parse_shapes(ns.shapes)
     blocks = {s.kernel: s.block for b, n in shapes for s in g.launch_plan(b, n)}
     builds = {"raw": {k: g.blocked_kernels(False)[k] for k in KINDS},
               "v0": {k: g.blocked_kernels(True)[k] for k in KINDS},
               **{v: variant_kernels(v, blocks) for v in variants}}
     names = list(builds)
-    real = g.blocked_kernels
     start, end = drv.Event(), drv.Event()
     rows = []
     for batch, n in shapes:
         a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
-        A0 = cuda.to_device(a, perms="r", name="A0")
-        A = cuda.alloc_device(a.shape, np.float32, name="A")
-        tau = cuda.alloc_device((batch, n), np.float32, name="tau")
-        ws = g.Workspace.alloc(batch, n, prefix="")
         times: dict[str, list[float]] = {b: [] for b in builds}
         bits = {}
-        try:
+        with qr_buffers(a) as (A0, A, tau, ws):
             for it in range(ns.repeat + 1):
                 k = it % len(names)
                 for b in names[k:] + names[:k]:
-                    g.blocked_kernels = lambda checked=True, b=b: builds[b]
-                    ms = time_qr(A0, A, tau, ws, n, start, end, checked=b != "raw")
+                    with using(g, builds[b]):
+                        ms = time_qr(A0, A, tau, ws, n, start, end, checked=b != "raw")
                     if it:
                         times[b].append(ms)
                     if it == ns.repeat:     # the result's digest, once per build
                         bits[b] = hashlib.sha1(A.numpy().tobytes()).hexdigest()
-            g.blocked_kernels = real
             kinds = profile(g, builds, A0, A, tau, ws, n, ns.profile) if ns.profile else {}
-        finally:
-            g.blocked_kernels = real
-            ws.free()
-            for c in (A0, A, tau):
-                c.free()
         row = {"batch": batch, "n": n, **{f"{b}_ms": statistics.median(t)
                                            for b, t in times.items()},
                "same_bits": len(set(bits.values())) == 1, "gpu_ms_by_kernel": kinds}
