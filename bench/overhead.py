@@ -210,8 +210,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for c in cases:
         r = measure_case(c, ns.repeats)
         rows.append(r)
+        via = f" ({c.meta['path']})" if "path" in c.meta else ""
         print(f"{c.kernel:10s} {c.size:14s} checked/raw {r['ratio']:.3f} "
-              f"(min/min {r['ratio_min']:.3f})", flush=True)
+              f"(min/min {r['ratio_min']:.3f}){via}", flush=True)
     res = {"rows": rows, "summary": summarize(rows)} if rows else {"rows": []}
     if rows:
         s = res["summary"]["all"]

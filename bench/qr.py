@@ -35,6 +35,13 @@ GC_SHAPE = {"full": ("(40,176)", 40, 176), "quick": ("(4,32)", 4, 32)}
 #: The small path's kernel (qr_small, what ``parallel`` runs on matrices up to 64 x 32).
 SMALL_SHAPES = {"full": (("(20,32)", 20, 32), ("(200,32)", 200, 32)),
                 "quick": (("(4,32)", 4, 32),)}
+#: Single float32 matrices (label, m, n) as kernels.qr factors them on all workers
+#: (kernels.parallel.run decides: the steps, the group panel on 8+ workers, or the tall
+#: path), so that the overhead covers the launch sequences users get, not only the
+#: one-block kernel.
+PATH_SHAPES = {"full": (("n=1024", 1024, 1024), ("n=2048", 2048, 2048),
+                        ("8192x256", 8192, 256), ("65536x64", 65536, 64)),
+               "quick": (("2048x64", 2048, 64),)}
 
 
 def available() -> dict[str, Any]:
@@ -112,6 +119,47 @@ class SmallRunner:
         return self.a.numpy().copy(), self.tau.numpy().copy()
 
 
+class PathRunner:
+    """One float32 matrix through kernels.parallel.run with the path it picks for the pool
+    (its launches, workspaces and all), built in the given mode; reset() restores the
+    input (untimed)."""
+
+    def __init__(self, a: np.ndarray, mode: str):
+        from .. import runtime
+        from ..kernels import parallel
+
+        self._run = parallel.run
+        m, n = a.shape
+        ld = parallel.working_ld(1, m, n, parallel.default_nb(m, n), 4, runtime.threads())
+        self.init = np.zeros((1, m, ld), np.float32)
+        self.init[0, :, :n] = a
+        self.h = self.init.copy()
+        self.tau = np.zeros((1, min(m, n)), np.float32)
+        self.mode, self.n = mode, n
+
+    def reset(self) -> None:
+        np.copyto(self.h, self.init)
+
+    def run(self) -> None:
+        self._run(self.h, self.tau, "float32", None, 64, self.mode, None, None, n=self.n)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.h[0, :, :self.n].copy(), self.tau[0].copy()
+
+
+def path_name(m: int, n: int) -> str:
+    """The launch path kernels.parallel.run takes for one float32 m x n matrix here."""
+    from .. import runtime
+    from ..kernels import parallel
+
+    threads = runtime.threads()
+    if parallel.use_tall(1, m, n, "float32", threads):
+        return "tall"
+    if not parallel.use_steps(1, m, n, parallel.default_nb(m, n), threads):
+        return "one block"
+    return "group steps" if parallel.default_group(1, m, "float32", threads) else "steps"
+
+
 def _input(batch: int, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((batch, n, n), dtype=np.float32)
 
@@ -145,6 +193,14 @@ def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
 
         out.append(Case("qr", "small", label, make_small, flops=batch * qr_flops(n, n),
                         meta={"family_src": "qr_small"}))
+    for label, m, n in PATH_SHAPES["quick" if quick else "full"]:
+        a = np.random.default_rng(m * 31 + n).standard_normal((m, n), dtype=np.float32)
+
+        def make_path(mode: str, a: np.ndarray = a) -> PathRunner:
+            return PathRunner(a, mode)
+
+        out.append(Case("qr", "path", label, make_path, flops=qr_flops(m, n),
+                        meta={"path": path_name(m, n)}))
     return out
 
 

@@ -76,33 +76,44 @@ TALL_NB = 32
 SMALL_M, SMALL_N = 64, 32
 
 
-@cache
-def _kernels(dtype: str, checked: bool, cflags: tuple[str, ...],
+#: What the drivers below take as ``checked``: True (the checked build), False (raw), or
+#: one of runtime.compile's mode names (the overhead benchmark's "raw_poll").
+Checked = bool | str
+
+
+def _kernels(dtype: str, checked: Checked, cflags: tuple[str, ...],
              which: tuple[str, ...] = ("qrt", "qrt_step"), family: str = "qrt"
              ) -> tuple[Any, ...]:
-    """The named kernels of ``family``, compiled once per process and flags."""
+    """The named kernels of ``family``, compiled once per process, build and flags."""
+    mode = checked if isinstance(checked, str) else ("checked" if checked else "raw")
+    return _compiled(dtype, mode, cflags, which, family)
+
+
+@cache
+def _compiled(dtype: str, mode: str, cflags: tuple[str, ...], which: tuple[str, ...],
+              family: str) -> tuple[Any, ...]:
     from .. import runtime
 
     src = sources.source(family, dtype)
     suffix = "f64" if dtype == "float64" else "f32"
-    return tuple(runtime.compile(src, f"{w}_{suffix}", checked=checked) for w in which)
+    return tuple(runtime.compile(src, f"{w}_{suffix}", mode=mode) for w in which)
 
 
-def tall_kernel_for(dtype: str, checked: bool) -> Any:
+def tall_kernel_for(dtype: str, checked: Checked) -> Any:
     """The compiled qrt_tall for ``dtype`` (built on first use only)."""
     from ..runtime.cpu.kernel import cflags
 
     return _kernels(dtype, checked, tuple(cflags()), ("qrt_tall",), "qrt_tall")[0]
 
 
-def kernels_for(dtype: str, checked: bool) -> tuple[Any, Any]:
+def kernels_for(dtype: str, checked: Checked) -> tuple[Any, Any]:
     """The compiled (qrt, qrt_step) pair for ``dtype`` ("float32"/"float64")."""
     from ..runtime.cpu.kernel import cflags
 
     return _kernels(dtype, checked, tuple(cflags()))  # type: ignore[return-value]
 
 
-def group_kernel_for(dtype: str, checked: bool) -> Any:
+def group_kernel_for(dtype: str, checked: Checked) -> Any:
     """The compiled qrt_gstep for ``dtype`` (built on first use only)."""
     from ..runtime.cpu.kernel import cflags
 
@@ -219,7 +230,7 @@ def use_small(m: int, n: int, dtype: str) -> bool:
     return dtype == "float32" and m <= SMALL_M and n <= SMALL_N
 
 
-def small_kernel_for(checked: bool) -> Any:
+def small_kernel_for(checked: Checked) -> Any:
     """The compiled qr_small (float32; built on first use only)."""
     from ..runtime.cpu.kernel import cflags
 
@@ -266,7 +277,7 @@ def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
     return batch * 2 * slot if steps else grid * slot
 
 
-def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, checked: bool,
+def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, checked: Checked,
         grid: int | None, timeout: float | None, steps: bool | None = None,
         trace: list[tuple[int, int, float]] | None = None, group: int | None = None,
         n: int | None = None, tall: bool | None = None) -> None:
@@ -274,7 +285,8 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
 
     The matrices are the first ``n`` columns of each row (default: all ``ld``);
     the kernels never touch the others (:func:`padded_ld`).  ``nb``: the panel
-    width, None for the path's default (:func:`default_nb`, or TALL_NB).
+    width, None for the path's default (:func:`default_nb`, or TALL_NB).  ``checked``:
+    the checked build (True), the raw one (False) or a runtime.compile mode name.
 
     ``steps`` forces the launch sequence (True) or one block per matrix
     (False); None decides by batch size and worker count.  ``timeout`` covers
@@ -315,7 +327,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     _run_columns(h, tau, dtype, nb, tw, checked, grid, timeout, steps, trace, group, n)
 
 
-def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: bool,
+def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Checked,
               timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None
               ) -> None:
     """qrt_tall on each matrix of ``h`` in turn, every worker in its group; ``trace``
@@ -352,7 +364,7 @@ def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: bool
         sums.free()
 
 
-def run_small(h: np.ndarray, tau: np.ndarray, checked: bool, grid: int | None,
+def run_small(h: np.ndarray, tau: np.ndarray, checked: Checked, grid: int | None,
               timeout: float | None, n: int | None = None, src: np.ndarray | None = None,
               trace: list[tuple[int, int, float]] | None = None) -> int:
     """qr_small on ``h`` (batch x m x ld, float32; the matrices in its first ``n``
@@ -382,7 +394,7 @@ def run_small(h: np.ndarray, tau: np.ndarray, checked: bool, grid: int | None,
 
 
 def _run_columns(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, tw: int,
-                 checked: bool, grid: int | None, timeout: float | None, steps: bool | None,
+                 checked: Checked, grid: int | None, timeout: float | None, steps: bool | None,
                  trace: list[tuple[int, int, float]] | None, group: int | None, n: int
                  ) -> None:
     """:func:`run` by one block per matrix or by steps of column tiles."""

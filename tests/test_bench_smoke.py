@@ -155,6 +155,26 @@ def test_small_runner_matches_kernels_qr() -> None:
         np.testing.assert_array_equal(tau, tau_ref)
 
 
+def test_path_runner_matches_kernels_qr() -> None:
+    """The overhead cases of whole launch paths run kernels.parallel.run in every build
+    mode: each must compute what kernels.qr does (the raw builds too: same arithmetic)."""
+    from capqr import kernels
+    from capqr.bench.case import MODES
+    from capqr.bench.qr import PATH_SHAPES, PathRunner, path_name
+
+    (label, m, n), = PATH_SHAPES["quick"]
+    assert path_name(m, n) in ("tall", "steps", "group steps", "one block")
+    a = np.random.default_rng(5).standard_normal((m, n), dtype=np.float32)
+    h_ref, tau_ref = kernels.qr(a)
+    for mode in MODES:
+        r = PathRunner(a, mode)
+        r.reset()
+        r.run()
+        h, tau = r.result()
+        np.testing.assert_array_equal(h, h_ref, err_msg=f"{label} {mode}")
+        np.testing.assert_array_equal(tau, tau_ref, err_msg=f"{label} {mode}")
+
+
 def test_interleaved_rotates_order() -> None:
     from capqr.bench.timing import interleaved
 
