@@ -81,17 +81,16 @@ SMALL_M, SMALL_N = 64, 32
 Checked = bool | str
 
 
-def _kernels(dtype: str, checked: Checked, cflags: tuple[str, ...],
-             which: tuple[str, ...] = ("qrt", "qrt_step"), family: str = "qrt"
-             ) -> tuple[Any, ...]:
-    """The named kernels of ``family``, compiled once per process, build and flags."""
-    mode = checked if isinstance(checked, str) else ("checked" if checked else "raw")
-    return _compiled(dtype, mode, cflags, which, family)
+def _mode(checked: Checked) -> str:
+    """runtime.compile's mode name for ``checked``."""
+    return checked if isinstance(checked, str) else ("checked" if checked else "raw")
 
 
 @cache
-def _compiled(dtype: str, mode: str, cflags: tuple[str, ...], which: tuple[str, ...],
-              family: str) -> tuple[Any, ...]:
+def _kernels(dtype: str, mode: str, cflags: tuple[str, ...],
+             which: tuple[str, ...] = ("qrt", "qrt_step"), family: str = "qrt"
+             ) -> tuple[Any, ...]:
+    """The named kernels of ``family``, compiled once per process, mode and flags."""
     from .. import runtime
 
     src = sources.source(family, dtype)
@@ -103,21 +102,21 @@ def tall_kernel_for(dtype: str, checked: Checked) -> Any:
     """The compiled qrt_tall for ``dtype`` (built on first use only)."""
     from ..runtime.cpu.kernel import cflags
 
-    return _kernels(dtype, checked, tuple(cflags()), ("qrt_tall",), "qrt_tall")[0]
+    return _kernels(dtype, _mode(checked), tuple(cflags()), ("qrt_tall",), "qrt_tall")[0]
 
 
 def kernels_for(dtype: str, checked: Checked) -> tuple[Any, Any]:
     """The compiled (qrt, qrt_step) pair for ``dtype`` ("float32"/"float64")."""
     from ..runtime.cpu.kernel import cflags
 
-    return _kernels(dtype, checked, tuple(cflags()))  # type: ignore[return-value]
+    return _kernels(dtype, _mode(checked), tuple(cflags()))  # type: ignore[return-value]
 
 
 def group_kernel_for(dtype: str, checked: Checked) -> Any:
     """The compiled qrt_gstep for ``dtype`` (built on first use only)."""
     from ..runtime.cpu.kernel import cflags
 
-    return _kernels(dtype, checked, tuple(cflags()), ("qrt_gstep",), "qrt_group")[0]
+    return _kernels(dtype, _mode(checked), tuple(cflags()), ("qrt_gstep",), "qrt_group")[0]
 
 
 def default_nb(m: int, n: int) -> int:
@@ -234,7 +233,7 @@ def small_kernel_for(checked: Checked) -> Any:
     """The compiled qr_small (float32; built on first use only)."""
     from ..runtime.cpu.kernel import cflags
 
-    return _kernels("float32", checked, tuple(cflags()), ("qr_small",), "qr_small")[0]
+    return _kernels("float32", _mode(checked), tuple(cflags()), ("qr_small",), "qr_small")[0]
 
 
 def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
