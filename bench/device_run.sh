@@ -23,6 +23,14 @@
 #   overhead.{json,log}         bench.overhead on all cores: checked/raw of every kernel and
 #                               size, interleaved                          (OVERHEAD_S, 150 s)
 #   scaling.log + JSON          bench.qr_parallel's scaling section at n=4096 (SCALING_S, 120 s)
+#  warmup:
+#   warmup.log                  python -m capqr warmup --raw, float32: the checked and raw CPU
+#                               kernels built on every core before the timed parts (WARMUP_S, 150 s)
+#  pathoverhead:
+#   path-overhead.{json,log}    bench.overhead --kernel path: checked/raw/raw_poll of the launch
+#                               paths one matrix takes on the pool (steps, group, tall) (PATHOV_S, 200 s)
+#  tallnb:
+#   tall-nb-*.{json,txt}, tall-nb.log  bench.tall_nb: the tall path's panel width (TALLNB_S, 100 s)
 # Usage: OUT=/some/dir PARTS="gpu" bash bench/device_run.sh, with PYTHONPATH naming the
 # installed wheels and the repository root.  The fake-driver tests (tests/test_launch_sequence.py,
 # tests/test_gc_device.py) are not run here: they swap the driver module under a process
@@ -98,6 +106,19 @@ if [[ $PARTS == *" paths "* ]]; then
     TAIL=12 step qr-paths "${PATHS_S:-100}" "$OUT/qr-paths.log" \
         python3 -m capqr.bench.qr_paths --sizes 128,192,256,384,512,640,768,1024 \
         --repeats "${PATHS_REPEATS:-7}" --out "$OUT"
+fi
+if [[ $PARTS == *" warmup "* ]]; then
+    TAIL=3 step warmup "${WARMUP_S:-150}" "$OUT/warmup.log" \
+        python3 -m capqr warmup --dtypes float32 --raw
+fi
+if [[ $PARTS == *" pathoverhead "* ]]; then
+    TAIL=6 step path-overhead "${PATHOV_S:-200}" "$OUT/path-overhead.log" \
+        python3 -m capqr.bench.overhead --kernel path --repeats "${OVERHEAD_REPEATS:-7}" \
+        --out "$OUT/path-overhead.json"
+fi
+if [[ $PARTS == *" tallnb "* ]]; then
+    TAIL=6 step tall-nb "${TALLNB_S:-100}" "$OUT/tall-nb.log" \
+        python3 -m capqr.bench.tall_nb --out "$OUT"
 fi
 # "cpu" is its three steps; "peers", "overhead" and "scaling" name one each
 [[ $PARTS == *" cpu "* ]] && PARTS="$PARTS peers overhead scaling "
