@@ -130,18 +130,20 @@ class PathRunner:
 
         self._run = parallel.run
         m, n = a.shape
-        ld = parallel.working_ld(1, m, n, parallel.default_nb(m, n), 4, runtime.threads())
+        ld = parallel.working_ld(1, m, n, parallel.default_nb(m, n),
+                                 np.dtype(np.float32).itemsize, runtime.threads())
         self.init = np.zeros((1, m, ld), np.float32)
         self.init[0, :, :n] = a
         self.h = self.init.copy()
         self.tau = np.zeros((1, min(m, n)), np.float32)
-        self.mode, self.n = mode, n
+        # the tile width kernels.qr passes for its default variant
+        self.mode, self.n, self.tw = mode, n, available()["parallel"].params["tw"]
 
     def reset(self) -> None:
         np.copyto(self.h, self.init)
 
     def run(self) -> None:
-        self._run(self.h, self.tau, "float32", None, 64, self.mode, None, None, n=self.n)
+        self._run(self.h, self.tau, "float32", None, self.tw, self.mode, None, None, n=self.n)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         return self.h[0, :, :self.n].copy(), self.tau[0].copy()
