@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import argparse
     import json
 
-    from . import micro, qr
+    from . import machine, micro, qr
 
     ap = argparse.ArgumentParser(prog="python -m capqr.bench.overhead", description=main.__doc__)
     ap.add_argument("--kernel", action="append", help="kernel name (repeatable), e.g. blocked")
@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ns = ap.parse_args(argv)
     cases = [c for c in qr.overhead_cases(False) + micro.cases(False)
              if (not ns.kernel or c.kernel in ns.kernel) and (not ns.size or c.size in ns.size)]
+    # what ran where: a copied working tree's .git may be stale, its source digest is not
+    meta = {"host": machine.host(), "git": machine.git_commit(),
+            "source_digest": machine.source_digest(), "loadavg_start": machine.loadavg()}
     rows = []
     for c in cases:
         r = measure_case(c, ns.repeats)
@@ -213,7 +216,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         via = f" ({c.meta['path']})" if "path" in c.meta else ""
         print(f"{c.kernel:10s} {c.size:14s} checked/raw {r['ratio']:.3f} "
               f"(min/min {r['ratio_min']:.3f}){via}", flush=True)
-    res = {"rows": rows, "summary": summarize(rows)} if rows else {"rows": []}
+    meta["loadavg_end"] = machine.loadavg()
+    res = {"meta": meta, "rows": rows, **({"summary": summarize(rows)} if rows else {})}
     if rows:
         s = res["summary"]["all"]
         print(f"geomean {s['geomean']:.3f}  worst {s['worst']:.3f} ({s['worst_at']})  "

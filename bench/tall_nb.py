@@ -33,6 +33,7 @@ def measure(m: int, n: int, nbs: list[int], repeats: int) -> dict[str, Any]:
     if not parallel.use_tall(1, m, n, "float32", runtime.threads()):
         return {"shape": f"{m}x{n}", "skipped": "not the tall path on this pool"}
     a = np.random.default_rng(m + n).standard_normal((m, n)).astype(np.float32)
+    load_start = machine.loadavg()
     times: dict[int, list[float]] = {nb: [] for nb in nbs}
     checks = {}
     for nb in nbs:
@@ -45,7 +46,8 @@ def measure(m: int, n: int, nbs: list[int], repeats: int) -> dict[str, Any]:
                 times[nb].append(time.perf_counter() - t0)
     return {"shape": f"{m}x{n}", "checks_ok": checks,
             "median_ms": {nb: float(np.median(t)) * 1e3 for nb, t in times.items()},
-            "min_ms": {nb: min(t) * 1e3 for nb, t in times.items()}}
+            "min_ms": {nb: min(t) * 1e3 for nb, t in times.items()},
+            "loadavg_start": load_start, "loadavg_end": machine.loadavg()}
 
 
 def table(rows: list[dict[str, Any]], nbs: list[int]) -> str:
@@ -76,14 +78,19 @@ def main(argv: list[str] | None = None) -> Path:
         print(table(rows[-1:], nbs).splitlines()[-1], flush=True)
     host = machine.host()
     res = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "host": host, "git": machine.git_commit(), "workers": runtime.threads(),
-           "repeats": ns.repeats, "rows": rows}
+           "host": host, "git": machine.git_commit(), "source_digest": machine.source_digest(),
+           "workers": runtime.threads(), "repeats": ns.repeats, "rows": rows}
     out = Path(ns.out) if ns.out else default_out()
     out.mkdir(parents=True, exist_ok=True)
     stem = f"tall-nb-{_dt.date.today().isoformat()}-{host['label']}"
     (out / f"{stem}.json").write_text(json.dumps(res, indent=1))
-    (out / f"{stem}.txt").write_text(table(rows, nbs) + "\n")
+    loads = [r["loadavg_start"] for r in rows if "loadavg_start" in r]
+    footer = (f"host {host['label']} ({host['cpu_model']}); {res['workers']} workers; median "
+              f"and min of {ns.repeats}; load average at the first shape {loads[:1]}, "
+              f"source digest {res['source_digest']}")
+    (out / f"{stem}.txt").write_text(table(rows, nbs) + "\n" + footer + "\n")
     print(table(rows, nbs))
+    print(footer)
     print(f"wrote {out / stem}.json and .txt", file=sys.stderr)
     return out / f"{stem}.json"
 
