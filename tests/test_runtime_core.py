@@ -433,8 +433,10 @@ def wakes(k, grid, args=(), group=None, caps=None):
 
 out = {"threads": runtime.threads()}
 out["unknown"] = wakes(spin, 2, (0,))
-out["short"] = wakes(spin, 2, (0,))
-out["short_grid3"] = wakes(spin, 3, (0,))
+# five tries each: a worker preempted for 50 us between its claims (a loaded
+# host) makes the launcher wake every sleeper, as it should (+4)
+out["short"] = [wakes(spin, 2, (0,)) for _ in range(5)]
+out["short_grid3"] = [wakes(spin, 3, (0,)) for _ in range(5)]
 wakes(spin, 2, (3_000_000,))   # ms blocks, after us ones (meeting_blocks checks that case)
 out["long"] = wakes(spin, 2, (3_000_000,))
 out["long_grid3"] = wakes(spin, 3, (3_000_000,))
@@ -467,7 +469,11 @@ def test_short_launches_wake_fewer_sleeping_workers():
     (rt_core_wakes_asked) in a pool of 4 whose workers all sleep before each
     launch."""
     out = _probe_with_4_workers(WAKE_PROBE, WAKE_SRC)
-    assert (out["unknown"], out["short"], out["short_grid3"]) == (2, 1, 1), json.dumps(out)
+    assert out["unknown"] == 2, json.dumps(out)
+    # short blocks: one worker asked for; a try whose claims stalled 50 us on a
+    # loaded host adds the fallback's 4, and at least one try of five is quiet
+    for tries in (out["short"], out["short_grid3"]):
+        assert set(tries) <= {1, 1 + 4} and min(tries) == 1, json.dumps(out)
     assert (out["long"], out["long_grid3"]) == (2, 3), json.dumps(out)
     # blocks that grew since the estimate: one worker is asked for, and the
     # launcher wakes the rest (+4) once claims stall, unless the one signal
