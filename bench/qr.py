@@ -150,19 +150,11 @@ class PathRunner:
 
 
 def path_name(m: int, n: int) -> str:
-    """The launch path kernels.parallel.run takes for one float32 m x n matrix here (its
-    order of decisions: tall, small, then steps and their group)."""
+    """The launch path kernels.parallel.run takes for one float32 m x n matrix here."""
     from .. import runtime
     from ..kernels import parallel
 
-    threads = runtime.threads()
-    if parallel.use_tall(1, m, n, "float32", threads):
-        return "tall"
-    if parallel.use_small(m, n, "float32"):
-        return "small"
-    if not parallel.use_steps(1, m, n, parallel.default_nb(m, n), threads):
-        return "one block"
-    return "group steps" if parallel.default_group(1, m, "float32", threads) else "steps"
+    return parallel.default_path(1, m, n, "float32", runtime.threads())
 
 
 def _input(batch: int, n: int, seed: int) -> np.ndarray:

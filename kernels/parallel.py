@@ -248,6 +248,27 @@ def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
             and (-(-n // TW_MAX) < threads or m >= TALL_ALWAYS_RATIO * n))
 
 
+#: The launch paths of :func:`run`, as :func:`default_path` names them.
+PATHS = ("tall", "small", "one block", "steps", "group steps")
+
+
+def default_path(batch: int, m: int, n: int, dtype: str, threads: int,
+                 nb: int | None = None) -> str:
+    """The path :func:`run` takes for ``batch`` m x n matrices on ``threads`` workers
+    when nothing is forced (one of PATHS), in its order of decisions: the rows shared
+    out (:func:`use_tall`), one local array per matrix (:func:`use_small`), one block
+    per matrix, or the steps (:func:`use_steps`), with a group look-ahead panel where
+    :func:`default_group` gives one.  ``nb``: the panel width, None for run's default."""
+    if use_tall(batch, m, n, dtype, threads):
+        return "tall"
+    if use_small(m, n, dtype):
+        return "small"
+    nb = default_nb(m, n) if nb is None else max(1, min(NB_MAX, nb, m, n))
+    if not use_steps(batch, m, n, nb, threads):
+        return "one block"
+    return "group steps" if default_group(batch, m, dtype, threads) else "steps"
+
+
 def tall_chunk_rows(m: int) -> int:
     """Rows per chunk of qrt_tall (a multiple of 64 giving about TALL_CHUNKS chunks):
     a function of m alone, so that the result does not depend on the worker count."""
@@ -306,9 +327,17 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     if not 1 <= n <= ld:
         raise ValueError(f"n={n} columns do not fit rows of {ld}")
     tw = max(1, min(TW_MAX, tw))
-    if tall is None:
-        tall = (steps is None and grid is None and group is None
-                and use_tall(batch, m, n, dtype, runtime.threads()))
+    if tall is None and steps is None and grid is None and group is None:
+        # nothing forced: default_path decides, and the columns path follows it
+        threads = runtime.threads()
+        path = default_path(batch, m, n, dtype, threads, nb)
+        tall = path == "tall"
+        if not tall:
+            steps = path in ("steps", "group steps")
+            group = default_group(batch, m, dtype, threads) if path == "group steps" else 0
+            if path == "small":
+                run_small(h, tau, checked, grid, timeout, n, trace=trace)
+                return
     if nb is None:
         nb = TALL_NB if tall else default_nb(m, n)
     # A panel never needs to be wider than the matrix: smaller workspace, same result.

@@ -508,3 +508,36 @@ def test_tall_single_matrix_on_a_large_pool():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("batch,m,n,dtype", [
+    (1, 4096, 64, "float32"), (3, 32, 32, "float32"), (1, 64, 64, "float32"),
+    (1, 1024, 1024, "float32"), (1, 1024, 1024, "float64"), (4, 512, 96, "float32"),
+])
+def test_default_path_names_the_kernel_run_launches(monkeypatch, batch, m, n, dtype):
+    """parallel.default_path (which the benches report) is the decision run() acts
+    on: the kernels run launches are the named path's, on this process's pool."""
+    expect = {"tall": "qrt_tall", "small": "qr_small", "one block": "qrt",
+              "steps": "qrt_step", "group steps": "qrt_gstep"}
+    path = parallel.default_path(batch, m, n, dtype, runtime.threads())
+    names: set[str] = set()
+    launch = runtime.launch
+
+    def recording(k, *a, **kw):
+        names.add(k.name.rsplit("_", 1)[0])
+        return launch(k, *a, **kw)
+
+    monkeypatch.setattr(runtime, "launch", recording)
+    h = np.array(_rand((batch, m, n), np.float64 if dtype == "float64" else np.float32))
+    tau = np.zeros((batch, min(m, n)), h.dtype)
+    parallel.run(h, tau, dtype, None, 64, True, None, None)
+    assert names == {expect[path]}, (path, names)
+
+
+def test_default_path_on_a_large_pool():
+    """On 16 workers a single large float32 matrix takes the group steps."""
+    assert parallel.default_path(1, 1024, 1024, "float32", 16) == "group steps"
+    assert parallel.default_path(1, 1024, 1024, "float64", 16) == "steps"
+    assert parallel.default_path(1, 65536, 64, "float32", 16) == "tall"
+    assert parallel.default_path(16, 1024, 1024, "float32", 16) == "one block"
+    assert parallel.default_path(1, 20, 32, "float32", 16) == "small"
