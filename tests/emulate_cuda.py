@@ -20,11 +20,13 @@ runs, under a scheduler that interleaves threads in other orders than a GPU does
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -414,8 +416,25 @@ def build(source: str, checked: bool = True, workdir: Path | None = None, hoist:
     ``hoist=False``: every access checked where it is made (the oracle of the
     versioning); ``edit``: a test's change to the generated CUDA (to count events
     through extern "C" functions of its own, read with ``Kernel.lib``)."""
-    global _ffi
-    import cffi
+    return build_many([source], checked, workdir, hoist, edit)[source]
+
+
+def build_many(sources: Iterable[str], checked: bool = True, workdir: Path | None = None,
+               hoist: bool = True, edit: Callable[[str], str] | None = None
+               ) -> dict[str, dict[str, Kernel]]:
+    """:func:`build` for each of ``sources`` alike, by source; g++ compiles them on a
+    thread per core (the loading stays serial: one shared FFI)."""
+    lowered = {src: _lower(src, checked, workdir, hoist, edit) for src in dict.fromkeys(sources)}
+    todo = {out: text for _, text, out in lowered.values() if not out.exists()}
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        for _ in pool.map(_compile, todo.values(), todo.keys()):
+            pass   # map re-raises a g++ failure here
+    return {src: _load(cs, out) for src, (cs, _, out) in lowered.items()}
+
+
+def _lower(source: str, checked: bool, workdir: Path | None, hoist: bool,
+           edit: Callable[[str], str] | None) -> tuple[Any, str, Path]:
+    """The translation of ``source``, the C++ g++ compiles for it, and its .so's path."""
     from capqr.runtime.cuda import translate
 
     cs = translate(source, checked=checked, hoist=hoist)
@@ -424,18 +443,26 @@ def build(source: str, checked: bool = True, workdir: Path | None = None, hoist:
     text += "".join(_launcher(k, sig.params, checked, sig.group_sync)
                     for k, sig in cs.kernels.items())
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
-    out = Path(workdir or tempfile.gettempdir()) / f"capqr_emu_{key}.so"
-    if not out.exists():
-        src = out.with_suffix(".cpp")
-        src.write_text(text)
-        tmp = out.with_suffix(".tmp.so")
-        # no contraction into FMA: the checked and the raw build then round alike
-        r = subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-shared",
-                            "-fPIC", "-pthread", "-w", "-o", str(tmp), str(src)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"g++ failed on the emulated CUDA:\n{r.stderr[:3000]}")
-        tmp.replace(out)
+    return cs, text, Path(workdir or tempfile.gettempdir()) / f"capqr_emu_{key}.so"
+
+
+def _compile(text: str, out: Path) -> None:
+    src = out.with_suffix(".cpp")
+    src.write_text(text)
+    tmp = out.with_suffix(".tmp.so")
+    # no contraction into FMA: the checked and the raw build then round alike
+    r = subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-shared",
+                        "-fPIC", "-pthread", "-w", "-o", str(tmp), str(src)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"g++ failed on the emulated CUDA:\n{r.stderr[:3000]}")
+    tmp.replace(out)
+
+
+def _load(cs: Any, out: Path) -> dict[str, Kernel]:
+    global _ffi
+    import cffi
+
     if _ffi is None:
         _ffi = cffi.FFI()
         _ffi.cdef(abi.GPU_FAULT_DECL)

@@ -85,8 +85,8 @@ def test_cover_guards_hold_on_the_qr_plans(tmp_path_factory) -> None:
     from test_gpu_emulated import KINDS, _qr
 
     d = tmp_path_factory.mktemp("emu_covers")
-    built = {src: emulate_cuda.build(src, workdir=d, edit=_count_covers)
-             for src in {s for s, _ in KINDS.values()}}
+    built = emulate_cuda.build_many([s for s, _ in KINDS.values()], workdir=d,
+                                    edit=_count_covers)
     emulate_cuda._ffi.cdef("long long capqr_emu_covers(int failed);", override=True)
     emulated = {kind: built[src][name] for kind, (src, name) in KINDS.items()}
     kinds = set()

@@ -42,11 +42,10 @@ KINDS.update({kind: g._kernel_spec(kind)[:2] for kind in PREG_KINDS})
 
 
 def _build(tmp_path_factory, checked: bool) -> dict:
-    from emulate_cuda import build  # tests/ is on sys.path
+    from emulate_cuda import build_many  # tests/ is on sys.path
 
     d = tmp_path_factory.mktemp("emu")
-    built = {src: build(src, checked=checked, workdir=d)
-             for src in {s for s, _ in KINDS.values()}}
+    built = build_many([s for s, _ in KINDS.values()], checked=checked, workdir=d)
     return {kind: built[src][name] for kind, (src, name) in KINDS.items()}
 
 
@@ -187,16 +186,15 @@ EMU_DTYPES = ("f32", "f64", "i32", "i64")  # f16 converts through PTX asm: not e
 
 @pytest.fixture(scope="module")
 def fuzz_kernels(tmp_path_factory) -> dict:
-    from emulate_cuda import build
+    from emulate_cuda import build_many
     from test_fuzz_bounds import LOAD_SRC, SENTINEL, STORE_SRC
 
     d = tmp_path_factory.mktemp("emu")
-    out = {}
-    for t in EMU_DTYPES:
-        v = repr(SENTINEL[t]) + ("LL" if t == "i64" else "")
-        out[t] = (build(STORE_SRC.format(t=t, v=v), workdir=d)[f"fz_store_{t}"],
-                  build(LOAD_SRC.format(t=t), workdir=d)[f"fz_load_{t}"])
-    return out
+    srcs = {t: (STORE_SRC.format(t=t, v=repr(SENTINEL[t]) + ("LL" if t == "i64" else "")),
+                LOAD_SRC.format(t=t)) for t in EMU_DTYPES}
+    built = build_many([s for pair in srcs.values() for s in pair], workdir=d)
+    return {t: (built[store][f"fz_store_{t}"], built[load][f"fz_load_{t}"])
+            for t, (store, load) in srcs.items()}
 
 
 def _fuzz_cases():
@@ -285,13 +283,15 @@ def test_emulated_gpu_faults_match_the_conformance_table(tmp_path_factory, case)
 
 @pytest.fixture(scope="module")
 def mma_kernels(tmp_path_factory) -> dict:
-    from emulate_cuda import build
+    from emulate_cuda import build_many
     from test_gpu_builtins import MMA_AT_SRC, MMA_F32_SRC, MMA_SRC
 
     d = tmp_path_factory.mktemp("emu_mma")
-    return {(name, checked): build(src, checked=checked, workdir=d)[name]
-            for name, src in (("mma", MMA_SRC), ("mma32", MMA_F32_SRC), ("mma_at", MMA_AT_SRC))
-            for checked in (True, False)}
+    named = (("mma", MMA_SRC), ("mma32", MMA_F32_SRC), ("mma_at", MMA_AT_SRC))
+    built = {checked: build_many([src for _, src in named], checked=checked, workdir=d)
+             for checked in (True, False)}
+    return {(name, checked): built[checked][src][name]
+            for name, src in named for checked in (True, False)}
 
 
 def _mma_emulated(mma_kernels: dict, name: str, args: tuple, seed: int | None,

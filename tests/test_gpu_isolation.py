@@ -212,6 +212,8 @@ out = {}
 put, hang = fake_kernel(PUT, "put"), fake_kernel(HANG, "hang")
 y = cuda.alloc_device(4, np.float32, name="y")
 cuda.launch(hang, [y], grid=2, block=64, sync=False)
+# Python's Ctrl-C handler even where the suite was started with SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
 t0 = time.monotonic()
 try:

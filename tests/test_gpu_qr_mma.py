@@ -97,10 +97,10 @@ def test_update_mma_source_verifies_and_instruments() -> None:
 # emulated lane
 # ---------------------------------------------------------------------------
 def _build(tmp_path_factory, kinds: dict, checked: bool) -> dict:
-    from emulate_cuda import build  # tests/ is on sys.path
+    from emulate_cuda import build_many  # tests/ is on sys.path
 
     d = tmp_path_factory.mktemp("emu")
-    built = {src: build(src, checked=checked, workdir=d) for src in {s for s, _ in kinds.values()}}
+    built = build_many([s for s, _ in kinds.values()], checked=checked, workdir=d)
     return {kind: built[src][name] for kind, (src, name) in kinds.items()}
 
 

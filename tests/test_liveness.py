@@ -191,7 +191,10 @@ def test_call_dag_stops_at_its_timeout() -> None:
 
 
 INTERRUPT_PROBE = PRELUDE + r"""
-import _thread
+import _thread, signal
+# Python's Ctrl-C handler even where the suite was started with SIGINT ignored (a
+# background job): interrupt_main does nothing then
+signal.signal(signal.SIGINT, signal.default_int_handler)
 k = runtime.compile(sys.argv[1], "dag")
 x = capabilities.alloc(1, np.int64)
 threading.Timer(float(sys.argv[2]), _thread.interrupt_main).start()
