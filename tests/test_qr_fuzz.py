@@ -18,10 +18,12 @@ crashes: the test has teeth.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -214,12 +216,20 @@ def _mutants(family: str, count: int, seed: int) -> list:
 def test_mutants_checked_are_safe(family):
     from capqr import runtime
 
-    outcomes = {}
-    for mu in _mutants(family, 7, seed=4):
+    entry = sources.entry(family, FAMILY_CASES[family])
+
+    def compiles(mu) -> bool:
         try:
-            runtime.compile(mu.source, sources.entry(family, FAMILY_CASES[family]))
+            runtime.compile(mu.source, entry)
         except (runtime.VerifyError, runtime.CompileError):
-            continue
+            return False
+        return True
+
+    mutants = _mutants(family, 7, seed=4)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:   # gcc on every core
+        built = list(pool.map(compiles, mutants))
+    outcomes = {}
+    for mu in (mu for mu, ok in zip(mutants, built, strict=True) if ok):
         outcome, intact, A, H, T = run_mutant(mu.source, family, True, 2, 37, 29, 8)
         assert intact, f"canary overwritten by checked mutant {mu.description}"
         if outcome == "ran":
