@@ -24,6 +24,11 @@ class Case:
     make: Callable[[str], Runner]
     flops: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+    #: ``build(mode)`` compiles what ``make(mode)`` would, without buffers, so that a
+    #: bench can build every case's kernels on every core before it times one
+    #: (overhead.prebuild); cases with the same ``build_key`` share their kernels.
+    build: Callable[[str], Any] | None = None
+    build_key: str = ""
 
 
 class LaunchRunner:

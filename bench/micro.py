@@ -10,6 +10,9 @@ the body would stop gcc vectorising it) - the same tiling a real kernel uses.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import numpy as np
 
 from .case import Case, LaunchRunner
@@ -106,6 +109,13 @@ def _maker(kernel: str, n: int, seed: int):
     return make
 
 
+def _build(kernel: str, mode: str) -> Any:
+    """The kernel a case's make(mode) compiles."""
+    from .. import runtime
+
+    return runtime.compile(SOURCE, f"{kernel}_f32", mode=mode)
+
+
 def _flops(kernel: str, n: int) -> float:
     return {"axpy": 2.0 * n, "gemm": 2.0 * n**3, "stencil": 4.0 * (n - 2) ** 2}[kernel]
 
@@ -116,7 +126,8 @@ def cases(quick: bool) -> list[Case]:
     for i, (kernel, (full, small)) in enumerate(SIZES.items()):
         for n in small if quick else full:
             out.append(Case("micro", kernel, f"n={n}", _maker(kernel, n, seed=1000 * i + n),
-                            flops=_flops(kernel, n)))
+                            flops=_flops(kernel, n), build=partial(_build, kernel),
+                            build_key=kernel))
     return out
 
 

@@ -10,8 +10,11 @@ times one checked kernel with the collector cycling back to back versus disabled
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from .case import MODES, Case, calibrate_inner
@@ -167,6 +170,19 @@ def measure_gc(case: Case, repeats: int, tick: Callable[[], None] | None = None
     }
 
 
+def prebuild(cases: list[Case], jobs: int | None = None) -> int:
+    """Compile every case's kernels in every mode, ``jobs`` compilers at once (default:
+    the cores), before anything is timed; how many builds ran (one per build_key and
+    mode).  A cold kernel cache then costs the bench its longest build per core, not
+    the sum of them."""
+    todo = {(c.build_key or f"{c.kernel} {c.size}", m): partial(c.build, m)
+            for c in cases if c.build is not None for m in MODES}
+    with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
+        for _ in pool.map(lambda build: build(), todo.values()):
+            pass   # map re-raises a build's error here
+    return len(todo)
+
+
 def run(cases: list[Case], gc_case: Case | None, repeats: int = REPEATS,
         progress: Any = None) -> dict[str, Any]:
     """Measure every case and the collector comparison; returns the JSON section."""
@@ -174,6 +190,9 @@ def run(cases: list[Case], gc_case: Case | None, repeats: int = REPEATS,
         if progress is not None:
             progress.update(1)
 
+    if progress is not None:
+        progress.set_postfix_str("building the kernels")
+    prebuild(cases + ([gc_case] if gc_case is not None else []))
     rows = []
     for c in cases:
         if progress is not None:
@@ -209,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # what ran where: a copied working tree's .git may be stale, its source digest is not
     meta = {"host": machine.host(), "git": machine.git_commit(),
             "source_digest": machine.source_digest(), "loadavg_start": machine.loadavg()}
+    prebuild(cases)
     rows = []
     for c in cases:
         r = measure_case(c, ns.repeats)

@@ -11,6 +11,7 @@ Peer implementations use the public ``kernels.qr`` call, the cost a user sees.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -181,7 +182,8 @@ def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
                 return QrRunner(v, a3, mode)
 
             out.append(Case("qr", name, label, make, flops=batch * qr_flops(n, n),
-                            meta={"family_src": v.family}))
+                            meta={"family_src": v.family},
+                            build=partial(_build_family, v.family), build_key=v.family))
     for label, batch, n in SMALL_SHAPES["quick" if quick else "full"]:
         a3 = _input(batch, n, seed=batch * 1009 + n)
 
@@ -189,16 +191,41 @@ def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
             return SmallRunner(a3, mode)
 
         out.append(Case("qr", "small", label, make_small, flops=batch * qr_flops(n, n),
-                        meta={"family_src": "qr_small"}))
+                        meta={"family_src": "qr_small"},
+                        build=partial(_build_family, "qr_small"), build_key="qr_small"))
     for label, m, n in PATH_SHAPES["quick" if quick else "full"]:
         a = np.random.default_rng(m * 31 + n).standard_normal((m, n), dtype=np.float32)
 
         def make_path(mode: str, a: np.ndarray = a) -> PathRunner:
             return PathRunner(a, mode)
 
+        path = path_name(m, n)
         out.append(Case("qr", "path", label, make_path, flops=qr_flops(m, n),
-                        meta={"path": path_name(m, n)}))
+                        meta={"path": path}, build=partial(_build_path, path),
+                        build_key=f"path {path}"))
     return out
+
+
+def _build_family(family: str, mode: str) -> Any:
+    """The float32 kernel of ``family`` that QrRunner or SmallRunner compiles."""
+    from .. import runtime
+    from ..kernels import sources
+
+    return runtime.compile(sources.source(family, "float32"), sources.entry(family, "float32"),
+                           mode=mode)
+
+
+def _build_path(path: str, mode: str) -> Any:
+    """The float32 kernels kernels.parallel.run launches on ``path`` (PathRunner)."""
+    from ..kernels import parallel
+
+    if path == "tall":
+        return parallel.tall_kernel_for("float32", mode)
+    if path == "small":
+        return parallel.small_kernel_for(mode)
+    if path == "group steps":
+        parallel.group_kernel_for("float32", mode)
+    return parallel.kernels_for("float32", mode)
 
 
 def gc_case(quick: bool) -> Case:
@@ -208,7 +235,8 @@ def gc_case(quick: bool) -> Case:
     label, batch, n = GC_SHAPE["quick" if quick else "full"]
     a3 = _input(batch, n, seed=4242)
     return Case("qr", "blocked", label, lambda mode: QrRunner(blocked, a3, mode),
-                flops=batch * qr_flops(n, n))
+                flops=batch * qr_flops(n, n), build=partial(_build_family, blocked.family),
+                build_key=blocked.family)
 
 
 class _KernelsQr:

@@ -529,3 +529,34 @@ def test_cpu_peers_measures_all_three() -> None:
         assert row[k]["median_s"] > 0, row
     assert row["capqr"]["check"]["passed"]
     assert row["best_peer"] in ("scipy", "torch") and row["speedup_vs_best_peer"] > 0
+
+
+def test_prebuild_builds_each_key_and_mode_once() -> None:
+    """overhead.prebuild compiles once per (build_key, mode), on several threads; cases
+    without a build are left to their make; a build's error reaches the caller."""
+    import threading
+
+    from capqr.bench.case import MODES, Case
+    from capqr.bench.overhead import prebuild
+
+    calls: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def build(key: str, mode: str) -> None:
+        with lock:
+            calls.append((key, mode))
+
+    def case(key: str, size: str, with_build: bool = True) -> Case:
+        return Case("qr", "k", size, lambda mode: None,
+                    build=(lambda mode, key=key: build(key, mode)) if with_build else None,
+                    build_key=key)
+
+    cases = [case("a", "n=1"), case("a", "n=2"), case("b", "n=1"), case("c", "n=1", False)]
+    assert prebuild(cases, jobs=2) == 2 * len(MODES)
+    assert sorted(calls) == sorted((k, m) for k in "ab" for m in MODES)
+
+    def failing(mode: str) -> None:
+        raise RuntimeError(f"no compiler for {mode}")
+
+    with pytest.raises(RuntimeError, match="no compiler"):
+        prebuild([Case("qr", "k", "n=1", lambda mode: None, build=failing)])
