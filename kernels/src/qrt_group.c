@@ -78,7 +78,12 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
         float scalef = (float)scale;
         /* columns whose sums the next reflector needs (all of them for T's Gram entries) */
         int64_t c_lo = want_t ? 0 : p + 1;
-        for (int64_t k = k0; k < k1; k++) {
+        for (int64_t kk = k0; kk < k1; kk++) {
+            /* the block's chunks forward for even p, backward for odd p: a pass
+             * starts on the chunks the last one ended on, still in cache.  Each
+             * chunk's sums are its own (added in chunk order after the barrier),
+             * so the order is not in the result. */
+            int64_t k = p % 2 == 0 ? kk : k0 + k1 - 1 - kk;
             int64_t tb = ch * k;
             int64_t te = mr < ch * k + ch ? mr : ch * k + ch;
             for (int64_t c = 0; c < 64; c++)
