@@ -36,6 +36,7 @@ norms summed in double, so its rounding is its own too (tests/test_qr_small.py).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
@@ -90,12 +91,17 @@ def _mode(checked: Checked) -> str:
 def _kernels(dtype: str, mode: str, cflags: tuple[str, ...],
              which: tuple[str, ...] = ("qrt", "qrt_step"), family: str = "qrt"
              ) -> tuple[Any, ...]:
-    """The named kernels of ``family``, compiled once per process, mode and flags."""
+    """The named kernels of ``family``, compiled once per process, mode and flags (each
+    its own module: on a cold cache they build at once, one compiler per kernel)."""
     from .. import runtime
 
     src = sources.source(family, dtype)
     suffix = "f64" if dtype == "float64" else "f32"
-    return tuple(runtime.compile(src, f"{w}_{suffix}", mode=mode) for w in which)
+    names = [f"{w}_{suffix}" for w in which]
+    if len(names) == 1:
+        return (runtime.compile(src, names[0], mode=mode),)
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        return tuple(pool.map(lambda name: runtime.compile(src, name, mode=mode), names))
 
 
 def tall_kernel_for(dtype: str, checked: Checked) -> Any:
