@@ -100,9 +100,7 @@ def _maker(kernel: str, n: int, seed: int):
         written = [1]
 
     def make(mode: str) -> LaunchRunner:
-        from .. import runtime
-
-        k = runtime.compile(SOURCE, f"{kernel}_f32", mode=mode)
+        k = _build(kernel, mode)
         caps, views = _buffers(init)
         return LaunchRunner(k, caps, args, _grid(), [(views[i], init[i]) for i in written])
 

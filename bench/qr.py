@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import parallel
 from ..kernels.parallel import qr_flops
 from .case import Case
 
@@ -57,7 +58,6 @@ class QrRunner:
 
     def __init__(self, variant: Any, a3: np.ndarray, mode: str, nb: int | None = None):
         from .. import capabilities, runtime
-        from ..kernels import sources
         from ..kernels.qr import work_size
 
         self._launch = runtime.launch
@@ -66,8 +66,7 @@ class QrRunner:
         half = variant.family == "geqrf_f16"
         store = np.float16 if half else np.float32
         self.init = np.ascontiguousarray(a3, dtype=store)
-        src = sources.source(variant.family, "float32")
-        self.kernel = runtime.compile(src, sources.entry(variant.family, "float32"), mode=mode)
+        self.kernel = _build_family(variant.family, mode)
         self.grid = batch
         self.a = capabilities.alloc(self.init.shape, store, name="bench.qr.a")
         self.view = self.a.numpy()
@@ -98,11 +97,10 @@ class SmallRunner:
 
     def __init__(self, a3: np.ndarray, mode: str):
         from .. import capabilities, runtime
-        from ..kernels import sources
 
         self._launch = runtime.launch
         batch, m, n = a3.shape
-        self.kernel = runtime.compile(sources.source("qr_small"), "qr_small_f32", mode=mode)
+        self.kernel = _build_family("qr_small", mode)
         self.init = capabilities.wrap(np.array(a3, np.float32), "r", name="bench.qr.input")
         self.a = capabilities.alloc(a3.shape, np.float32, name="bench.qr.a")
         self.tau = capabilities.alloc((batch, min(m, n)), np.float32, name="bench.qr.tau")
@@ -127,7 +125,6 @@ class PathRunner:
 
     def __init__(self, a: np.ndarray, mode: str):
         from .. import runtime
-        from ..kernels import parallel
 
         self._run = parallel.run
         m, n = a.shape
@@ -153,7 +150,6 @@ class PathRunner:
 def path_name(m: int, n: int) -> str:
     """The launch path kernels.parallel.run takes for one float32 m x n matrix here."""
     from .. import runtime
-    from ..kernels import parallel
 
     return parallel.default_path(1, m, n, "float32", runtime.threads())
 
@@ -201,7 +197,8 @@ def overhead_cases(quick: bool, sizes: list[int] | None = None) -> list[Case]:
 
         path = path_name(m, n)
         out.append(Case("qr", "path", label, make_path, flops=qr_flops(m, n),
-                        meta={"path": path}, build=partial(_build_path, path),
+                        meta={"path": path},
+                        build=partial(parallel.path_kernels, path, "float32"),
                         build_key=f"path {path}"))
     return out
 
@@ -213,19 +210,6 @@ def _build_family(family: str, mode: str) -> Any:
 
     return runtime.compile(sources.source(family, "float32"), sources.entry(family, "float32"),
                            mode=mode)
-
-
-def _build_path(path: str, mode: str) -> Any:
-    """The float32 kernels kernels.parallel.run launches on ``path`` (PathRunner)."""
-    from ..kernels import parallel
-
-    if path == "tall":
-        return parallel.tall_kernel_for("float32", mode)
-    if path == "small":
-        return parallel.small_kernel_for(mode)
-    if path == "group steps":
-        parallel.group_kernel_for("float32", mode)
-    return parallel.kernels_for("float32", mode)
 
 
 def gc_case(quick: bool) -> Case:

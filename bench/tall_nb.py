@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> Path:
     stem = f"tall-nb-{_dt.date.today().isoformat()}-{host['label']}"
     (out / f"{stem}.json").write_text(json.dumps(res, indent=1))
     loads = [r["loadavg_start"] for r in rows if "loadavg_start" in r]
+    first_load = loads[0] if loads else "n/a"
     footer = (f"host {host['label']} ({host['cpu_model']}); {res['workers']} workers; median "
-              f"and min of {ns.repeats}; load average at the first shape {loads[:1]}, "
+              f"and min of {ns.repeats}; load average at the first shape {first_load}, "
               f"source digest {res['source_digest']}")
     (out / f"{stem}.txt").write_text(table(rows, nbs) + "\n" + footer + "\n")
     print(table(rows, nbs))

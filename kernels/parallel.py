@@ -275,6 +275,19 @@ def default_path(batch: int, m: int, n: int, dtype: str, threads: int,
     return "group steps" if default_group(batch, m, dtype, threads) else "steps"
 
 
+def path_kernels(path: str, dtype: str, checked: Checked) -> tuple[Any, ...]:
+    """The compiled kernels :func:`run` launches on ``path`` (one of PATHS)."""
+    if path == "tall":
+        return (tall_kernel_for(dtype, checked),)
+    if path == "small":
+        return (small_kernel_for(checked),)
+    if path == "group steps":
+        return (*kernels_for(dtype, checked), group_kernel_for(dtype, checked))
+    if path in PATHS:
+        return kernels_for(dtype, checked)
+    raise ValueError(f"unknown path {path!r}; the paths are {PATHS}")
+
+
 def tall_chunk_rows(m: int) -> int:
     """Rows per chunk of qrt_tall (a multiple of 64 giving about TALL_CHUNKS chunks):
     a function of m alone, so that the result does not depend on the worker count."""
@@ -335,15 +348,12 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     tw = max(1, min(TW_MAX, tw))
     if tall is None and steps is None and grid is None and group is None:
         # nothing forced: default_path decides, and the columns path follows it
-        threads = runtime.threads()
-        path = default_path(batch, m, n, dtype, threads, nb)
+        # (small falls through to its check below; _run_columns gives the steps their
+        # group by default_group, as default_path does)
+        path = default_path(batch, m, n, dtype, runtime.threads(), nb)
         tall = path == "tall"
-        if not tall:
-            steps = path in ("steps", "group steps")
-            group = default_group(batch, m, dtype, threads) if path == "group steps" else 0
-            if path == "small":
-                run_small(h, tau, checked, grid, timeout, n, trace=trace)
-                return
+        if path in ("one block", "steps", "group steps"):
+            steps = path != "one block"
     if nb is None:
         nb = TALL_NB if tall else default_nb(m, n)
     # A panel never needs to be wider than the matrix: smaller workspace, same result.

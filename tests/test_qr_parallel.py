@@ -532,6 +532,8 @@ def test_default_path_names_the_kernel_run_launches(monkeypatch, batch, m, n, dt
     tau = np.zeros((batch, min(m, n)), h.dtype)
     parallel.run(h, tau, dtype, None, 64, True, None, None)
     assert names == {expect[path]}, (path, names)
+    # path_kernels (what the benches build ahead) holds what run launched
+    assert names <= {k.name.rsplit("_", 1)[0] for k in parallel.path_kernels(path, dtype, True)}
 
 
 def test_default_path_on_a_large_pool():
@@ -541,3 +543,5 @@ def test_default_path_on_a_large_pool():
     assert parallel.default_path(1, 65536, 64, "float32", 16) == "tall"
     assert parallel.default_path(16, 1024, 1024, "float32", 16) == "one block"
     assert parallel.default_path(1, 20, 32, "float32", 16) == "small"
+    with pytest.raises(ValueError, match="unknown path"):
+        parallel.path_kernels("diagonal", "float32", True)
