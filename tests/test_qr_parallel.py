@@ -84,6 +84,26 @@ def test_bitwise_equal_across_paths_tiles_and_grids(shape, nb):
             (steps, tw, grid)
 
 
+def test_tile_source_is_the_generators_output():
+    """kernels/src/tile.c is written by kernels/gen_tile.py; an edit of one alone drifts."""
+    from capqr.kernels import gen_tile
+
+    assert gen_tile.path().read_text() == gen_tile.source()
+    assert gen_tile.main(["--check"]) == 0
+
+
+def test_both_register_blocks_give_the_same_columns():
+    """A 32-wide tile takes the narrow block, a 64-wide one the wide block: the columns
+    they share come out bitwise the same (the tile update's own oracle is the test
+    above; this pins the two shapes against each other on a matrix whose tiles are
+    all full)."""
+    a3 = _rand((1, 256, 256), seed=3)
+    wide = _run(a3, steps=True, nb=64, tw=64, grid=2)
+    narrow = _run(a3, steps=True, nb=64, tw=32, grid=2)
+    assert wide[0].tobytes() == narrow[0].tobytes() and wide[1].tobytes() == narrow[1].tobytes()
+    assert check(a3, *wide).ok
+
+
 def test_checked_equals_raw_bitwise():
     a3 = _rand((2, 130, 120), seed=11)
     for steps in (False, True):
