@@ -52,12 +52,12 @@ _HEADER = """\
  * over memory no buffer can alias: 64-row chunks of C and V are packed into
  * cp / vp, zero-padded to the block width (@NARROW_COLS@ or @WIDE_COLS@ columns) and to
  * multiples of @PAD@ rows (of the chunk) and columns (of V); a zero row or column
- * adds exact zeros.  Step 1 (W += V^T C) and step 3 (C -= V W) each keep a
- * block of @WIDE_ROWS@ x @WIDE_COLS@ (tiles wider than @WIDE_FROM@ columns) or @NARROW_ROWS@ x @NARROW_COLS@ results in
- * named registers while they sum over the chunk's rows (step 1) or V's
- * columns (step 3), in that order, with explicit fmaf(): a column's result
- * does not depend on the tile width, the block shape or which block runs
- * the tile.
+ * adds exact zeros.  Step 1 (W += V^T C) and step 3 (C -= V W) each keep
+ * a block of results in named registers (@WIDE_ROWS@ x @WIDE_COLS@ on tiles wider
+ * than @WIDE_FROM@ columns, @NARROW_ROWS@ x @NARROW_COLS@ on the others) while they
+ * sum over the chunk's rows (step 1) or V's columns (step 3), in that order,
+ * with explicit fmaf(): a column's result does not depend on the tile width,
+ * the block shape or which block runs the tile.
  *
  * Packing the C chunk (64 rows, n floats apart) is the costly memory access:
  * it is paid twice per panel against 4 * jb flops per element, so a wider
@@ -200,31 +200,31 @@ def block(rows: int, cols: int, acc: str, target: str, row: str, a_elem: str,
     operands' elements ({k}, {i} / {l}), ``acc`` the accumulators' name prefix."""
     out: list[str] = []
     for i in range(rows):
-        out += _lines([f"float {acc}{i}_{l} = {target}[{row} + {i}][{l}];" for l in range(cols)],
+        out += _lines([f"float {acc}{i}_{c} = {target}[{row} + {i}][{c}];" for c in range(cols)],
                       _INDENT)
     out.append(_INDENT + f"for (int64_t k = 0; k < {k_end}; k++) {{")
     inner = _INDENT + "    "
     sign = "-" if negate else ""
     out += _lines([f"float v{i} = {sign}{a_elem.format(k='k', i=i)};" for i in range(rows)], inner)
-    out += _lines([f"float x{l} = {b_elem.format(k='k', l=l)};" for l in range(cols)], inner)
+    out += _lines([f"float x{c} = {b_elem.format(k='k', l=c)};" for c in range(cols)], inner)
     for i in range(rows):
-        out += _lines([f"{acc}{i}_{l} = fmaf(v{i}, x{l}, {acc}{i}_{l});" for l in range(cols)],
+        out += _lines([f"{acc}{i}_{c} = fmaf(v{i}, x{c}, {acc}{i}_{c});" for c in range(cols)],
                       inner)
     out.append(_INDENT + "}")
     for i in range(rows):
-        out += _lines([f"{target}[{row} + {i}][{l}] = {acc}{i}_{l};" for l in range(cols)], _INDENT)
+        out += _lines([f"{target}[{row} + {i}][{c}] = {acc}{i}_{c};" for c in range(cols)], _INDENT)
     return "\n".join(out)
 
 
 def _step1(rows: int, cols: int) -> str:
     # W[p][l] += sum over the chunk's rows t of V[t][p] C[t][l]
-    return block(rows, cols, "a", "w", f"{rows} * q", "vp[{k}][%d * q + {i}]" % rows,
+    return block(rows, cols, "a", "w", f"{rows} * q", "vp[{k}][" + str(rows) + " * q + {i}]",
                  "cp[{k}][{l}]", "kt", negate=False)
 
 
 def _step3(rows: int, cols: int) -> str:
     # C[t][l] -= sum over V's columns p of V[t][p] W[p][l]
-    return block(rows, cols, "b", "cp", f"{rows} * h", "vp[%d * h + {i}][{k}]" % rows,
+    return block(rows, cols, "b", "cp", f"{rows} * h", "vp[" + str(rows) + " * h + {i}][{k}]",
                  "w[{k}][{l}]", "jbp", negate=True)
 
 

@@ -15,12 +15,12 @@
  * over memory no buffer can alias: 64-row chunks of C and V are packed into
  * cp / vp, zero-padded to the block width (32 or 64 columns) and to
  * multiples of 8 rows (of the chunk) and columns (of V); a zero row or column
- * adds exact zeros.  Step 1 (W += V^T C) and step 3 (C -= V W) each keep a
- * block of 4 x 64 (tiles wider than 32 columns) or 8 x 32 results in
- * named registers while they sum over the chunk's rows (step 1) or V's
- * columns (step 3), in that order, with explicit fmaf(): a column's result
- * does not depend on the tile width, the block shape or which block runs
- * the tile.
+ * adds exact zeros.  Step 1 (W += V^T C) and step 3 (C -= V W) each keep
+ * a block of results in named registers (4 x 64 on tiles wider
+ * than 32 columns, 8 x 32 on the others) while they
+ * sum over the chunk's rows (step 1) or V's columns (step 3), in that order,
+ * with explicit fmaf(): a column's result does not depend on the tile width,
+ * the block shape or which block runs the tile.
  *
  * Packing the C chunk (64 rows, n floats apart) is the costly memory access:
  * it is paid twice per panel against 4 * jb flops per element, so a wider
