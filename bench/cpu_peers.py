@@ -31,7 +31,7 @@ import numpy as np
 from ..kernels.parallel import qr_flops
 from . import machine
 from .outdir import default_out
-from .timing import geomean
+from .timing import SETTLE_S, geomean
 
 #: (label, batch, m, n): batch 1 is one m x n matrix.
 Shape = tuple[str, int, int, int]
@@ -337,9 +337,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shapes", default="",
                     help='space-separated shape labels, e.g. "n=1024 (8,2048) 65536x64" '
                          "(default: all; quick: a small subset)")
-    ap.add_argument("--settle", type=float, default=0.1,
-                    help="untimed pause in seconds before each timed call (library threads "
-                         "park)")
+    ap.add_argument("--settle", type=float, default=SETTLE_S,
+                    help="untimed pause in seconds before each timed call, so that OpenBLAS's "
+                         f"spinning threads park (default {SETTLE_S}, bench.timing.SETTLE_S)")
     ap.add_argument("--out", default="",
                     help=f"output directory (default ${'CAPQR_BENCH_OUT'} or ./bench-results)")
     ap.add_argument("--tag", default="",

@@ -19,7 +19,7 @@
 #                               square size (kernels.parallel.STEPS_MIN_N)    (PATHS_S, 100 s)
 #  cpu (its parts peers, overhead, scaling may be named alone):
 #   cpu-parallel-*.{json,txt},  bench.cpu_peers on all cores: capqr vs scipy sgeqrf and
-#   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 200 s)
+#   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 260 s)
 #   overhead.{json,log}         bench.overhead on all cores: checked/raw of every kernel and
 #                               size, interleaved                          (OVERHEAD_S, 150 s)
 #   scaling.log + JSON          bench.qr_parallel's scaling section at n=4096 (SCALING_S, 120 s)
@@ -123,9 +123,9 @@ fi
 # "cpu" is its three steps; "peers", "overhead" and "scaling" name one each
 [[ $PARTS == *" cpu "* ]] && PARTS="$PARTS peers overhead scaling "
 if [[ $PARTS == *" peers "* ]]; then
-    TAIL=20 step cpu-peers "${CPU_BENCH_S:-200}" "$OUT/cpu-peers.log" \
+    TAIL=20 step cpu-peers "${CPU_BENCH_S:-260}" "$OUT/cpu-peers.log" \
         python3 -m capqr.bench.cpu_peers --threads "$(nproc)" \
-        --max-seconds "${CPU_BUDGET_S:-170}" --out "$OUT"
+        --max-seconds "${CPU_BUDGET_S:-230}" --out "$OUT"
 fi
 if [[ $PARTS == *" overhead "* ]]; then
     TAIL=6 step overhead "${OVERHEAD_S:-150}" "$OUT/overhead.log" \
