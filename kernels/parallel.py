@@ -181,17 +181,20 @@ def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
 
 #: The steps drive a matrix on a pool of at most that many workers only when it has at
 #: least the work of an n x n one (xGEQRF flops; below it one block factors each
-#: matrix: a launch per panel costs more than the workers save).  2 workers, the
-#: 2-core VM, one float32 matrix, median of 15, interleaved (bench.qr_paths): one
-#: block 0.38 / 1.50 / 3.88 / 9.09 ms at n = 128 / 256 / 384 / 512 against 0.61 /
-#: 2.23 / 6.21 / 11.74 by steps, steps ahead from 768 (19.0 vs 22.4); tall ones by
+#: matrix: a launch per panel costs more than the workers save).  2 workers, one
+#: float32 matrix, interleaved (bench.qr_paths): on the 2-core Xeon VM with the
+#: register-blocked tile (2026-12-07, 0e61e56, median of 15) one block 0.47 / 0.96 /
+#: 3.35 / 6.46 ms at n = 128 / 256 / 384 / 512 against 0.60 / 1.14 / 2.98 / 5.53 by
+#: steps (median of 9 in another run: 3.56 vs 2.92 at 384, 6.17 vs 4.26 at 512, 11.2
+#: vs 8.6 at 640); on the 2-core EPYC VM with the earlier tile one block was ahead up
+#: to 640 (3.88 vs 6.21 ms at 384, 9.09 vs 11.74 at 512, median of 15); tall ones by
 #: the same measure (median of 7): 4096 x 256 (0.5 Gflop) 14.5 vs 18.6 ms and 8192 x
 #: 256 35.4 vs 43.7 ms by steps, 2048 x 512 a tie.  16 workers, the H100 host's 16
 #: Xeon cores (qr-paths-2026-12-06-h100-16cpu-694907c, the samples after each size's
 #: first): one block 0.27-0.30 / 0.57-0.63 ms at n = 128 / 192 against steps
 #: 0.44-0.88 / 0.73-0.87, a tie at 256 (1.0-1.1 ms), steps ahead from 384.  Pools of 3
 #: to 16 workers take that threshold (fewer workers gain less from the steps).
-STEPS_MIN_N = ((2, 640), (16, 224))
+STEPS_MIN_N = ((2, 384), (16, 224))
 
 
 def qr_flops(m: int, n: int) -> float:
