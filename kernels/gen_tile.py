@@ -17,6 +17,11 @@ The blocks: 4 rows by 64 columns for tiles wider than 32 columns, 8 rows by 32 c
 for the others (a 64-wide block on a 32-wide tile would do twice the work).  Both sum
 over the same padded inner dimension in the same order, so a column's result does not
 depend on which block shape, tile width or worker computed it.
+
+The blocks' loops have literal trip counts (64 / rows blocks, 64 inner steps) and
+leave with ``break`` at the run's bound: every subscript is then proved in range at
+compile time (runtime/compiler/ranges.py) and the inner loop is a constant short one,
+which the checked build compiles once instead of in four versions.
 """
 
 from __future__ import annotations
@@ -142,11 +147,15 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                 /* Step 1, W += V^T C for the chunk: a block of W's rows by the tile's
                  * columns, summed over the chunk's rows t. */
                 if (cwp == @WIDE_COLS@) {
-                    for (int64_t q = 0; q < jbp / @WIDE_ROWS@; q++) {
+                    for (int64_t q = 0; q < @WIDE_BLOCKS@; q++) {
+                        if (@WIDE_ROWS@ * q >= jbp)
+                            break;
 @STEP1_WIDE@
                     }
                 } else {
-                    for (int64_t q = 0; q < jbp / @NARROW_ROWS@; q++) {
+                    for (int64_t q = 0; q < @NARROW_BLOCKS@; q++) {
+                        if (@NARROW_ROWS@ * q >= jbp)
+                            break;
 @STEP1_NARROW@
                     }
                 }
@@ -154,11 +163,15 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                 /* Step 3, C -= V W for the chunk: a block of the chunk's rows by the
                  * tile's columns, summed over V's columns p. */
                 if (cwp == @WIDE_COLS@) {
-                    for (int64_t h = 0; h < kt / @WIDE_ROWS@; h++) {
+                    for (int64_t h = 0; h < @WIDE_BLOCKS@; h++) {
+                        if (@WIDE_ROWS@ * h >= kt)
+                            break;
 @STEP3_WIDE@
                     }
                 } else {
-                    for (int64_t h = 0; h < kt / @NARROW_ROWS@; h++) {
+                    for (int64_t h = 0; h < @NARROW_BLOCKS@; h++) {
+                        if (@NARROW_ROWS@ * h >= kt)
+                            break;
 @STEP3_NARROW@
                     }
                 }
@@ -202,7 +215,9 @@ def block(rows: int, cols: int, acc: str, target: str, row: str, a_elem: str,
     for i in range(rows):
         out += _lines([f"float {acc}{i}_{c} = {target}[{row} + {i}][{c}];" for c in range(cols)],
                       _INDENT)
-    out.append(_INDENT + f"for (int64_t k = 0; k < {k_end}; k++) {{")
+    out.append(_INDENT + "for (int64_t k = 0; k < 64; k++) {")
+    out.append(_INDENT + f"    if (k >= {k_end})")
+    out.append(_INDENT + "        break;")
     inner = _INDENT + "    "
     sign = "-" if negate else ""
     out += _lines([f"float v{i} = {sign}{a_elem.format(k='k', i=i)};" for i in range(rows)], inner)
@@ -235,7 +250,8 @@ def source() -> str:
         "@STEP3_WIDE@": _step3(*WIDE), "@STEP3_NARROW@": _step3(*NARROW),
         "@WIDE_ROWS@": str(WIDE[0]), "@WIDE_COLS@": str(WIDE[1]),
         "@NARROW_ROWS@": str(NARROW[0]), "@NARROW_COLS@": str(NARROW[1]),
-        "@WIDE_FROM@": str(WIDE_FROM), "@PAD@": str(PAD), "@PAD1@": str(PAD - 1),
+        "@WIDE_FROM@": str(WIDE_FROM), "@WIDE_BLOCKS@": str(64 // WIDE[0]),
+        "@NARROW_BLOCKS@": str(64 // NARROW[0]), "@PAD@": str(PAD), "@PAD1@": str(PAD - 1),
         "@PADN@": str(64 // PAD),
     }
     text = _HEADER + _BODY

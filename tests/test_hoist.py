@@ -924,6 +924,55 @@ KERNEL void k(cap_t x, int64_t n, int64_t m)
     assert "rt_pollcheck(__rt);" in body[body.index("for (int64_t r = 0"):][:200]
 
 
+CONSTANT_SHORT = """
+KERNEL void cs(cap_t out, int64_t n, int64_t kt)
+{
+    float w[64];
+    for (int64_t i = 0; i < 64; i++)
+        w[i] = (float)i;
+    float s = 0.0f;
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t k = 0; k < 64; k++) {
+            if (k >= kt)
+                break;
+            s = fmaf(w[k], 0.5f, s);
+        }
+    }
+    cap_store_f32(out, 0, s);
+}
+"""
+
+
+def test_constant_short_loops_with_nothing_to_guard_compile_once() -> None:
+    """An innermost loop with literal bounds whose subscripts are all proved in range
+    has no polling or checked copy to fall back to: both tests that would pick one
+    hold at compile time.  Its quiet copy is the only one; it polls after itself at
+    the top of a function, and inside a loop that loop polls each iteration."""
+    text = readable(runtime.compile(CONSTANT_SHORT, "cs").c_source)
+    body = text[text.index(" cs(rt_block"):]
+    # once per copy of the whole body (its entry guard keeps a checked one)
+    bodies = body.count("float s = 0.0f;")
+    assert bodies in (1, 2), body
+    assert body.count("w[k]") == bodies, body
+    assert body.count("w[i] = (float) i") == bodies, body
+    top = body.index("for (int64_t i = 0; i < 64; i++)")
+    assert "rt_pollcheck(__rt);" in body[top:top + 200], body   # polls after itself
+    outer = body.index("for (int64_t r = 0; r < n; r++)")
+    inner = body.index("for (int64_t k = 0; k < 64; k++)")
+    assert "rt_pollcheck(__rt);" in body[outer:inner], body     # the r loop polls
+    x = capabilities.alloc(1, np.float32, name="out")
+    runtime.launch(runtime.compile(CONSTANT_SHORT, "cs"), [x], args=(3, 10))
+    assert x.numpy()[0] == 3 * sum(0.5 * k for k in range(10))
+
+
+def test_a_nest_of_constant_short_loops_still_answers_a_timeout() -> None:
+    """The outer loop's pollcheck is what ends a long run of constant short loops."""
+    k = runtime.compile(CONSTANT_SHORT, "cs")
+    x = capabilities.alloc(1, np.float32, name="out")
+    with pytest.raises(runtime.KernelTimeout):
+        runtime.launch(k, [x], args=(1 << 40, 64), timeout=0.3)
+
+
 WARP_LOOP = """
 KERNEL void rot(cap_t x, cap_t out, int64_t n, int64_t far)
 {

@@ -102,7 +102,9 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                 /* Step 1, W += V^T C for the chunk: a block of W's rows by the tile's
                  * columns, summed over the chunk's rows t. */
                 if (cwp == 64) {
-                    for (int64_t q = 0; q < jbp / 4; q++) {
+                    for (int64_t q = 0; q < 16; q++) {
+                        if (4 * q >= jbp)
+                            break;
                         float a0_0 = w[4 * q + 0][0]; float a0_1 = w[4 * q + 0][1]; float a0_2 = w[4 * q + 0][2]; float a0_3 = w[4 * q + 0][3];
                         float a0_4 = w[4 * q + 0][4]; float a0_5 = w[4 * q + 0][5]; float a0_6 = w[4 * q + 0][6]; float a0_7 = w[4 * q + 0][7];
                         float a0_8 = w[4 * q + 0][8]; float a0_9 = w[4 * q + 0][9]; float a0_10 = w[4 * q + 0][10]; float a0_11 = w[4 * q + 0][11];
@@ -167,7 +169,9 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                         float a3_52 = w[4 * q + 3][52]; float a3_53 = w[4 * q + 3][53]; float a3_54 = w[4 * q + 3][54]; float a3_55 = w[4 * q + 3][55];
                         float a3_56 = w[4 * q + 3][56]; float a3_57 = w[4 * q + 3][57]; float a3_58 = w[4 * q + 3][58]; float a3_59 = w[4 * q + 3][59];
                         float a3_60 = w[4 * q + 3][60]; float a3_61 = w[4 * q + 3][61]; float a3_62 = w[4 * q + 3][62]; float a3_63 = w[4 * q + 3][63];
-                        for (int64_t k = 0; k < kt; k++) {
+                        for (int64_t k = 0; k < 64; k++) {
+                            if (k >= kt)
+                                break;
                             float v0 = vp[k][4 * q + 0]; float v1 = vp[k][4 * q + 1]; float v2 = vp[k][4 * q + 2]; float v3 = vp[k][4 * q + 3];
                             float x0 = cp[k][0]; float x1 = cp[k][1]; float x2 = cp[k][2]; float x3 = cp[k][3];
                             float x4 = cp[k][4]; float x5 = cp[k][5]; float x6 = cp[k][6]; float x7 = cp[k][7];
@@ -316,7 +320,9 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                         w[4 * q + 3][60] = a3_60; w[4 * q + 3][61] = a3_61; w[4 * q + 3][62] = a3_62; w[4 * q + 3][63] = a3_63;
                     }
                 } else {
-                    for (int64_t q = 0; q < jbp / 8; q++) {
+                    for (int64_t q = 0; q < 8; q++) {
+                        if (8 * q >= jbp)
+                            break;
                         float a0_0 = w[8 * q + 0][0]; float a0_1 = w[8 * q + 0][1]; float a0_2 = w[8 * q + 0][2]; float a0_3 = w[8 * q + 0][3];
                         float a0_4 = w[8 * q + 0][4]; float a0_5 = w[8 * q + 0][5]; float a0_6 = w[8 * q + 0][6]; float a0_7 = w[8 * q + 0][7];
                         float a0_8 = w[8 * q + 0][8]; float a0_9 = w[8 * q + 0][9]; float a0_10 = w[8 * q + 0][10]; float a0_11 = w[8 * q + 0][11];
@@ -381,7 +387,9 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                         float a7_20 = w[8 * q + 7][20]; float a7_21 = w[8 * q + 7][21]; float a7_22 = w[8 * q + 7][22]; float a7_23 = w[8 * q + 7][23];
                         float a7_24 = w[8 * q + 7][24]; float a7_25 = w[8 * q + 7][25]; float a7_26 = w[8 * q + 7][26]; float a7_27 = w[8 * q + 7][27];
                         float a7_28 = w[8 * q + 7][28]; float a7_29 = w[8 * q + 7][29]; float a7_30 = w[8 * q + 7][30]; float a7_31 = w[8 * q + 7][31];
-                        for (int64_t k = 0; k < kt; k++) {
+                        for (int64_t k = 0; k < 64; k++) {
+                            if (k >= kt)
+                                break;
                             float v0 = vp[k][8 * q + 0]; float v1 = vp[k][8 * q + 1]; float v2 = vp[k][8 * q + 2]; float v3 = vp[k][8 * q + 3];
                             float v4 = vp[k][8 * q + 4]; float v5 = vp[k][8 * q + 5]; float v6 = vp[k][8 * q + 6]; float v7 = vp[k][8 * q + 7];
                             float x0 = cp[k][0]; float x1 = cp[k][1]; float x2 = cp[k][2]; float x3 = cp[k][3];
@@ -527,7 +535,9 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                 /* Step 3, C -= V W for the chunk: a block of the chunk's rows by the
                  * tile's columns, summed over V's columns p. */
                 if (cwp == 64) {
-                    for (int64_t h = 0; h < kt / 4; h++) {
+                    for (int64_t h = 0; h < 16; h++) {
+                        if (4 * h >= kt)
+                            break;
                         float b0_0 = cp[4 * h + 0][0]; float b0_1 = cp[4 * h + 0][1]; float b0_2 = cp[4 * h + 0][2]; float b0_3 = cp[4 * h + 0][3];
                         float b0_4 = cp[4 * h + 0][4]; float b0_5 = cp[4 * h + 0][5]; float b0_6 = cp[4 * h + 0][6]; float b0_7 = cp[4 * h + 0][7];
                         float b0_8 = cp[4 * h + 0][8]; float b0_9 = cp[4 * h + 0][9]; float b0_10 = cp[4 * h + 0][10]; float b0_11 = cp[4 * h + 0][11];
@@ -592,7 +602,9 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                         float b3_52 = cp[4 * h + 3][52]; float b3_53 = cp[4 * h + 3][53]; float b3_54 = cp[4 * h + 3][54]; float b3_55 = cp[4 * h + 3][55];
                         float b3_56 = cp[4 * h + 3][56]; float b3_57 = cp[4 * h + 3][57]; float b3_58 = cp[4 * h + 3][58]; float b3_59 = cp[4 * h + 3][59];
                         float b3_60 = cp[4 * h + 3][60]; float b3_61 = cp[4 * h + 3][61]; float b3_62 = cp[4 * h + 3][62]; float b3_63 = cp[4 * h + 3][63];
-                        for (int64_t k = 0; k < jbp; k++) {
+                        for (int64_t k = 0; k < 64; k++) {
+                            if (k >= jbp)
+                                break;
                             float v0 = -vp[4 * h + 0][k]; float v1 = -vp[4 * h + 1][k]; float v2 = -vp[4 * h + 2][k]; float v3 = -vp[4 * h + 3][k];
                             float x0 = w[k][0]; float x1 = w[k][1]; float x2 = w[k][2]; float x3 = w[k][3];
                             float x4 = w[k][4]; float x5 = w[k][5]; float x6 = w[k][6]; float x7 = w[k][7];
@@ -741,7 +753,9 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                         cp[4 * h + 3][60] = b3_60; cp[4 * h + 3][61] = b3_61; cp[4 * h + 3][62] = b3_62; cp[4 * h + 3][63] = b3_63;
                     }
                 } else {
-                    for (int64_t h = 0; h < kt / 8; h++) {
+                    for (int64_t h = 0; h < 8; h++) {
+                        if (8 * h >= kt)
+                            break;
                         float b0_0 = cp[8 * h + 0][0]; float b0_1 = cp[8 * h + 0][1]; float b0_2 = cp[8 * h + 0][2]; float b0_3 = cp[8 * h + 0][3];
                         float b0_4 = cp[8 * h + 0][4]; float b0_5 = cp[8 * h + 0][5]; float b0_6 = cp[8 * h + 0][6]; float b0_7 = cp[8 * h + 0][7];
                         float b0_8 = cp[8 * h + 0][8]; float b0_9 = cp[8 * h + 0][9]; float b0_10 = cp[8 * h + 0][10]; float b0_11 = cp[8 * h + 0][11];
@@ -806,7 +820,9 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                         float b7_20 = cp[8 * h + 7][20]; float b7_21 = cp[8 * h + 7][21]; float b7_22 = cp[8 * h + 7][22]; float b7_23 = cp[8 * h + 7][23];
                         float b7_24 = cp[8 * h + 7][24]; float b7_25 = cp[8 * h + 7][25]; float b7_26 = cp[8 * h + 7][26]; float b7_27 = cp[8 * h + 7][27];
                         float b7_28 = cp[8 * h + 7][28]; float b7_29 = cp[8 * h + 7][29]; float b7_30 = cp[8 * h + 7][30]; float b7_31 = cp[8 * h + 7][31];
-                        for (int64_t k = 0; k < jbp; k++) {
+                        for (int64_t k = 0; k < 64; k++) {
+                            if (k >= jbp)
+                                break;
                             float v0 = -vp[8 * h + 0][k]; float v1 = -vp[8 * h + 1][k]; float v2 = -vp[8 * h + 2][k]; float v3 = -vp[8 * h + 3][k];
                             float v4 = -vp[8 * h + 4][k]; float v5 = -vp[8 * h + 5][k]; float v6 = -vp[8 * h + 6][k]; float v7 = -vp[8 * h + 7][k];
                             float x0 = w[k][0]; float x1 = w[k][1]; float x2 = w[k][2]; float x3 = w[k][3];
