@@ -183,7 +183,7 @@ def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
 #: least the work of an n x n one (xGEQRF flops; below it one block factors each
 #: matrix: a launch per panel costs more than the workers save).  2 workers, one
 #: float32 matrix, interleaved (bench.qr_paths): on the 2-core Xeon VM with the
-#: register-blocked tile (2026-12-07, 0e61e56, median of 15) one block 0.47 / 0.96 /
+#: register-blocked tile (2026-12-07, dfbd347, median of 15) one block 0.47 / 0.96 /
 #: 3.35 / 6.46 ms at n = 128 / 256 / 384 / 512 against 0.60 / 1.14 / 2.98 / 5.53 by
 #: steps (median of 9 in another run: 3.56 vs 2.92 at 384, 6.17 vs 4.26 at 512, 11.2
 #: vs 8.6 at 640); on the 2-core EPYC VM with the earlier tile one block was ahead up
