@@ -29,12 +29,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-#: (rows, columns) of the register blocks: the first for tiles wider than WIDE_FROM
-#: columns, the second for the rest.
-WIDE = (4, 64)
-NARROW = (8, 32)
-#: Tiles of more columns than this take the WIDE block.
-WIDE_FROM = NARROW[1]
+#: The tile widths the two branches pad to: tiles wider than WIDE_FROM columns are
+#: worked on as 64 columns, the others as 32.
+WIDE_COLS, NARROW_COLS = 64, 32
+WIDE_FROM = NARROW_COLS
+#: (rows, columns) of the register block of each branch, per dtype: 16 vectors of
+#: accumulators, 16 floats or 8 doubles each (a block narrower than its branch runs
+#: once per column block).
+BLOCKS = {"float32": ((4, 64), (8, 32)), "float64": ((4, 32), (4, 32))}
 #: The inner dimensions (the chunk's rows in step 1, V's columns in step 3) are
 #: padded with zeros to a multiple of this, which both block shapes' rows divide.
 PAD = 8
@@ -58,8 +60,8 @@ _HEADER = """\
  * cp / vp, zero-padded to the block width (@NARROW_COLS@ or @WIDE_COLS@ columns) and to
  * multiples of @PAD@ rows (of the chunk) and columns (of V); a zero row or column
  * adds exact zeros.  Step 1 (W += V^T C) and step 3 (C -= V W) each keep
- * a block of results in named registers (@WIDE_ROWS@ x @WIDE_COLS@ on tiles wider
- * than @WIDE_FROM@ columns, @NARROW_ROWS@ x @NARROW_COLS@ on the others) while they
+ * a block of results in named registers (@WIDE_ROWS@ x @WIDE_BCOLS@ on tiles wider
+ * than @WIDE_FROM@ columns, @NARROW_ROWS@ x @NARROW_BCOLS@ on the others) while they
  * sum over the chunk's rows (step 1) or V's columns (step 3), in that order,
  * with explicit fmaf(): a column's result does not depend on the tile width,
  * the block shape or which block runs the tile.
@@ -205,55 +207,68 @@ def _lines(stmts: list[str], indent: str) -> list[str]:
     return [indent + " ".join(stmts[i:i + _PER_LINE]) for i in range(0, len(stmts), _PER_LINE)]
 
 
-def block(rows: int, cols: int, acc: str, target: str, row: str, a_elem: str,
+def block(rows: int, cols: int, width: int, acc: str, target: str, row: str, a_elem: str,
           b_elem: str, k_end: str, negate: bool) -> str:
     """One register block: ``target[row + i][l] (+|-)= sum_k a_elem(k, i) b_elem(k, l)``
-    for i < rows, l < cols, k ascending from 0 to ``k_end``.  ``row`` is the block's
-    first row (an expression), ``a_elem`` / ``b_elem`` are format strings of the two
-    operands' elements ({k}, {i} / {l}), ``acc`` the accumulators' name prefix."""
+    for i < rows, l < width (``cols`` columns at a time), k ascending from 0 to
+    ``k_end``.  ``row`` is the block's first row (an expression), ``a_elem`` /
+    ``b_elem`` are format strings of the two operands' elements ({k}, {i} / {l}),
+    ``acc`` the accumulators' name prefix."""
+    def col(c: int) -> str:
+        return str(c) if cols == width else f"{cols} * lb + {c}"
+
+    ind = _INDENT if cols == width else _INDENT + "    "
     out: list[str] = []
     for i in range(rows):
-        out += _lines([f"float {acc}{i}_{c} = {target}[{row} + {i}][{c}];" for c in range(cols)],
-                      _INDENT)
-    out.append(_INDENT + "for (int64_t k = 0; k < 64; k++) {")
-    out.append(_INDENT + f"    if (k >= {k_end})")
-    out.append(_INDENT + "        break;")
-    inner = _INDENT + "    "
+        out += _lines([f"float {acc}{i}_{c} = {target}[{row} + {i}][{col(c)}];"
+                       for c in range(cols)], ind)
+    out.append(ind + "for (int64_t k = 0; k < 64; k++) {")
+    out.append(ind + f"    if (k >= {k_end})")
+    out.append(ind + "        break;")
+    inner = ind + "    "
     sign = "-" if negate else ""
     out += _lines([f"float v{i} = {sign}{a_elem.format(k='k', i=i)};" for i in range(rows)], inner)
-    out += _lines([f"float x{c} = {b_elem.format(k='k', l=c)};" for c in range(cols)], inner)
+    out += _lines([f"float x{c} = {b_elem.format(k='k', l=col(c))};" for c in range(cols)],
+                  inner)
     for i in range(rows):
         out += _lines([f"{acc}{i}_{c} = fmaf(v{i}, x{c}, {acc}{i}_{c});" for c in range(cols)],
                       inner)
-    out.append(_INDENT + "}")
+    out.append(ind + "}")
     for i in range(rows):
-        out += _lines([f"{target}[{row} + {i}][{c}] = {acc}{i}_{c};" for c in range(cols)], _INDENT)
+        out += _lines([f"{target}[{row} + {i}][{col(c)}] = {acc}{i}_{c};" for c in range(cols)],
+                      ind)
+    if cols != width:
+        out = [_INDENT + f"for (int64_t lb = 0; lb < {width // cols}; lb++) {{", *out,
+               _INDENT + "}"]
     return "\n".join(out)
 
 
-def _step1(rows: int, cols: int) -> str:
+def _step1(rows: int, cols: int, width: int) -> str:
     # W[p][l] += sum over the chunk's rows t of V[t][p] C[t][l]
-    return block(rows, cols, "a", "w", f"{rows} * q", "vp[{k}][" + str(rows) + " * q + {i}]",
-                 "cp[{k}][{l}]", "kt", negate=False)
+    return block(rows, cols, width, "a", "w", f"{rows} * q",
+                 "vp[{k}][" + str(rows) + " * q + {i}]", "cp[{k}][{l}]", "kt", negate=False)
 
 
-def _step3(rows: int, cols: int) -> str:
+def _step3(rows: int, cols: int, width: int) -> str:
     # C[t][l] -= sum over V's columns p of V[t][p] W[p][l]
-    return block(rows, cols, "b", "cp", f"{rows} * h", "vp[" + str(rows) + " * h + {i}][{k}]",
-                 "w[{k}][{l}]", "jbp", negate=True)
+    return block(rows, cols, width, "b", "cp", f"{rows} * h",
+                 "vp[" + str(rows) + " * h + {i}][{k}]", "w[{k}][{l}]", "jbp", negate=True)
 
 
-def source() -> str:
-    """The text of kernels/src/tile.c."""
+def source(dtype: str = "float32") -> str:
+    """The text of kernels/src/tile.c (float32), or the one the float64 build is derived
+    from (kernels/sources.py: the same text with blocks of doubles)."""
+    (wr, wc), (nr, nc) = BLOCKS[dtype]
     subs = {
-        "@STEP1_WIDE@": _step1(*WIDE), "@STEP1_NARROW@": _step1(*NARROW),
-        "@STEP3_WIDE@": _step3(*WIDE), "@STEP3_NARROW@": _step3(*NARROW),
-        "@WIDE_ROWS@": str(WIDE[0]), "@WIDE_COLS@": str(WIDE[1]),
-        "@NARROW_ROWS@": str(NARROW[0]), "@NARROW_COLS@": str(NARROW[1]),
-        "@WIDE_FROM@": str(WIDE_FROM), "@WIDE_BLOCKS@": str(64 // WIDE[0]),
-        "@NARROW_BLOCKS@": str(64 // NARROW[0]), "@PAD@": str(PAD), "@PAD1@": str(PAD - 1),
+        "@STEP1_WIDE@": _step1(wr, wc, WIDE_COLS), "@STEP1_NARROW@": _step1(nr, nc, NARROW_COLS),
+        "@STEP3_WIDE@": _step3(wr, wc, WIDE_COLS), "@STEP3_NARROW@": _step3(nr, nc, NARROW_COLS),
+        "@WIDE_ROWS@": str(wr), "@WIDE_BCOLS@": str(wc), "@WIDE_COLS@": str(WIDE_COLS),
+        "@NARROW_ROWS@": str(nr), "@NARROW_BCOLS@": str(nc), "@NARROW_COLS@": str(NARROW_COLS),
+        "@WIDE_FROM@": str(WIDE_FROM), "@WIDE_BLOCKS@": str(64 // wr),
+        "@NARROW_BLOCKS@": str(64 // nr), "@PAD@": str(PAD), "@PAD1@": str(PAD - 1),
         "@PADN@": str(64 // PAD),
     }
+    assert all(PAD % r == 0 for r in (wr, nr)), "a block's rows must divide the padding"
     text = _HEADER + _BODY
     for key, value in subs.items():
         text = text.replace(key, value)

@@ -14,6 +14,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from . import gen_tile
+
 SRC_DIR = Path(__file__).with_name("src")
 
 #: Files (in order) making up each kernel family.
@@ -43,7 +45,10 @@ _F16_C_SUBS: list[tuple[str, str]] = [
 ]
 
 
-def _file_text(family: str, name: str) -> str:
+def _file_text(family: str, name: str, dtype: str = "float32") -> str:
+    if name == "tile.c" and dtype == "float64":
+        # the tile update's register blocks hold half as many doubles (kernels/gen_tile.py)
+        return gen_tile.source("float64")
     text = read(name)
     if family == "geqrf_f16" and name == "gemm.c":
         for pat, rep in _F16_C_SUBS:
@@ -93,7 +98,7 @@ def files(family: str) -> tuple[str, ...]:
 
 def source(family: str, dtype: str = "float32") -> str:
     """Composed dialect source of ``family`` for ``dtype`` ("float32"/"float64")."""
-    text = "\n".join(_file_text(family, f) for f in files(family))
+    text = "\n".join(_file_text(family, f, dtype) for f in files(family))
     if dtype == "float64":
         if family == "geqrf_f16":
             raise ValueError("geqrf_f16 has no float64 build (it is the half-storage kernel)")
@@ -110,10 +115,11 @@ def entry(family: str, dtype: str = "float32") -> str:
     return f"{family}_{'f64' if dtype == 'float64' else 'f32'}"
 
 
-def locate(family: str, line: int) -> tuple[str, int]:
-    """Map a line of the composed source back to (file name, line in that file)."""
+def locate(family: str, line: int, dtype: str = "float32") -> tuple[str, int]:
+    """Map a line of the composed source of ``dtype`` back to (file name, line in that
+    file; for the float64 tile.c, a line of ``gen_tile.source("float64")``)."""
     for f in files(family):
-        count = read(f).count("\n") + 1  # files are joined by one newline
+        count = _file_text(family, f, dtype).count("\n") + 1  # files are joined by one newline
         if line <= count:
             return f, line
         line -= count

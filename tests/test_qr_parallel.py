@@ -90,6 +90,10 @@ def test_tile_source_is_the_generators_output():
 
     assert gen_tile.path().read_text() == gen_tile.source()
     assert gen_tile.main(["--check"]) == 0
+    # float64 takes its blocks of doubles (32 columns, twice across a wide tile) from the
+    # generator, not from tile.c
+    assert "for (int64_t lb = 0; lb < 2; lb++)" in sources.source("qrt", "float64")
+    assert "for (int64_t lb" not in sources.source("qrt", "float32")
 
 
 def test_both_register_blocks_give_the_same_columns():
@@ -98,6 +102,16 @@ def test_both_register_blocks_give_the_same_columns():
     above; this pins the two shapes against each other on a matrix whose tiles are
     all full)."""
     a3 = _rand((1, 256, 256), seed=3)
+    wide = _run(a3, steps=True, nb=64, tw=64, grid=2)
+    narrow = _run(a3, steps=True, nb=64, tw=32, grid=2)
+    assert wide[0].tobytes() == narrow[0].tobytes() and wide[1].tobytes() == narrow[1].tobytes()
+    assert check(a3, *wide).ok
+
+
+def test_float64_blocks_give_the_same_columns_for_any_tile_width():
+    """The float64 tile runs 4 x 32 blocks of doubles, twice across a 64-wide tile: a
+    32-wide and a 64-wide tile run agree bitwise there too."""
+    a3 = _rand((1, 200, 200), dtype=np.float64, seed=4)
     wide = _run(a3, steps=True, nb=64, tw=64, grid=2)
     narrow = _run(a3, steps=True, nb=64, tw=32, grid=2)
     assert wide[0].tobytes() == narrow[0].tobytes() and wide[1].tobytes() == narrow[1].tobytes()
