@@ -27,6 +27,7 @@ which the checked build compiles once instead of in four versions.
 from __future__ import annotations
 
 import sys
+from functools import cache
 from pathlib import Path
 
 #: The tile widths the two branches pad to: tiles wider than WIDE_FROM columns are
@@ -255,6 +256,7 @@ def _step3(rows: int, cols: int, width: int) -> str:
                  "vp[" + str(rows) + " * h + {i}][{k}]", "w[{k}][{l}]", "jbp", negate=True)
 
 
+@cache
 def source(dtype: str = "float32") -> str:
     """The text of kernels/src/tile.c (float32), or the one the float64 build is derived
     from (kernels/sources.py: the same text with blocks of doubles)."""

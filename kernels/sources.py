@@ -14,8 +14,6 @@ import re
 from functools import cache
 from pathlib import Path
 
-from . import gen_tile
-
 SRC_DIR = Path(__file__).with_name("src")
 
 #: Files (in order) making up each kernel family.
@@ -47,7 +45,10 @@ _F16_C_SUBS: list[tuple[str, str]] = [
 
 def _file_text(family: str, name: str, dtype: str = "float32") -> str:
     if name == "tile.c" and dtype == "float64":
-        # the tile update's register blocks hold half as many doubles (kernels/gen_tile.py)
+        # the tile update's register blocks hold half as many doubles (kernels/gen_tile.py;
+        # imported here so that `python -m capqr.kernels.gen_tile` runs it only once)
+        from . import gen_tile
+
         return gen_tile.source("float64")
     text = read(name)
     if family == "geqrf_f16" and name == "gemm.c":

@@ -96,22 +96,13 @@ def test_tile_source_is_the_generators_output():
     assert "for (int64_t lb" not in sources.source("qrt", "float32")
 
 
-def test_both_register_blocks_give_the_same_columns():
-    """A 32-wide tile takes the narrow block, a 64-wide one the wide block: the columns
-    they share come out bitwise the same (the tile update's own oracle is the test
-    above; this pins the two shapes against each other on a matrix whose tiles are
-    all full)."""
-    a3 = _rand((1, 256, 256), seed=3)
-    wide = _run(a3, steps=True, nb=64, tw=64, grid=2)
-    narrow = _run(a3, steps=True, nb=64, tw=32, grid=2)
-    assert wide[0].tobytes() == narrow[0].tobytes() and wide[1].tobytes() == narrow[1].tobytes()
-    assert check(a3, *wide).ok
-
-
-def test_float64_blocks_give_the_same_columns_for_any_tile_width():
-    """The float64 tile runs 4 x 32 blocks of doubles, twice across a 64-wide tile: a
-    32-wide and a 64-wide tile run agree bitwise there too."""
-    a3 = _rand((1, 200, 200), dtype=np.float64, seed=4)
+@pytest.mark.parametrize("dtype,n,seed", [(np.float32, 256, 3), (np.float64, 200, 4)])
+def test_both_register_blocks_give_the_same_columns(dtype, n, seed):
+    """A 32-wide tile takes the narrow block, a 64-wide one the wide block (float64: a
+    4 x 32 block of doubles, once or twice across the tile): the columns they share
+    come out bitwise the same (the tile update's own oracle is the test above; this
+    pins the two shapes against each other on a matrix whose tiles are all full)."""
+    a3 = _rand((1, n, n), dtype=dtype, seed=seed)
     wide = _run(a3, steps=True, nb=64, tw=64, grid=2)
     narrow = _run(a3, steps=True, nb=64, tw=32, grid=2)
     assert wide[0].tobytes() == narrow[0].tobytes() and wide[1].tobytes() == narrow[1].tobytes()

@@ -280,10 +280,6 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
     folds = [] if innermost else _foldable(loop.stmt, var, bits, changed, defs, ctx)
     if not innermost and not accesses and not subs and not folds:
         return None
-    if innermost and not accesses and not subs:
-        quiet = _constant_short_loop(loop, a_expr, b_expr, cmp, step, nested)
-        if quiet is not None:
-            return quiet
     # Even with nothing to hoist, a countable innermost loop gets the
     # short-trip copy without per-iteration pollchecks.
     ctx.counter += 1
@@ -378,6 +374,11 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
         trips = const_trips(a_expr, b_expr, cmp, step)
         if trips is not None and trips < leaf_limit:
             # constant short loop: the polling copy could never run
+            if not accesses and not subs:
+                # and nothing to guard: the span test that picks the checked copy holds
+                # at compile time too, so that copy would be dead code as well (the
+                # CPU tile update's register blocks compiled 4 times each)
+                return quiet_block
             fast_block = quiet_block
         else:
             fast_block = c_ast.If(span_below(span.hs, step, leaf_limit), quiet_block, fast)
@@ -399,28 +400,6 @@ def _version(loop: c_ast.For, ctx: Ctx, innermost: bool = True, nested: bool = F
     if innermost:
         ctx.inner[id(out)] = Inner(out, var, span, terms, fast_then, covered)
     return out
-
-
-def _constant_short_loop(loop: c_ast.For, a_expr: c_ast.Node, b_expr: c_ast.Node, cmp: str,
-                         step: int | c_ast.Node, nested: bool) -> c_ast.Compound | None:
-    """An innermost loop with nothing to guard whose literal bounds make it short: its
-    quiet copy alone (polling once after it unless ``nested``), else None.
-
-    _version would wrap that copy in ``span < limit ? quiet : polling`` and a
-    ``span computable ? fast : checked`` test; with literal bounds both tests hold
-    at compile time, so the other copies are dead code (each doubled the loop's
-    text: a generated register block of the CPU tile update compiled 4 times).
-    The poll reasoning is the fast copy's (polls.entry_polls): fewer than
-    ``quiet_limit`` iterations, a leaf body, and the enclosing loop polls each
-    iteration when nested."""
-    if not leaf_body(loop.stmt):
-        return None
-    trips = const_trips(a_expr, b_expr, cmp, step)
-    if trips is None or trips >= quiet_limit(SHORT_TRIP, iteration_work(loop)):
-        return None
-    quiet = copy.deepcopy(loop)
-    mark_nopoll(quiet)
-    return c_ast.Compound([quiet]) if nested else then_poll(quiet)
 
 
 @dataclass
