@@ -58,7 +58,8 @@ def time_once(r: Runner) -> float:
 #: OpenBLAS's threads spin for about 2^28 cycles (~0.1 s) after a call returns, so
 #: a call started right after scipy's runs on cores those threads still hold (on
 #: the 16-core H200 host capqr's n=1024 QR measured 27.6 GF/s interleaved without
-#: a pause, 61 GF/s alone; on the 2-core Xeon VM its 65536x64 QR, median of 5, took
+#: a pause, 61 GF/s alone; on the 2-core Xeon VM, 2026-12-07 at ea553f5 with nothing
+#: else of ours running, its 65536x64 QR, median of 5, took
 #: 50.6 ms alone, 103.8 ms right after an sgeqrf, 64.9 ms 0.1 s after one and 52.1 ms
 #: 0.3 s after; torch.geqrf left no such trace).  Every variant waits the same,
 #: outside the timing.
