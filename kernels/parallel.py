@@ -22,10 +22,11 @@ the same checks).
 Tall float32 matrices in a batch smaller than the pool (:func:`use_tall`:
 65536 x 64, 8192 x 256 on 16 workers) run ``qrt_tall`` instead, one launch per
 matrix (kernels/src/qrt_tall.c): the rows, not the columns, are shared out
-between every worker, panels and trailing updates alike, so a matrix of one or
-a few panels keeps every worker busy.  Its result does not depend on the worker
-count either (chunks of rows sized by m alone, sums in chunk order) and has
-the group panel's rounding (tests/test_qr_tall.py).
+between every worker (or TALL_MAX_WORKERS of them, :func:`tall_blocks`), panels and
+trailing updates alike, so a matrix of one or a few panels keeps every worker busy.
+Its result does not depend on the worker count either (chunks of rows sized by m
+alone, sums in chunk order) and has the group panel's rounding
+(tests/test_qr_tall.py).
 
 Small float32 matrices (:func:`use_small`: at most SMALL_M x SMALL_N, the
 contest's 32 x 32 batch) run ``qr_small`` (kernels/src/qr_small.c), one block per
@@ -71,6 +72,14 @@ GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
 #: vs 6.5, 4096 x 512 34.3 vs 33.3) and at 8192 x 512; so TALL_ALWAYS_RATIO 64 -> 16.
 TALL_RATIO, TALL_ALWAYS_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 16, 1024, 32
 TALL_NB = 32
+#: Most workers in the tall path's group (None: the whole pool; run's ``tall_workers``
+#: overrides it).  The group meets at a barrier per panel column, so one worker
+#: descheduled stalls all of them: on the H100 host's 16 vCPUs with 16 workers
+#: 65536 x 64 is bimodal (7.5-12 or 30-48 ms).  A group smaller than the pool leaves
+#: cores to the launching thread and the OS; bench.tall_workers sweeps it.  The chunks
+#: stay sized by m alone (tall_chunk_rows), so the result does not depend on it; with
+#: TALL_CHUNKS = 32 a group of 16 takes 2 chunks a worker, 11 to 15 take 3, 8 to 10 4.
+TALL_MAX_WORKERS: int | None = None
 #: The small path (qr_small, use_small): float32 matrices of at most SMALL_M rows and
 #: SMALL_N columns (its local array).  Batches of 32 x 32 on the 2-core VM, kernel
 #: only, warm: 1.6-2.5 us a matrix on one worker against 12.8 us by qrt.
@@ -297,6 +306,19 @@ def tall_chunk_rows(m: int) -> int:
     return 64 * max(1, m // (64 * TALL_CHUNKS))
 
 
+def tall_blocks(m: int, threads: int, workers: int | None = None) -> int:
+    """Blocks (the group) of qrt_tall on a pool of ``threads`` for m rows: ``workers``
+    (None: TALL_MAX_WORKERS, None there: the pool), at most the pool and the row
+    chunks, at least 1.  The result does not depend on it (the chunks follow m)."""
+    if workers is None:
+        workers = TALL_MAX_WORKERS
+    if workers is not None and (isinstance(workers, bool) or int(workers) != workers
+                                or workers < 1):
+        raise ValueError(f"tall workers must be a positive int or None, got {workers!r}")
+    most = threads if workers is None else min(threads, int(workers))
+    return max(1, min(most, -(-m // tall_chunk_rows(m))))
+
+
 def tall_work_elems(m: int, n: int, nb: int, ch: int) -> int:
     """qrt_tall's float workspace: T (nb x nb), W (nb x n) and a share of W per chunk."""
     return nb * nb + nb * n + -(-m // ch) * nb * n
@@ -322,7 +344,8 @@ def work_elems(batch: int, m: int, nb: int, steps: bool, grid: int) -> int:
 def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, checked: Checked,
         grid: int | None, timeout: float | None, steps: bool | None = None,
         trace: list[tuple[int, int, float]] | None = None, group: int | None = None,
-        n: int | None = None, tall: bool | None = None) -> None:
+        n: int | None = None, tall: bool | None = None,
+        tall_workers: int | None = None) -> None:
     """Factor ``h`` (batch x m x ld, C order, ``dtype``) in place; tau receives the scales.
 
     The matrices are the first ``n`` columns of each row (default: all ``ld``);
@@ -339,8 +362,10 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     ``group`` forces the group look-ahead panel (qrt_gstep, batch 1) with that
     many blocks (0: qrt_step); None decides by :func:`default_group` (never
     with an explicit ``grid``).  ``tall`` forces the rows-shared path (qrt_tall,
-    one launch per matrix on every worker; float32) or refuses it; None decides
+    one launch per matrix on a group of workers; float32) or refuses it; None decides
     by :func:`use_tall` where nothing else (steps, grid, group) is forced.
+    ``tall_workers``: the tall path's group size (:func:`tall_blocks`; None:
+    TALL_MAX_WORKERS or the pool), for a run that takes the tall path only.
     """
     from .. import runtime
 
@@ -366,8 +391,11 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
             raise ValueError("tall= runs its own launches: no steps, grid or group with it")
         if dtype != "float32":
             raise ValueError("the tall path sums in double and factors float32 only")
-        _run_tall(h, tau, dtype, nb, checked, timeout, n, trace)
+        _run_tall(h, tau, dtype, nb, checked, timeout, n, trace, tall_workers)
         return
+    if tall_workers is not None:
+        raise ValueError("tall_workers= is for the tall path (tall=True, or use_tall's "
+                         "shapes)")
     if steps is None and not group and use_small(m, n, dtype):
         run_small(h, tau, checked, grid, timeout, n, trace=trace)
         return
@@ -375,15 +403,16 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
 
 
 def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Checked,
-              timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None
-              ) -> None:
-    """qrt_tall on each matrix of ``h`` in turn, every worker in its group; ``trace``
-    gets (matrix, blocks, seconds) per launch."""
+              timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None,
+              workers: int | None = None) -> None:
+    """qrt_tall on each matrix of ``h`` in turn, a group of :func:`tall_blocks` workers
+    (``workers``: run's ``tall_workers``); ``trace`` gets (matrix, blocks, seconds) per
+    launch."""
     from .. import capabilities, runtime
 
     batch, m, ld = h.shape
     ch = tall_chunk_rows(m)
-    blocks = max(1, min(runtime.threads(), -(-m // ch)))
+    blocks = tall_blocks(m, runtime.threads(), workers)
     kern = tall_kernel_for(dtype, checked)
     hc = capabilities.wrap(h, name="qr.a")
     tc = capabilities.wrap(tau, name="qr.tau")

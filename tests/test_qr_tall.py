@@ -58,7 +58,8 @@ from capqr.kernels import parallel
 for batch, m, n, nb in {shapes!r}:
     a = np.random.default_rng(m + n).standard_normal((batch, m, n)).astype(np.float32)
     t = np.zeros((batch, min(m, n)), np.float32)
-    parallel.run(a, t, "float32", nb, 64, True, None, None, tall=True)
+    parallel.run(a, t, "float32", nb, 64, True, None, None, tall=True,
+                 tall_workers={workers!r})
     print(hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest())
 """
 
@@ -66,7 +67,8 @@ for batch, m, n, nb in {shapes!r}:
 def test_tall_passes_the_checker_and_ignores_the_worker_count():
     """Each shape passes the checker and is close to the one-block kernel's result;
     pools of 1, 3 and 16 workers (2, 3, 16 blocks meeting at the barriers; 16 more
-    than the cores here) give bitwise this pool's result."""
+    than the cores here), and a group of 2 on the pool of 3 (tall_workers: a worker
+    left idle), give bitwise this pool's result."""
     want = []
     for batch, m, n, nb in SHAPES:
         a3 = _rand((batch, m, n), seed=m + n)
@@ -77,13 +79,44 @@ def test_tall_passes_the_checker_and_ignores_the_worker_count():
         parallel.run(h1, t1, "float32", nb, 64, True, None, None, steps=False)
         assert np.allclose(h, h1, rtol=1e-3, atol=1e-3 * np.abs(h1).max())
         want.append(_digest(h, tau))
-    script = _HASH_SCRIPT.format(shapes=SHAPES)
-    for threads in ("1", "3", "16"):
+    for threads, workers in (("1", None), ("3", None), ("3", 2), ("16", None)):
+        script = _HASH_SCRIPT.format(shapes=SHAPES, workers=workers)
         env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=IMPORT_ROOT)
         out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.split() == want, f"CAPQR_THREADS={threads}"
+        assert out.stdout.split() == want, f"CAPQR_THREADS={threads}, tall_workers={workers}"
+
+
+def test_tall_group_smaller_than_the_pool(monkeypatch):
+    """A tall group of fewer workers than the pool (run's tall_workers, or
+    TALL_MAX_WORKERS when it is None) launches that many blocks and gives bitwise the
+    whole pool's result; counts above the pool or the chunks are capped."""
+    threads = runtime.threads()
+    for batch, m, n, nb in SHAPES:
+        a3 = _rand((batch, m, n), seed=m + n)
+        want, wtau = _tall(a3, nb)
+        nck = -(-m // parallel.tall_chunk_rows(m))
+        for w in (*range(1, threads), threads + 5, nck + 1):
+            h, tau, trace = np.array(a3), np.zeros_like(wtau), []
+            parallel.run(h, tau, "float32", nb, 64, True, None, None, tall=True,
+                         trace=trace, tall_workers=w)
+            assert [t[1] for t in trace] == [min(w, threads, nck)] * batch, (m, n, w)
+            assert h.tobytes() == want.tobytes() and tau.tobytes() == wtau.tobytes(), (m, w)
+    a3 = _rand((1, 1100, 40), seed=2)
+    want, wtau = _tall(a3, 16)
+    monkeypatch.setattr(parallel, "TALL_MAX_WORKERS", 1)
+    h, tau, trace = np.array(a3), np.zeros_like(wtau), []
+    parallel.run(h, tau, "float32", 16, 64, True, None, None, n=40, tall=True, trace=trace)
+    assert [t[1] for t in trace] == [1]
+    assert h.tobytes() == want.tobytes() and tau.tobytes() == wtau.tobytes()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="tall workers"):
+            parallel.run(np.array(a3), np.zeros_like(wtau), "float32", 16, 64, True, None,
+                         None, tall=True, tall_workers=bad)
+    with pytest.raises(ValueError, match="for the tall path"):
+        parallel.run(np.array(a3), np.zeros_like(wtau), "float32", 16, 64, True, None,
+                     None, tall=False, tall_workers=1)
 
 
 def test_tall_rows_longer_than_the_matrix():
@@ -196,7 +229,7 @@ def test_planted_read_past_the_matrix_while_the_group_waits(planted_row_end):
     faults; the other blocks, waiting at the barrier after the update, stop."""
     m, n, nb = 1100, 40, 16
     a3 = _rand((1, m, n), seed=11)
-    blocks = min(runtime.threads(), -(-m // parallel.tall_chunk_rows(m)))
+    blocks = parallel.tall_blocks(m, runtime.threads())
     trace: list = []
     with pytest.raises(runtime.CapabilityFault) as ei:
         parallel.run(np.array(a3), np.zeros((1, n), np.float32), "float32", nb, 64, True,
