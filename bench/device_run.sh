@@ -31,6 +31,11 @@
 #                               paths one matrix takes on the pool (steps, group, tall) (PATHOV_S, 200 s)
 #  tallnb:
 #   tall-nb-*.{json,txt}, tall-nb.log  bench.tall_nb: the tall path's panel width (TALLNB_S, 100 s)
+#  tallworkers:
+#   tall-workers-*.{json,txt},  bench.tall_workers: the tall path's group size (TALL_WORKERS,
+#   tall-workers.log            default 16,15,14,12,11,8 of the pool) at 65536x64 and 8192x256,
+#                               kernel alone and through kernels.qr, 31 samples, slow-mode
+#                               fraction, context switches and steal; 25-55 s   (TALLW_S, 90 s)
 # Usage: OUT=/some/dir PARTS="gpu" bash bench/device_run.sh, with PYTHONPATH naming the
 # installed wheels and the repository root.  The fake-driver tests (tests/test_launch_sequence.py,
 # tests/test_gc_device.py) are not run here: they swap the driver module under a process
@@ -119,6 +124,11 @@ fi
 if [[ $PARTS == *" tallnb "* ]]; then
     TAIL=6 step tall-nb "${TALLNB_S:-100}" "$OUT/tall-nb.log" \
         python3 -m capqr.bench.tall_nb --out "$OUT"
+fi
+if [[ $PARTS == *" tallworkers "* ]]; then
+    TAIL=16 step tall-workers "${TALLW_S:-90}" "$OUT/tall-workers.log" \
+        python3 -m capqr.bench.tall_workers --tall-workers "${TALL_WORKERS:-16,15,14,12,11,8}" \
+        --samples "${TALLW_SAMPLES:-31}" --max-seconds "${TALLW_SHAPE_S:-25}" --out "$OUT"
 fi
 # "cpu" is its three steps; "peers", "overhead" and "scaling" name one each
 [[ $PARTS == *" cpu "* ]] && PARTS="$PARTS peers overhead scaling "
