@@ -83,6 +83,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
         row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
                      "reg_rows": g.REG_ROWS, "per_matrix": g.PER_MATRIX,
                      "mma_update": g.MMA_UPDATE, "mma_min_rows": g.MMA_MIN_ROWS,
+                     "lookahead": g.LOOKAHEAD,
                      "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows,
                      "graph": graph}
         outs = {}
@@ -230,6 +231,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--panel-reg", choices=("default", "on", "off"), default="default",
                     help="on: panels of at most kernels.gpu.REG_MAX_ROWS rows in registers; "
                          "off: none; default: of at most kernels.gpu.REG_ROWS")
+    ap.add_argument("--lookahead", choices=("default", "on", "off"), default="default",
+                    help="the panels and each next panel's update on a second stream "
+                         "(kernels.gpu.LOOKAHEAD)")
     ap.add_argument("--per-matrix", choices=("default", "on", "off"), default="default",
                     help="one launch, one block per matrix, where the batch allows "
                          "(kernels.gpu.PER_MATRIX)")
@@ -322,8 +326,8 @@ def main(argv: list[str] | None = None) -> Path | None:
 
 
 def _set_plan_options(ns: argparse.Namespace) -> None:
-    """--mma-update / --mma-min-rows / --panel-reg / --per-matrix into kernels.gpu (the
-    plan reads them when built)."""
+    """--mma-update / --mma-min-rows / --panel-reg / --per-matrix / --lookahead into
+    kernels.gpu (the plan reads them when built)."""
     from ..kernels import gpu as g
 
     if ns.mma_update != "default":
@@ -334,6 +338,8 @@ def _set_plan_options(ns: argparse.Namespace) -> None:
         g.REG_ROWS = g.REG_MAX_ROWS if ns.panel_reg == "on" else 0
     if ns.per_matrix != "default":
         g.PER_MATRIX = ns.per_matrix == "on"
+    if ns.lookahead != "default":
+        g.LOOKAHEAD = ns.lookahead == "on"
 
 
 def _write(out: Path, dev, rows: list[dict], repeat: int) -> dict:

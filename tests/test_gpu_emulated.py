@@ -60,15 +60,16 @@ def emulated_raw(tmp_path_factory) -> dict:
 
 
 def _qr(emulated: dict, a: np.ndarray, two_panel: bool, tall_rows: int | None = None,
-        reg: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        reg: bool = True, lookahead: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """kernels.gpu's blocked plan for ``a`` (``reg`` True: the register panels; False:
-    gpu_qr_panel_small and gpu_qr_panel), run on the emulated lane."""
+    gpu_qr_panel_small and gpu_qr_panel), run on the emulated lane in list order."""
     batch, n, _ = a.shape
     A = a.copy()
     tau = np.zeros((batch, n), np.float32)
-    ws = g.Workspace.alloc(batch, n, alloc=lambda size, dtype, name: np.zeros(size, dtype))
+    ws = g.Workspace.alloc(batch, n, alloc=lambda size, dtype, name: np.zeros(size, dtype),
+                           lookahead=lookahead)
     for step in g.launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=False,
-                              reg=reg, per_matrix=False):
+                              reg=reg, per_matrix=False, lookahead=lookahead):
         caps = ws.caps(step, A, tau)
         fault = emulated[step.kernel].launch(caps + list(step.args), step.grid, step.block)
         assert fault is None, (step, fault)
@@ -118,7 +119,7 @@ def test_emulated_update_launch_past_the_matrix_faults(emulated) -> None:
     A = np.zeros((1, n, n), np.float32)
     z = np.zeros(g.scratch_size(1, 2 * n), np.float32)
     vt = np.zeros(g.vt_size(1, 2 * n), np.float32)
-    fault = emulated["update_z"].launch([A, z, vt, 2 * n, 0, 32, 2 * n, 3, 1, 128], 3, 128)
+    fault = emulated["update_z"].launch([A, z, vt, 2 * n, 0, 32, 2 * n, 3, 1, 128, 32], 3, 128)
     assert fault is not None and fault["kind"] == 1 and fault["slot"] == 0  # OOB on A
 
 
@@ -149,6 +150,31 @@ def test_emulated_column_steps_pass_the_checker(emulated, two_panel: bool) -> No
     assert rep.ok, str(rep)
     Hm, taum = model_qr(a, 64, two_panel)
     np.testing.assert_allclose(tau, taum, rtol=2e-3, atol=2e-4)
+
+
+@pytest.mark.parametrize("batch,n,tall_rows,reg", [(1, 161, None, True), (2, 100, 64, False)])
+def test_emulated_lookahead_passes_the_checker(emulated, emulated_raw, batch: int, n: int,
+                                               tall_rows: int | None, reg: bool) -> None:
+    """The look-ahead plan (each update split into the next panel's columns and the rest,
+    T alternating between work and work2, lane 1's own scratch and V^T), in list order:
+    kernels.check passes, it agrees with the numpy model of that plan and with the plan
+    without the look-ahead, and checked equals raw bit for bit.  (That no two launches
+    the lanes leave unordered touch the same memory is tests/test_gpu_qr.py's
+    test_lookahead_plan_orders_every_conflict.)"""
+    from test_gpu_qr import model_qr
+
+    a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
+    H, tau = _qr(emulated, a, False, tall_rows, reg=reg, lookahead=True)
+    rep = kernels.check(a, H, tau)
+    assert rep.ok, str(rep)
+    Hm, taum = model_qr(a, tall_rows, False, lookahead=True)
+    np.testing.assert_allclose(tau, taum, rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(H, Hm, rtol=2e-2, atol=2e-3 * float(np.abs(a).max()))
+    H1, tau1 = _qr(emulated, a, False, tall_rows, reg=reg)
+    np.testing.assert_allclose(tau, tau1, rtol=2e-3, atol=2e-4)
+    Hr, taur = _qr(emulated_raw, a, False, tall_rows, reg=reg, lookahead=True)
+    assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
+    assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
 
 
 @pytest.mark.parametrize("far", [0, 10_000])

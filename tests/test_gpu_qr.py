@@ -134,13 +134,14 @@ def model_steps(M: np.ndarray, tau: np.ndarray, n: int, k0: int, nb: int, batch:
     return _t_from(tau[k0:k0 + nb], Y, nb)
 
 
-def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int, ce: int) -> None:
-    """gpu_qr_update on one matrix, all strips at once (in place): columns k0+nb .. ce-1."""
+def model_update(M: np.ndarray, T: np.ndarray, n: int, k0: int, nb: int, ce: int,
+                 c0: int) -> None:
+    """gpu_qr_update on one matrix, all strips at once (in place): columns c0 .. ce-1."""
     V = _v(M, k0, nb)
-    C = M[k0:, k0 + nb:ce]
+    C = M[k0:, c0:ce]
     Z = V.T @ C
     W = (T.T @ Z).astype(np.float32)
-    M[k0:, k0 + nb:ce] = (C - V @ W).astype(np.float32)
+    M[k0:, c0:ce] = (C - V @ W).astype(np.float32)
 
 
 def model_update2(M: np.ndarray, T1: np.ndarray, T2: np.ndarray, n: int, k0: int, nb: int,
@@ -157,22 +158,23 @@ def model_update2(M: np.ndarray, T1: np.ndarray, T2: np.ndarray, n: int, k0: int
     M[k0:, k0 + nb:ce] = (C - V1 @ W1 - V2 @ W2).astype(np.float32)
 
 
-def model_qr(a: np.ndarray, tall_rows: int | None = None,
-             two_panel: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Run the blocked launch plan (panel by panel) through the numpy model."""
+def model_qr(a: np.ndarray, tall_rows: int | None = None, two_panel: bool | None = None,
+             lookahead: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Run the blocked launch plan (panel by panel, in list order) through the numpy
+    model."""
     batch, n, _ = a.shape
     H = a.astype(np.float32).copy()
     tau = np.zeros((batch, n), np.float32)
     T = np.zeros((2, batch, 32, 32), np.float32)  # work, work2
     for step in g.launch_plan(batch, n, tall_rows=tall_rows, two_panel=two_panel,
-                              whole=False, per_matrix=False):
+                              whole=False, per_matrix=False, lookahead=lookahead):
         for b in range(batch):
             if step.kernel in ("panel", "panel_small") or step.kernel.startswith("preg"):
                 T[step.slot, b] = model_panel(H[b], tau[b], *step.args)
             elif step.kernel == "steps":
                 T[step.slot, b] = model_steps(H[b], tau[b], *step.args)
             elif step.kernel == "update_apply":
-                model_update(H[b], T[0, b], *step.args[:4])
+                model_update(H[b], T[step.slot, b], *step.args[:4], step.args[7])
             elif step.kernel == "update2_apply":
                 model_update2(H[b], T[0, b], T[1, b], *step.args[:4])
     return H, tau
@@ -217,9 +219,25 @@ def test_bench_panel_reg_option_sets_the_plan(monkeypatch, choice: str, kind: st
     monkeypatch.setattr(g, "PER_MATRIX", g.PER_MATRIX)
     monkeypatch.setattr(g, "MMA_UPDATE", g.MMA_UPDATE)
     _set_plan_options(argparse.Namespace(mma_update="default", mma_min_rows=None,
-                                         panel_reg=choice, per_matrix="default"))
+                                         panel_reg=choice, per_matrix="default",
+                                         lookahead="default"))
     assert g.launch_plan(40, 176)[0].kernel == kind
     assert (g.launch_plan(20, 32)[0].kernel == "preg32") == (choice != "off")
+
+
+@pytest.mark.parametrize("choice", ["on", "off"])
+def test_bench_lookahead_option_sets_the_plan(monkeypatch, choice: str) -> None:
+    """bench.gpu_bench --lookahead on: the plan's panels on lane 1 (what
+    gpu_lookahead_device.sh's new part measures); off: one lane."""
+    import argparse
+
+    from capqr.bench.gpu_bench import _set_plan_options
+
+    monkeypatch.setattr(g, "LOOKAHEAD", g.LOOKAHEAD)
+    _set_plan_options(argparse.Namespace(mma_update="default", mma_min_rows=None,
+                                         panel_reg="default", per_matrix="default",
+                                         lookahead=choice))
+    assert any(s.lane == 1 for s in g.launch_plan(2, 4096)) == (choice == "on")
 
 
 @pytest.mark.parametrize("reg", [True, False])
@@ -243,7 +261,10 @@ def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool, reg: 
     for s in plan:
         assert s.block % 32 == 0 and 32 <= s.block <= 1024
         if s.kernel.startswith("update"):
-            _, k0, nb, ce, strips, nrb, rb = s.args
+            _, k0, nb, ce, strips, nrb, rb, *start = s.args
+            # the one-panel kernels take their first column: the one after the panel
+            assert start == ([] if s.kernel.startswith("update2") else [k0 + nb])
+            assert (s.lane, s.after) == (0, ())  # one lane without the look-ahead
             # a pair's first update reaches only the second panel; the others, the end
             assert ce == (k0 + 2 * g.NB if s.kernel.startswith("update_") and two_panel
                           and n - k0 > 2 * g.NB else n)
@@ -269,6 +290,78 @@ def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool, reg: 
             assert f"int64_t P = {s.block};" in src  # written for one block size
     if not reg:
         assert not any(s.kernel.startswith("preg") for s in plan)
+
+
+def _footprint(step: g.Launch) -> list[tuple[str, str, tuple[int, int, int, int] | None]]:
+    """What one launch reads ("r") and writes ("w"), from its kernel's contract (the
+    comments of panel*.c, update.c): per buffer, the rows x columns of A it covers (every
+    matrix alike), the columns of tau, or None for the whole buffer.  The buffers are
+    named by Workspace.caps, so a launch's lane buffers are the plan's own choice."""
+    ws = g.Workspace(*"work work2 scratch gram steps vt scratch1 vt1".split())
+    caps = ws.caps(step, "A", "tau")
+    n, k0, nb = step.args[:3]
+    if _is_panel(step.kernel):
+        out = [("A", "w", (k0, n, k0, k0 + nb)), ("tau", "w", (0, 1, k0, k0 + nb)),
+               (caps[2], "w", None)]
+        return out + ([(caps[3], "w", None)] if step.kernel == "steps" else [])
+    ce, c0 = step.args[3], step.args[7]
+    out = [("A", "r", (k0, n, k0, k0 + nb))]  # V
+    if step.kernel == "update_z":
+        _, z, v = caps
+        return out + [("A", "r", (k0, n, c0, ce)), (z, "w", None), (v, "w", None)]
+    assert step.kernel == "update_apply", step.kernel
+    _, t, z, v = caps
+    return out + [("A", "w", (k0, n, c0, ce)), (t, "r", None), (z, "r", None), (v, "r", None)]
+
+
+def _overlap(a: tuple[int, int, int, int] | None, b: tuple[int, int, int, int] | None) -> bool:
+    if a is None or b is None:
+        return True
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
+
+
+@pytest.mark.parametrize("tall_rows", ["auto", None])
+@pytest.mark.parametrize("batch,n", CONTEST_SHAPES + [(1, 33), (3, 64), (1, 100), (2, 161)])
+def test_lookahead_plan_orders_every_conflict(batch: int, n: int, tall_rows) -> None:
+    """The look-ahead plan's two lanes (kernels/gpu launch_plan, runtime/cuda/lanes.py): any
+    two launches that touch the same memory, one of them writing, are ordered (by their
+    lane or by ``after``, transitively), so they cannot overlap on the GPU; and every
+    update of a column comes before the panel that factors it, which the list order (the
+    order of the isolated and emulated lanes) follows too."""
+    from capqr.runtime.cuda.lanes import check_lanes, predecessors
+
+    plan = g.launch_plan(batch, n, tall_rows, whole=False, per_matrix=False, lookahead=True)
+    assert any(s.lane == 1 for s in plan) and any(s.lane == 0 for s in plan) == (n > 64)
+    preds = predecessors(check_lanes([(s.lane, s.after) for s in plan], len(plan)))
+    before = []  # bit j of before[i]: launch j happens before launch i
+    for ps in preds:
+        bits = 0
+        for j in ps:
+            bits |= before[j] | (1 << j)
+        before.append(bits)
+    feet = [_footprint(s) for s in plan]
+    for i in range(len(plan)):
+        for j in range(i):
+            if before[i] >> j & 1:
+                continue
+            for bi, mi, ri in feet[i]:
+                for bj, mj, rj in feet[j]:
+                    assert not (bi == bj and "w" in (mi, mj) and _overlap(ri, rj)), (
+                        f"launches {j} {plan[j]} and {i} {plan[i]} may overlap on {bi}")
+    # each panel's reflectors reach each later column once, before that column's panel
+    panels = [(i, s) for i, s in enumerate(plan) if _is_panel(s.kernel)]
+    assert [c for _, s in panels for c in range(s.args[1], s.args[1] + s.args[2])] == list(
+        range(n))
+    for _, s in panels:
+        k0, nb = s.args[1], s.args[2]
+        ups = [(u, t) for u, t in enumerate(plan) if t.kernel == "update_apply"
+               and t.args[1] == k0]
+        assert sorted(c for _, t in ups for c in range(t.args[7], t.args[3])) == list(
+            range(k0 + nb, n))
+        for u, t in ups:
+            for p, q in panels:
+                if t.args[7] <= q.args[1] < t.args[3]:
+                    assert u < p and before[p] >> u & 1, (t, q)
 
 
 @pytest.mark.parametrize("batch,n", [(2, 4096), (8, 2048), (3, 130), (1, 65)])
@@ -524,9 +617,10 @@ STRESS = ["graded_rows", "graded_cols", "near_rank_deficient", "zero_column", "z
 
 def _check_both(a: np.ndarray, tall_rows: int | None = None,
                 two_panel: bool | None = None, whole: bool | None = None, *,
-                reg: bool | None = None, per_matrix: bool | None = None) -> None:
+                reg: bool | None = None, per_matrix: bool | None = None,
+                lookahead: bool | None = None) -> None:
     kw = {"tall_rows": tall_rows, "two_panel": two_panel, "whole": whole, "reg": reg,
-          "per_matrix": per_matrix}
+          "per_matrix": per_matrix, "lookahead": lookahead}
     H, tau = g.qr(a, checked=True, **kw)
     Hr, taur = g.qr(a, checked=False, **kw)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32)), "checked != raw output"
@@ -628,6 +722,67 @@ def test_two_panel_stress(kind: str) -> None:
     rng = np.random.default_rng(9)
     _check_both(np.stack([_stress(kind, 200, rng) for _ in range(2)]), two_panel=True,
                 whole=False)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("batch,n,tall_rows", [(3, 96, None), (2, 161, None), (1, 1024, None),
+                                               (40, 352, "auto"), (2, 1024, "auto"),
+                                               (1, 2048, "auto")])
+def test_lookahead(batch: int, n: int, tall_rows) -> None:
+    """The look-ahead plan on two streams (panels on the high-priority one): checked
+    equals raw, kernels.check passes, a second run gives the same bits (the lanes
+    overlap only launches that share no memory), and a CUDA graph of it too."""
+    from capqr.runtime import cuda
+
+    a = np.random.default_rng(n + batch).standard_normal((batch, n, n)).astype(np.float32)
+    _check_both(a, tall_rows=tall_rows, whole=False, per_matrix=False, lookahead=True)
+    kw = {"tall_rows": tall_rows, "whole": False, "per_matrix": False, "lookahead": True}
+    H1, tau1 = g.qr(a, **kw)
+    H2, tau2 = g.qr(a, **kw)
+    assert np.array_equal(H1.view(np.uint32), H2.view(np.uint32))
+    A = cuda.to_device(a, name="A")
+    tau = cuda.alloc_device((batch, n), np.float32, name="tau")
+    ws = g.Workspace.alloc(batch, n, lookahead=True)
+    graphs: dict = {}
+    try:
+        for _ in range(2):  # recorded, then replayed
+            A.copy_from(a)
+            g.qr_launch(A, tau, ws, n, graphs=graphs, **kw)
+            assert np.array_equal(A.numpy().view(np.uint32), H1.view(np.uint32))
+            assert np.array_equal(tau.numpy().view(np.uint32), tau1.view(np.uint32))
+    finally:
+        for gr in graphs.values():
+            gr.close()
+        ws.free()
+        A.free()
+        tau.free()
+
+
+@gpu
+@needs_gpu
+def test_lookahead_fault_names_its_launch() -> None:
+    """A tau 5 floats short under the look-ahead plan: the last panel (on lane 1) stores
+    past it, and the sequence's sync raises a CapabilityFault that names buffer tau and
+    that launch, as without the look-ahead."""
+    from capqr.runtime import cuda
+    from capqr.runtime.errors import CapabilityFault
+
+    batch, n = 2, 161
+    A = cuda.to_device(np.random.default_rng(4).standard_normal((batch, n, n))
+                       .astype(np.float32), name="A")
+    tau = cuda.alloc_device(batch * n - 5, np.float32, name="tau")
+    ws = g.Workspace.alloc(batch, n, lookahead=True)
+    try:
+        with pytest.raises(CapabilityFault) as e:
+            g.qr_launch(A, tau, ws, n, whole=False, per_matrix=False, lookahead=True)
+        plan = g.launch_plan(batch, n, whole=False, per_matrix=False, lookahead=True)
+        assert (e.value.buffer, e.value.launch_index) == ("tau", len(plan) - 1)
+        assert plan[-1].lane == 1
+    finally:
+        ws.free()
+        A.free()
+        tau.free()
 
 
 @gpu

@@ -236,10 +236,10 @@ def test_emulated_mma_z_ignores_stale_shared_rows(emulated) -> None:
     z = np.zeros(g.scratch_size(1, n), np.float32)
     vt = np.zeros(g.vt_size(1, n), np.float32)
     k = emulated["update_mma_z"]
-    assert k.launch([poison, z, vt, n, 0, 32, n, 1, 1, n], 1, g.UPDATE_BLOCK) is None
+    assert k.launch([poison, z, vt, n, 0, 32, n, 1, 1, n, 32], 1, g.UPDATE_BLOCK) is None
     m = n - 16  # one chunk of 48 rows, 16 trailing columns
     a = np.random.default_rng(6).standard_normal((1, m, m)).astype(np.float32)
-    assert k.launch([a, z, vt, m, 0, 32, m, 1, 1, g.CHUNK], 1, g.UPDATE_BLOCK) is None
+    assert k.launch([a, z, vt, m, 0, 32, m, 1, 1, g.CHUNK, 32], 1, g.UPDATE_BLOCK) is None
     V = np.tril(a[0, :, :32].astype(np.float64), -1) + np.eye(m, 32)
     got = z[:g.ZP_SIZE].reshape(g.NB, g.STRIP)[:, :m - 32]
     np.testing.assert_allclose(got, V.T @ a[0, :, 32:], rtol=1e-5, atol=1e-5)
@@ -256,7 +256,7 @@ def test_emulated_mma_update_launch_past_the_matrix_faults(emulated, kind: str) 
     vt = np.zeros(g.vt_size(1, 2 * n), np.float32)
     work = np.zeros(g.work_size(1), np.float32)
     caps = [A, z, vt] if kind.endswith("_z") else [A, work, z, vt]
-    fault = emulated[kind].launch(caps + [2 * n, 0, 32, 2 * n, 3, 1, 128], 3, 128)
+    fault = emulated[kind].launch(caps + [2 * n, 0, 32, 2 * n, 3, 1, 128, 32], 3, 128)
     assert fault is not None and fault["kind"] == 1 and fault["slot"] == 0  # OOB on A
 
 

@@ -184,7 +184,22 @@ class Launch:
     block: int
     args: tuple[int, ...]
     group: int | None = None  # cooperative launches (rt_group_sync): the whole grid
-    slot: int = 0  # panels: T goes to work (0) or work2 (1, the second of a pair)
+    #: panels: T goes to work (0) or work2 (1: the second of a pair, or with the
+    #: look-ahead every other panel); one-panel updates: the T they apply
+    slot: int = 0
+    #: runtime.cuda.launch_many's lanes (look-ahead): 0 the launch stream, 1 the
+    #: high-priority stream of the panels; ``after``: plan indices of launches on the
+    #: other lane this one waits for
+    lane: int = 0
+    after: tuple[int, ...] = ()
+
+
+#: The look-ahead (launch_plan's ``lookahead``): the panels and each next panel's
+#: update on a second, high-priority stream (runtime/cuda/lanes.py), the rest of each
+#: update on the launch stream, so a panel overlaps the update before it.  Off until
+#: measured on a device (bench/gpu_lookahead_device.sh times both); the emulated lane
+#: checks its algebra (tests/test_gpu_emulated.py).
+LOOKAHEAD = False
 
 
 #: Batches up to this size factor panels of more than STEPS_ROWS rows over row blocks
@@ -211,7 +226,7 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
                 max_group: int = STEPS_MAX_GROUP, two_panel: bool | None = None,
                 whole: bool | None = None, smem: int | None = None,
                 mma_update: bool | None = None, reg: bool | None = None,
-                per_matrix: bool | None = None) -> list[Launch]:
+                per_matrix: bool | None = None, lookahead: bool | None = None) -> list[Launch]:
     """The launch sequence that factors ``batch`` n x n matrices (pure: no GPU).
 
     ``whole`` (None: WHOLE): one launch of gpu_qr_whole, one block per matrix, where
@@ -229,6 +244,9 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
     holds them): None, those of at most REG_ROWS rows; True, of at most
     REG_MAX_ROWS; False, none.  ``per_matrix`` (None:
     PER_MATRIX): one launch of gpu_qr_matrix where the batch and n allow (module doc).
+    ``lookahead`` (None: LOOKAHEAD; not with two_panel): the panels and the update of
+    the next panel's columns on lane 1, the rest of each update on lane 0, so a panel
+    runs while the update before it finishes the columns after it (module doc).
     """
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
@@ -248,35 +266,62 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
         return [Launch(f"matrix{mc[0]}", batch, gen_matrix.threads(mc), (n, batch))]
     plan: list[Launch] = []
 
-    def panel(k0: int, nb: int, slot: int) -> None:
+    def panel(k0: int, nb: int, slot: int, lane: int = 0) -> None:
         m = n - k0
         nrb = -(-m // STEP_ROWS)
         if tall_rows is not None and m > tall_rows and batch * nrb <= max_group:
             plan.append(Launch("steps", batch * nrb, STEP_BLOCK, (n, k0, nb, batch, nrb),
-                               batch * nrb, slot))
+                               batch * nrb, slot, lane))
         elif m <= reg_rows:
             cls = gen_panel_reg.find_class(m)
             plan.append(Launch(f"preg{gen_panel_reg.capacity(*cls)}", batch,
-                               gen_panel_reg.threads(*cls), (n, k0, nb), slot=slot))
+                               gen_panel_reg.threads(*cls), (n, k0, nb), slot=slot, lane=lane))
         elif m <= SMALL_ROWS:
-            plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb), slot=slot))
+            plan.append(Launch("panel_small", batch, SMALL_BLOCK, (n, k0, nb), slot=slot,
+                               lane=lane))
         else:
-            plan.append(Launch("panel", batch, PANEL_BLOCK, (n, k0, nb), slot=slot))
+            plan.append(Launch("panel", batch, PANEL_BLOCK, (n, k0, nb), slot=slot, lane=lane))
 
-    def update(kind: str, k0: int, nb: int, ce: int) -> None:
-        """Reflectors k0 .. k0+nb-1 applied to columns k0+nb .. ce-1."""
+    def update(kind: str, k0: int, nb: int, ce: int, c0: int | None = None, slot: int = 0,
+               lane: int = 0, after: tuple[int, ...] = ()) -> None:
+        """Reflectors k0 .. k0+nb-1 (their T in ``slot``) applied to columns c0 .. ce-1
+        (c0 None: k0+nb); the first launch waits for ``after``."""
+        c0 = k0 + nb if c0 is None else c0
         m = n - k0
-        strips = -(-(ce - k0 - nb) // STRIP)
+        strips = -(-(ce - c0) // STRIP)
         chunks = -(-m // CHUNK)
         want = max(1, -(-TARGET_BLOCKS // (batch * strips)))
         rb = CHUNK * -(-chunks // min(chunks, want))
         nrb = -(-m // rb)
         args = (n, k0, nb, ce, strips, nrb, rb)
+        if kind != "update2":
+            args += (c0,)
         grid = batch * strips * nrb
         if kind == "update" and mma_update and m >= MMA_MIN_ROWS:
             kind = "update_mma"  # same grid, arguments and buffers
-        plan.append(Launch(kind + "_z", grid, UPDATE_BLOCK, args))
-        plan.append(Launch(kind + "_apply", grid, UPDATE_BLOCK, args))
+        plan.append(Launch(kind + "_z", grid, UPDATE_BLOCK, args, slot=slot, lane=lane,
+                           after=after))
+        plan.append(Launch(kind + "_apply", grid, UPDATE_BLOCK, args, slot=slot, lane=lane))
+
+    if (LOOKAHEAD if lookahead is None else lookahead) and not two_panel:
+        # lane 1: P0, then per panel j the update of panel j+1's columns by panel j
+        # (after lane 0's update by panel j-1, which reached them) and panel j+1;
+        # lane 0: the update of the columns after panel j+1 by panel j (after P_j).
+        # T alternates between work and work2, each update reading its panel's.
+        panel(0, min(NB, n), 0, lane=1)
+        k0, j, rest = 0, 0, ()
+        while k0 + NB < n:
+            pj = len(plan) - 1  # panel j
+            k1 = k0 + NB
+            nb1 = min(NB, n - k1)
+            after_next = rest
+            if k1 + nb1 < n:
+                update("update", k0, NB, n, c0=k1 + nb1, slot=j % 2, lane=0, after=(pj,))
+                rest = (len(plan) - 1,)
+            update("update", k0, NB, k1 + nb1, c0=k1, slot=j % 2, lane=1, after=after_next)
+            panel(k1, nb1, (j + 1) % 2, lane=1)
+            k0, j = k1, j + 1
+        return plan
 
     k0 = 0
     while k0 < n:
@@ -367,13 +412,13 @@ def work_size(batch: int) -> int:
 
 @cache
 def _updates(batch: int, n: int) -> tuple[Launch, ...]:
-    """The update launches of both plans (one and two panels per update), so one
-    workspace serves either; their sizes do not depend on tall_rows, and the tensor-core
-    update (mma_update) has the one-panel update's grids and sizes.  Built once per
-    shape: scratch_size and gram_size both read them."""
-    return tuple(s for two in (False, True)
+    """The update launches of the plans (one and two panels per update, with and without
+    the look-ahead), so one workspace serves any; their sizes do not depend on tall_rows,
+    and the tensor-core update (mma_update) has the one-panel update's grids and sizes.
+    Built once per shape: scratch_size and gram_size both read them."""
+    return tuple(s for two, ahead in ((False, False), (True, False), (False, True))
                  for s in launch_plan(batch, n, None, two_panel=two, whole=False,
-                                      mma_update=False)
+                                      mma_update=False, lookahead=ahead)
                  if s.kernel.endswith("_z"))
 
 
@@ -407,10 +452,12 @@ def vt_size(batch: int, n: int) -> int:
 @dataclass
 class Workspace:
     """The device buffers a factorization needs besides A and tau: ``work`` and
-    ``work2`` (the T of the first and second panel of a pair), ``scratch`` (the
-    updates' parts of Z), ``gram`` (the two-panel update's parts of V1^T V2),
-    ``steps`` (gpu_qr_steps' pivot rows and sums) and ``vt`` (the reflectors'
-    V^T, from the Z kernel to the apply kernel)."""
+    ``work2`` (the T of the first and second panel of a pair, or of every other panel
+    with the look-ahead), ``scratch`` (the updates' parts of Z), ``gram`` (the
+    two-panel update's parts of V1^T V2), ``steps`` (gpu_qr_steps' pivot rows and
+    sums), ``vt`` (the reflectors' V^T, from the Z kernel to the apply kernel), and
+    for the look-ahead's lane 1 its own ``scratch1`` and ``vt1`` (its updates run
+    beside lane 0's)."""
 
     work: Any
     work2: Any
@@ -418,23 +465,31 @@ class Workspace:
     gram: Any
     steps: Any
     vt: Any
+    scratch1: Any = None
+    vt1: Any = None
 
     @classmethod
     def alloc(cls, batch: int, n: int, prefix: str = "qr.",
-              alloc: Callable[..., Any] | None = None) -> Workspace:
+              alloc: Callable[..., Any] | None = None,
+              lookahead: bool | None = None) -> Workspace:
         """Device buffers (``alloc(size, dtype, name=...)``, default
-        runtime.cuda.alloc_device) sized for either plan."""
+        runtime.cuda.alloc_device) sized for any plan; lane 1's only with
+        ``lookahead`` (None: LOOKAHEAD)."""
         if alloc is None:
             from ...runtime import cuda
 
             alloc = cuda.alloc_device
         f32 = np.float32
+        ahead = LOOKAHEAD if lookahead is None else lookahead
         return cls(alloc(work_size(batch), f32, name=prefix + "work"),
                    alloc(work_size(batch), f32, name=prefix + "work2"),
                    alloc(scratch_size(batch, n), f32, name=prefix + "scratch"),
                    alloc(gram_size(batch, n), f32, name=prefix + "gram"),
                    alloc(steps_size(batch, n), np.float64, name=prefix + "steps"),
-                   alloc(vt_size(batch, n), f32, name=prefix + "vt"))
+                   alloc(vt_size(batch, n), f32, name=prefix + "vt"),
+                   alloc(scratch_size(batch, n), f32, name=prefix + "scratch1") if ahead
+                   else None,
+                   alloc(batch * NB * n, f32, name=prefix + "vt1") if ahead else None)
 
     def caps(self, step: Launch, A: Any, tau: Any) -> list[Any]:
         """The capability arguments of one launch of the plan."""
@@ -443,17 +498,21 @@ class Workspace:
         w = (self.work, self.work2)[step.slot]
         if step.kernel.startswith("preg"):
             return [A, tau, w]
-        z, v = self.scratch, self.vt
+        z, v = (self.scratch, self.vt) if step.lane == 0 else (self.scratch1, self.vt1)
+        if z is None:
+            raise ValueError("a look-ahead plan needs Workspace.alloc(..., lookahead=True)")
         return {"panel": [A, tau, w], "panel_small": [A, tau, w],
                 "steps": [A, tau, w, self.steps],
-                "update_z": [A, z, v], "update_apply": [A, self.work, z, v],
+                "update_z": [A, z, v], "update_apply": [A, w, z, v],
                 "update2_z": [A, z, self.gram, v],
                 "update2_apply": [A, self.work, self.work2, z, self.gram, v],
-                "update_mma_z": [A, z, v], "update_mma_apply": [A, self.work, z, v]}[step.kernel]
+                "update_mma_z": [A, z, v], "update_mma_apply": [A, w, z, v]}[step.kernel]
 
     def free(self) -> None:
-        for c in (self.work, self.work2, self.scratch, self.gram, self.steps, self.vt):
-            c.free()
+        for c in (self.work, self.work2, self.scratch, self.gram, self.steps, self.vt,
+                  self.scratch1, self.vt1):
+            if c is not None:
+                c.free()
 
 
 def device_smem() -> int:
@@ -475,7 +534,8 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
               timeout: float | None = None, tall_rows: int | None | str = "auto",
               two_panel: bool | None = None, whole: bool | None = None,
               mma_update: bool | None = None, reg: bool | None = None,
-              per_matrix: bool | None = None, graphs: dict | None = None) -> None:
+              per_matrix: bool | None = None, lookahead: bool | None = None,
+              graphs: dict | None = None) -> None:
     """Factor the batch in place: A (batch, n, n) float32 device cap -> compact (H, tau).
 
     ``tau`` holds batch * n floats; ``ws`` comes from :meth:`Workspace.alloc` (None
@@ -495,24 +555,27 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
     ks = blocked_kernels(checked)
     smem = device_smem()
     plan = launch_plan(batch, n, tall_rows, two_panel=two_panel, whole=whole, smem=smem,
-                       mma_update=mma_update, reg=reg, per_matrix=per_matrix)
+                       mma_update=mma_update, reg=reg, per_matrix=per_matrix,
+                       lookahead=lookahead)
     if not one_launch(plan[0].kernel):  # the steps kernel only when it may run
         plan = launch_plan(batch, n, tall_rows, ks["steps"].max_group(STEP_BLOCK), two_panel,
-                           whole, smem, mma_update, reg, per_matrix)
+                           whole, smem, mma_update, reg, per_matrix, lookahead)
     if ws is None and not one_launch(plan[0].kernel):
         raise ValueError(f"the plan of ({batch}, {n}) needs a Workspace")
     caps = ws.caps if ws is not None else (lambda step, A, tau: [A, tau])
     launches = [(ks[step.kernel], caps(step, A, tau), step.args, step.grid, step.block,
                  step.group) for step in plan]
+    lanes = ([(step.lane, step.after) for step in plan]
+             if any(step.lane or step.after for step in plan) else None)
     if graphs is None:
         # one batch: the host enqueues (2,4096)'s 4222 launches faster than one call each
-        cuda.launch_many(launches)
+        cuda.launch_many(launches, lanes)
     else:
         # the graph holds these buffers, so their ids name them while it is kept
         key = (checked, tuple(plan), *dict.fromkeys(id(c) for launch in launches
                                                     for c in launch[1]))
         if key not in graphs:
-            graphs[key] = cuda.record_graph(launches)
+            graphs[key] = cuda.record_graph(launches, lanes)
         graphs[key].launch()
     cuda.sync(timeout)
 
@@ -520,7 +583,8 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
 def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
        tall_rows: int | None | str = "auto", two_panel: bool | None = None,
        whole: bool | None = None, mma_update: bool | None = None, reg: bool | None = None,
-       per_matrix: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+       per_matrix: bool | None = None,
+       lookahead: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of a (batch, n, n) float32 host array on the GPU -> (H, tau).
 
     H[b] holds R on/above the diagonal and the Householder vectors below it in
@@ -532,12 +596,12 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
     batch, n, _ = a.shape
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
-    ws = (Workspace.alloc(batch, n, prefix="")
+    ws = (Workspace.alloc(batch, n, prefix="", lookahead=lookahead)
           if needs_workspace(batch, n, whole, device_smem(), per_matrix) else None)
     try:
         qr_launch(A, tau, ws, n, checked=checked, timeout=timeout, tall_rows=tall_rows,
                   two_panel=two_panel, whole=whole, mma_update=mma_update, reg=reg,
-                  per_matrix=per_matrix)
+                  per_matrix=per_matrix, lookahead=lookahead)
         return A.numpy(), tau.numpy()
     finally:
         if ws is not None:

@@ -46,8 +46,9 @@ HEADER = f"""/*
  * (rg = t / 16): per reflector q, eight consecutive entries of column q of V
  * (from V^T, copied from VT) and four of row q of W,
  * three 16-byte loads for 32 multiply-adds.  Row strides {V_LD} and {VT_LD} keep
- * rows 16-byte aligned.  Both take the column end ce (n, or the end of the second
- * panel of a pair, whose columns alone the first panel's update touches).
+ * rows 16-byte aligned.  Both take the columns c0 .. ce-1 they update: k0+nb .. n-1,
+ * or the second panel of a pair alone (ce its end), or, with the plan's look-ahead,
+ * the next panel's columns and, apart, the columns after it.
  *
  * gpu_qr_update2_z / gpu_qr_update2_apply: the same for the 64 reflectors of a pair
  * of panels (columns k0 .. k0+63, T1 and T2 their T factors), one pass over the
@@ -62,7 +63,8 @@ HEADER = f"""/*
 I4, I8 = range(4), range(8)
 
 
-def _grid(out: list[str]) -> None:
+def _grid(out: list[str], start: str = "c0") -> None:
+    """The block's matrix, strip and row block; the strips start at column ``start``."""
     out += ["    int64_t t = rt_thread_idx();",
             "    int64_t cg = t % 16;",
             "    int64_t bid = rt_block_idx();",
@@ -70,7 +72,7 @@ def _grid(out: list[str]) -> None:
             "    int64_t b = bid / per;",
             "    int64_t sp = (bid % per) / nrb;",
             "    int64_t rbi = bid % nrb;",
-            f"    int64_t cs = k0 + nb + sp * {STRIP};",
+            f"    int64_t cs = {start} + sp * {STRIP};",
             "    int64_t rlo = k0 + rbi * rb;",
             "    int64_t rhi = rlo + rb < n ? rlo + rb : n;",
             f"    int64_t cols = ce - cs < {STRIP} ? ce - cs : {STRIP};",
@@ -192,7 +194,7 @@ def _apply_chunk(out: list[str]) -> None:
 def _kernel_z(out: list[str]) -> None:
     out.append("KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,")
     out.append("                            int64_t nb, int64_t ce, int64_t nstrips, int64_t nrb,")
-    out.append("                            int64_t rb)")
+    out.append("                            int64_t rb, int64_t c0)")
     out.append("{")
     out.append(f"    rt_require_block_dim({THREADS});")
     out.append(f"    float smem_v[{CHUNK * V_LD}];")
@@ -219,7 +221,8 @@ def _kernel_z(out: list[str]) -> None:
 def _kernel_apply(out: list[str]) -> None:
     out.append("KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n,")
     out.append("                                int64_t k0, int64_t nb, int64_t ce,")
-    out.append("                                int64_t nstrips, int64_t nrb, int64_t rb)")
+    out.append("                                int64_t nstrips, int64_t nrb, int64_t rb,")
+    out.append("                                int64_t c0)")
     out.append("{")
     out.append(f"    rt_require_block_dim({THREADS});")
     out.append(f"    float smem_vt[{32 * VT_LD}];")
@@ -257,7 +260,7 @@ def _kernel_z2(out: list[str]) -> None:
     out.append(f"    rt_require_block_dim({THREADS});")
     out.append(f"    float smem_v[{CHUNK * V2_LD}];")
     out.append(f"    float smem_c[{CHUNK * STRIP}];")
-    _grid(out)
+    _grid(out, "k0 + nb")
     out.append("    int64_t qg = t / 16;")
     out.append(f"    int64_t fr = t % {CHUNK};")
     out.append("    int64_t gi = t / 8;")
@@ -322,7 +325,7 @@ def _kernel_apply2(out: list[str]) -> None:
     out.append(f"    float smem_vt[{32 * VT_LD}];")
     out.append(f"    float smem_c[{CHUNK * STRIP}];")
     out.append(f"    float smem_w[{2 * ZP}];")
-    _grid(out)
+    _grid(out, "k0 + nb")
     out.append("    int64_t rg = t / 16;")
     out.append("    cap_t VB = cap_offset_f32(VT, b * 64 * n);")
     out.append("    cap_t TA = cap_offset_f32(T1, b * 1024);")

@@ -51,8 +51,8 @@ HEADER = f"""/*
  * The same update as gpu_qr_update_z / gpu_qr_update_apply (kernels/gpu/update.c),
  * with the same grid over (matrix, {STRIP}-column strip, row block of rb rows), the
  * same arguments and the same buffers:  Z = V^T C,  W = T^T Z,  C -= V W  on
- * columns k0+nb .. ce-1 of rows k0 .. n-1, every product a warp's fp32-accurate
- * tensor-core MMA on {TILE} x {TILE} tiles in shared memory (rt_warp_mma_f32: each
+ * columns c0 .. ce-1 (c0 >= k0+nb) of rows k0 .. n-1, every product a warp's
+ * fp32-accurate tensor-core MMA on {TILE} x {TILE} tiles in shared memory (rt_warp_mma_f32: each
  * operand split in two tf32 parts, three MMAs per step of 8; checked once per
  * call: tiles inside their arrays, offsets and strides as wmma needs them).
  *   gpu_qr_update_mma_z      its row block's part of Z ({NB} x {STRIP}, to Zp):
@@ -85,7 +85,7 @@ def _grid() -> list[str]:
             "    int64_t b = bid / per;",
             "    int64_t sp = (bid % per) / nrb;",
             "    int64_t rbi = bid % nrb;",
-            f"    int64_t cs = k0 + nb + sp * {STRIP};",
+            f"    int64_t cs = c0 + sp * {STRIP};",
             "    int64_t rlo = k0 + rbi * rb;",
             "    int64_t rhi = rlo + rb < n ? rlo + rb : n;",
             f"    int64_t cols = ce - cs < {STRIP} ? ce - cs : {STRIP};",
@@ -113,7 +113,7 @@ def _indent(lines: list[str], by: str = "    ") -> list[str]:
 def _kernel_z() -> list[str]:
     out = ["KERNEL void gpu_qr_update_mma_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,",
            "                                int64_t nb, int64_t ce, int64_t nstrips,",
-           "                                int64_t nrb, int64_t rb)",
+           "                                int64_t nrb, int64_t rb, int64_t c0)",
            "{",
            f"    rt_require_block_dim({THREADS});",
            f"    float smem_v[{CHUNK * V_LD_AT}];",
@@ -159,7 +159,8 @@ def _kernel_z() -> list[str]:
 def _kernel_apply() -> list[str]:
     out = ["KERNEL void gpu_qr_update_mma_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n,",
            "                                    int64_t k0, int64_t nb, int64_t ce,",
-           "                                    int64_t nstrips, int64_t nrb, int64_t rb)",
+           "                                    int64_t nstrips, int64_t nrb, int64_t rb,",
+           "                                    int64_t c0)",
            "{",
            f"    rt_require_block_dim({THREADS});",
            f"    float smem_v[{CHUNK * V_LD_A}];",

@@ -25,8 +25,9 @@
  * (rg = t / 16): per reflector q, eight consecutive entries of column q of V
  * (from V^T, copied from VT) and four of row q of W,
  * three 16-byte loads for 32 multiply-adds.  Row strides 36 and 68 keep
- * rows 16-byte aligned.  Both take the column end ce (n, or the end of the second
- * panel of a pair, whose columns alone the first panel's update touches).
+ * rows 16-byte aligned.  Both take the columns c0 .. ce-1 they update: k0+nb .. n-1,
+ * or the second panel of a pair alone (ce its end), or, with the plan's look-ahead,
+ * the next panel's columns and, apart, the columns after it.
  *
  * gpu_qr_update2_z / gpu_qr_update2_apply: the same for the 64 reflectors of a pair
  * of panels (columns k0 .. k0+63, T1 and T2 their T factors), one pass over the
@@ -39,7 +40,7 @@
  */
 KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
                             int64_t nb, int64_t ce, int64_t nstrips, int64_t nrb,
-                            int64_t rb)
+                            int64_t rb, int64_t c0)
 {
     rt_require_block_dim(128);
     float smem_v[2304];
@@ -52,7 +53,7 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
     int64_t b = bid / per;
     int64_t sp = (bid % per) / nrb;
     int64_t rbi = bid % nrb;
-    int64_t cs = k0 + nb + sp * 64;
+    int64_t cs = c0 + sp * 64;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
     int64_t cols = ce - cs < 64 ? ce - cs : 64;
@@ -127,7 +128,8 @@ KERNEL void gpu_qr_update_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
 
 KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n,
                                 int64_t k0, int64_t nb, int64_t ce,
-                                int64_t nstrips, int64_t nrb, int64_t rb)
+                                int64_t nstrips, int64_t nrb, int64_t rb,
+                                int64_t c0)
 {
     rt_require_block_dim(128);
     float smem_vt[2176];
@@ -140,7 +142,7 @@ KERNEL void gpu_qr_update_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n
     int64_t b = bid / per;
     int64_t sp = (bid % per) / nrb;
     int64_t rbi = bid % nrb;
-    int64_t cs = k0 + nb + sp * 64;
+    int64_t cs = c0 + sp * 64;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
     int64_t cols = ce - cs < 64 ? ce - cs : 64;

@@ -5,8 +5,8 @@
  * The same update as gpu_qr_update_z / gpu_qr_update_apply (kernels/gpu/update.c),
  * with the same grid over (matrix, 64-column strip, row block of rb rows), the
  * same arguments and the same buffers:  Z = V^T C,  W = T^T Z,  C -= V W  on
- * columns k0+nb .. ce-1 of rows k0 .. n-1, every product a warp's fp32-accurate
- * tensor-core MMA on 16 x 16 tiles in shared memory (rt_warp_mma_f32: each
+ * columns c0 .. ce-1 (c0 >= k0+nb) of rows k0 .. n-1, every product a warp's
+ * fp32-accurate tensor-core MMA on 16 x 16 tiles in shared memory (rt_warp_mma_f32: each
  * operand split in two tf32 parts, three MMAs per step of 8; checked once per
  * call: tiles inside their arrays, offsets and strides as wmma needs them).
  *   gpu_qr_update_mma_z      its row block's part of Z (32 x 64, to Zp):
@@ -31,7 +31,7 @@
  */
 KERNEL void gpu_qr_update_mma_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t k0,
                                 int64_t nb, int64_t ce, int64_t nstrips,
-                                int64_t nrb, int64_t rb)
+                                int64_t nrb, int64_t rb, int64_t c0)
 {
     rt_require_block_dim(128);
     float smem_v[2560];
@@ -44,7 +44,7 @@ KERNEL void gpu_qr_update_mma_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t 
     int64_t b = bid / per;
     int64_t sp = (bid % per) / nrb;
     int64_t rbi = bid % nrb;
-    int64_t cs = k0 + nb + sp * 64;
+    int64_t cs = c0 + sp * 64;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
     int64_t cols = ce - cs < 64 ? ce - cs : 64;
@@ -85,7 +85,8 @@ KERNEL void gpu_qr_update_mma_z(cap_t A, cap_t Zp, cap_t VT, int64_t n, int64_t 
 
 KERNEL void gpu_qr_update_mma_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64_t n,
                                     int64_t k0, int64_t nb, int64_t ce,
-                                    int64_t nstrips, int64_t nrb, int64_t rb)
+                                    int64_t nstrips, int64_t nrb, int64_t rb,
+                                    int64_t c0)
 {
     rt_require_block_dim(128);
     float smem_v[2304];
@@ -98,7 +99,7 @@ KERNEL void gpu_qr_update_mma_apply(cap_t A, cap_t Tw, cap_t Zp, cap_t VT, int64
     int64_t b = bid / per;
     int64_t sp = (bid % per) / nrb;
     int64_t rbi = bid % nrb;
-    int64_t cs = k0 + nb + sp * 64;
+    int64_t cs = c0 + sp * 64;
     int64_t rlo = k0 + rbi * rb;
     int64_t rhi = rlo + rb < n ? rlo + rb : n;
     int64_t cols = ce - cs < 64 ? ce - cs : 64;

@@ -72,6 +72,9 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int g
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction f, int block,
                                                      size_t shared);
 CUresult cuStreamCreate(CUstream *s, unsigned int flags);
+CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority);
+CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest);
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags);
 CUresult cuStreamQuery(CUstream s);
 CUresult cuStreamSynchronize(CUstream s);
 CUresult cuEventCreate(CUevent *e, unsigned int flags);
@@ -109,6 +112,7 @@ CUresult cuGraphDestroy(CUgraph graph);
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
 CU_STREAM_NON_BLOCKING = 1
+CU_EVENT_DISABLE_TIMING = 2
 CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -405,6 +409,8 @@ def open_context(d: Any) -> None:
     check(L.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), "cuStreamCreate")
     d.side_stream = s[0]
     d.seq_record = 0
+    d.lane_stream = None  # lane 1 of launch_many (lane_stream), made on first use
+    d.lane_events = []    # free events for the lanes' waits (lane_event)
 
 
 def can_reset() -> bool:
@@ -473,21 +479,62 @@ def _check_stuck() -> None:
 
 
 def launch_kernel(function: Any, grid: int, block: int, shared: int, params: Any,
-                  cooperative: bool = False) -> None:
+                  cooperative: bool = False, stream: Any = None) -> None:
     """cuLaunchKernel (cuLaunchCooperativeKernel: every block resident at once) of
-    ``function`` on the launch stream with the parameter block ``params``
-    (runtime/cuda/params.py ParamBlock)."""
+    ``function`` with the parameter block ``params`` (runtime/cuda/params.py
+    ParamBlock) on ``stream`` (None: the launch stream; the isolated lane has that
+    one only)."""
     L, f = lib(), ffi()
+    s = f.NULL if stream is None else stream
     if _is_remote(L):
         check(L.launch(function, grid, block, shared, None, bytes(params.buf), params.offsets,
                        cooperative), "cuLaunchCooperativeKernel" if cooperative else
               "cuLaunchKernel")
     elif cooperative:
-        check(L.cuLaunchCooperativeKernel(function, grid, 1, 1, block, 1, 1, shared, f.NULL,
+        check(L.cuLaunchCooperativeKernel(function, grid, 1, 1, block, 1, 1, shared, s,
                                           params.params), "cuLaunchCooperativeKernel")
     else:
-        check(L.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, f.NULL,
+        check(L.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, s,
                                params.params, f.NULL), "cuLaunchKernel")
+
+
+def lane_stream(d: Any) -> Any:
+    """Lane 1 of ``launch_many(..., lanes=)``: a non-blocking stream of the highest
+    priority, so its blocks go first when an SM frees up (made on first use, per
+    context).  Not on the isolated lane, where every launch takes the launch stream."""
+    if d.lane_stream is None:
+        L, f = lib(), ffi()
+        least, greatest = f.new("int *"), f.new("int *")
+        check(L.cuCtxGetStreamPriorityRange(least, greatest), "cuCtxGetStreamPriorityRange")
+        s = f.new("CUstream *")
+        check(L.cuStreamCreateWithPriority(s, CU_STREAM_NON_BLOCKING, greatest[0]),
+              "cuStreamCreateWithPriority")
+        d.lane_stream = s[0]
+    return d.lane_stream
+
+
+def lane_record(d: Any, stream: Any) -> Any:
+    """An event recorded on ``stream`` (None: the launch stream) now, from ``d``'s pool:
+    :func:`lane_wait` makes another stream wait for it; give it back with
+    ``d.lane_events.append(e)`` once every wait on it is enqueued (a wait takes the
+    record as it is when the wait is enqueued, so recording the event again later does
+    not move it)."""
+    L, f = lib(), ffi()
+    if d.lane_events:
+        e = d.lane_events.pop()
+    else:
+        p = f.new("CUevent *")
+        check(L.cuEventCreate(p, CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        e = p[0]
+    check(L.cuEventRecord(e, f.NULL if stream is None else stream), "cuEventRecord")
+    return e
+
+
+def lane_wait(stream: Any, event: Any) -> None:
+    """Make ``stream`` (None: the launch stream) wait for ``event``'s record."""
+    f = ffi()
+    check(lib().cuStreamWaitEvent(f.NULL if stream is None else stream, event, 0),
+          "cuStreamWaitEvent")
 
 
 def module_load_with(L: Any, image: bytes) -> tuple[int, int, str, str]:

@@ -33,6 +33,7 @@ from typing import Any
 
 from . import driver as drv
 from .kernel import CudaKernel
+from .lanes import check_lanes, predecessors
 from .launches import check_block, check_cooperative, distinct_caps, launch_entries
 from .memory import DeviceCapability, drain_all, hold_all, unhold_all
 from .params import ParamBlock
@@ -45,8 +46,11 @@ Entry = tuple[CudaKernel, Sequence[DeviceCapability], Sequence[Any], int, int, A
 class LaunchGraph:
     """A recorded launch sequence (:func:`record`); :meth:`launch` enqueues it."""
 
-    def __init__(self, entries: list[Entry]):
+    def __init__(self, entries: list[Entry],
+                 lanes: list[tuple[int, tuple[int, ...]]] | None = None):
         self.entries = entries
+        #: per node, the nodes it depends on (lanes.predecessors: a chain without lanes)
+        self.deps = predecessors(lanes or [(0, ())] * len(entries))
         self.caps = distinct_caps(entries)
         self.names: list[tuple[CudaKernel, list[str]]] = []
         self._graph: Any = None
@@ -80,15 +84,17 @@ class LaunchGraph:
         drv.check(L.cuGraphCreate(graph, 0), "cuGraphCreate")
         try:
             node = f.new("CUgraphNode *")
-            prev = f.new("CUgraphNode[1]")
+            made = []
             for index, (kernel, _, params, cooperative, grid, block) in enumerate(nodes):
+                prev = f.new("CUgraphNode[]", [made[j] for j in self.deps[index]] or 1)
                 p = f.new("CUDA_KERNEL_NODE_PARAMS_v2 *")
                 p.func = kernel.live_function()
                 p.gridDimX, p.gridDimY, p.gridDimZ = grid, 1, 1
                 p.blockDimX, p.blockDimY, p.blockDimZ = block, 1, 1
                 p.sharedMemBytes = kernel.dynamic_smem
                 p.kernelParams = params.params
-                drv.check(L.cuGraphAddKernelNode_v2(node, graph[0], prev, 1 if index else 0, p),
+                drv.check(L.cuGraphAddKernelNode_v2(node, graph[0], prev,
+                                                    len(self.deps[index]), p),
                           "cuGraphAddKernelNode")
                 if cooperative:
                     value = f.new("CUlaunchAttributeValue *")
@@ -96,7 +102,7 @@ class LaunchGraph:
                     drv.check(L.cuGraphKernelNodeSetAttribute(
                         node[0], drv.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, value),
                         "cuGraphKernelNodeSetAttribute")
-                prev[0] = node[0]
+                made.append(node[0])
             exec_ = f.new("CUgraphExec *")
             drv.check(L.cuGraphInstantiateWithFlags(exec_, graph[0], 0),
                       "cuGraphInstantiateWithFlags")
@@ -139,12 +145,14 @@ class LaunchGraph:
         self.entries, self.caps = [], []  # the buffers are the collector's again
 
 
-def record(launches: Sequence[tuple[Any, ...]]) -> LaunchGraph:
+def record(launches: Sequence[tuple[Any, ...]],
+           lanes: Sequence[tuple[int, Sequence[int]]] | None = None) -> LaunchGraph:
     """A :class:`LaunchGraph` of ``(kernel, caps, args, grid, block)`` or ``(..., block,
     group)`` launches, as :func:`runtime.cuda.launch_many` takes them.  Every argument
     is checked as a launch checks it (counts, types, grid, block, a freed buffer);
     nothing runs until :meth:`LaunchGraph.launch`.  CudaUnavailable on the isolated
-    lane."""
+    lane.  ``lanes`` as for launch_many: each node depends on the node before it on its
+    lane and on its ``after`` (the graph has no stream priorities)."""
     if drv.isolated():
         raise drv.CudaUnavailable("CUDA graphs are not available on the isolated lane (its "
                                   "driver runs in a device process): launch the sequence")
@@ -153,4 +161,4 @@ def record(launches: Sequence[tuple[Any, ...]]) -> LaunchGraph:
                                                                            "record_graph")]
     if not entries:
         raise ValueError("record_graph: no launch to record")
-    return LaunchGraph(entries)
+    return LaunchGraph(entries, check_lanes(lanes, len(entries)))

@@ -16,6 +16,7 @@ from typing import Any
 from ..argcheck import GroupRules, check_grid, check_group
 from . import driver as drv
 from .kernel import CudaKernel
+from .lanes import LaneSchedule, check_lanes
 from .memory import DeviceCapability, drain_all, hold_all, unhold_all
 from .params import ParamBlock, param_block
 from .sequence import current, device_record, reset_record, sync_locked
@@ -51,24 +52,27 @@ def check_cooperative(kernel: CudaKernel, group: Any, grid: int, block: int,
 
 
 def launch_async(kernel: CudaKernel, params: ParamBlock, grid: int, block: int,
-                 shared_bytes: int, cooperative: bool = False) -> None:
-    """Enqueue ``kernel`` on the launch stream (driver.launch_kernel; ``cooperative``:
-    every block resident at once)."""
+                 shared_bytes: int, cooperative: bool = False, stream: Any = None) -> None:
+    """Enqueue ``kernel`` on ``stream`` (None: the launch stream; driver.launch_kernel;
+    ``cooperative``: every block resident at once)."""
     shared_bytes += kernel.dynamic_smem  # its smem_ arrays when they exceed 48 KB
     function = kernel.live_function()  # (loaded again after a reset of the context)
-    drv.launch_kernel(function, int(grid), int(block), int(shared_bytes), params, cooperative)
+    drv.launch_kernel(function, int(grid), int(block), int(shared_bytes), params, cooperative,
+                      stream)
 
 
 def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[Any], grid: int,
              block: int, shared_bytes: int, caller_holds: bool = False, dev: Any = None,
-             group: Any = None) -> None:
+             group: Any = None, stream: Any = None, reset: bool = True) -> None:
     """Add one launch to the pending sequence (caller holds ``current.lock``).
 
     ``caller_holds``: the caller already holds every buffer of ``caps`` until the
     sync (:func:`launch_many`); otherwise this launch takes its own holds.
     ``dev``: the device (current on this thread), when the caller looked it up once
     for many launches.
-    ``group``: see :func:`launch`."""
+    ``group``: see :func:`launch`.  ``stream``: launch_many's lane (None: the launch
+    stream).  ``reset``: clear the record if this launch starts the sequence (False:
+    the caller did, before a fork to lane 1)."""
     dev = dev or drv.device()
     check_block(kernel, block, dev)
     cooperative = check_cooperative(kernel, group, grid, block, shared_bytes)
@@ -80,9 +84,9 @@ def _enqueue(kernel: CudaKernel, caps: list[DeviceCapability], args: Sequence[An
         if grid == 0:
             unhold_all(own)  # arguments checked; no block to run (as on the CPU)
             return
-        if not current.launches:
+        if reset and not current.launches:
             reset_record(record)
-        launch_async(kernel, params, grid, block, shared_bytes, cooperative)
+        launch_async(kernel, params, grid, block, shared_bytes, cooperative, stream)
     except BaseException:
         unhold_all(own)
         raise
@@ -111,7 +115,8 @@ def distinct_caps(plan: Sequence[tuple[Any, ...]]) -> list[DeviceCapability]:
     return list({id(c): c for _, caps, *_ in plan for c in caps}.values())
 
 
-def launch_many(launches: Sequence[tuple[Any, ...]]) -> None:
+def launch_many(launches: Sequence[tuple[Any, ...]],
+                lanes: Sequence[tuple[int, Sequence[int]]] | None = None) -> None:
     """Enqueue ``(kernel, caps, args, grid, block)`` launches (or ``(..., block, group)``)
     in order, each as ``launch(kernel, caps, args=args, grid=grid, block=block,
     group=group, sync=False)``.
@@ -121,17 +126,31 @@ def launch_many(launches: Sequence[tuple[Any, ...]]) -> None:
     once and each distinct buffer is held once for the whole batch, so a long
     host-driven plan (thousands of launches) costs the host less per launch.  An
     argument error raises at its launch; the launches before it stay enqueued.
+
+    ``lanes`` (None: one lane, each launch after the one before): per launch
+    ``(lane, after)``, lane 0 or 1, ``after`` the indices of earlier launches it
+    waits for besides those before it on its lane; launches that nothing orders
+    may overlap on the GPU (runtime/cuda/lanes.py).  A fault still stops every
+    launch that starts after it, on either lane.
     """
     plan = launch_entries(launches, "launch_many")
+    order = check_lanes(lanes, len(plan))
     with current.lock:
         held = hold_all(distinct_caps(plan))  # all or none, before any launch
         before = len(current.launches)
+        schedule = None
         try:
             dev = drv.device()  # binds the context to this thread for the whole batch
-            for kernel, caps, args, grid, block, group in plan:
+            if not current.launches and plan:  # before lane 1 forks from the launch stream
+                reset_record(dev.seq_record or device_record(dev))
+            schedule = LaneSchedule(dev, order)
+            for i, (kernel, caps, args, grid, block, group) in enumerate(plan):
                 _enqueue(kernel, caps, args, grid, block, 0, caller_holds=True, dev=dev,
-                         group=group)
+                         group=group, stream=schedule.stream(i), reset=False)
+                schedule.launched(i)
         finally:
+            if schedule is not None:
+                schedule.finish()
             if len(current.launches) > before:
                 current.held.extend(held)  # released by the sync that covers the batch
             else:
