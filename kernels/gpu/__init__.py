@@ -196,9 +196,15 @@ class Launch:
 
 #: The look-ahead (launch_plan's ``lookahead``): the panels and each next panel's
 #: update on a second, high-priority stream (runtime/cuda/lanes.py), the rest of each
-#: update on the launch stream, so a panel overlaps the update before it.  Off until
-#: measured on a device (bench/gpu_lookahead_device.sh times both); the emulated lane
-#: checks its algebra (tests/test_gpu_emulated.py).
+#: update on the launch stream, so a panel may overlap the update before it.  Off: on an
+#: H100 (bench/results/gpu-lookahead-2026-12-07-h100-4abe03c.txt, checked ms, off vs on)
+#: it lost on every shape but one, geomean 0.939x: (40,176) 1.038 -> 1.170, (40,352)
+#: 2.384 -> 2.791, (640,512) 18.87 -> 21.21, (8,2048) 25.17 -> 26.87, (2,4096) 46.7 ->
+#: 50.7 (49.7 as a CUDA graph, so not the host's enqueueing); won at (60,1024) 18.62 ->
+#: 17.43.  Each panel step has two updates (four launches) instead of one, and the
+#: split updates cost more (profile, serialised: update 11.9 -> 14.7 ms at (8,2048))
+#: than the overlap gave back.  The emulated lane checks its algebra
+#: (tests/test_gpu_emulated.py), the plan test its ordering (tests/test_gpu_qr.py).
 LOOKAHEAD = False
 
 
