@@ -72,14 +72,21 @@ GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
 #: vs 6.5, 4096 x 512 34.3 vs 33.3) and at 8192 x 512; so TALL_ALWAYS_RATIO 64 -> 16.
 TALL_RATIO, TALL_ALWAYS_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 16, 1024, 32
 TALL_NB = 32
-#: Most workers in the tall path's group (None: the whole pool; run's ``tall_workers``
+#: Most workers in the tall path's group (None: the pool less TALL_SPARE on pools of
+#: at least TALL_SPARE_FROM workers, else the whole pool; run's ``tall_workers``
 #: overrides it).  The group meets at a barrier per panel column, so one worker
-#: descheduled stalls all of them: on the H100 host's 16 vCPUs with 16 workers
-#: 65536 x 64 is bimodal (7.5-12 or 30-48 ms).  A group smaller than the pool leaves
-#: cores to the launching thread and the OS; bench.tall_workers sweeps it.  The chunks
-#: stay sized by m alone (tall_chunk_rows), so the result does not depend on it; with
-#: TALL_CHUNKS = 32 a group of 16 takes 2 chunks a worker, 11 to 15 take 3, 8 to 10 4.
+#: descheduled stalls all of them.  On the H100 host's 16 vCPUs (bench.tall_workers,
+#: bench/results/tall-workers-2026-12-07-h100-16cpu-4abe03c.txt, kernel alone, median
+#: of 31) 16 workers were in the slow mode in 68% (65536 x 64) and 97% (8192 x 256) of
+#: the samples, with ~1000 involuntary context switches each against ~5 in the fast
+#: ones: median 34.1 and 51.3 ms; 15 workers: 15.4 and 9.9 ms (6% slow); 14 to 11
+#: between (12-18 ms, 3-35% slow); 8: 22.9 and 14.3 ms, never slow.  One core left to
+#: the launching thread and the OS is the best of the sweep.  The 2-core VM keeps both
+#: workers (untested there without them).  The chunks stay sized by m alone
+#: (tall_chunk_rows), so the result does not depend on the group; with TALL_CHUNKS = 32
+#: a group of 16 takes 2 chunks a worker, 11 to 15 take 3, 8 to 10 4.
 TALL_MAX_WORKERS: int | None = None
+TALL_SPARE, TALL_SPARE_FROM = 1, 8
 #: The small path (qr_small, use_small): float32 matrices of at most SMALL_M rows and
 #: SMALL_N columns (its local array).  Batches of 32 x 32 on the 2-core VM, kernel
 #: only, warm: 1.6-2.5 us a matrix on one worker against 12.8 us by qrt.
@@ -308,14 +315,18 @@ def tall_chunk_rows(m: int) -> int:
 
 def tall_blocks(m: int, threads: int, workers: int | None = None) -> int:
     """Blocks (the group) of qrt_tall on a pool of ``threads`` for m rows: ``workers``
-    (None: TALL_MAX_WORKERS, None there: the pool), at most the pool and the row
-    chunks, at least 1.  The result does not depend on it (the chunks follow m)."""
+    (None: TALL_MAX_WORKERS, None there: the pool less TALL_SPARE from TALL_SPARE_FROM
+    workers on), at most the pool and the row chunks, at least 1.  The result does not
+    depend on it (the chunks follow m)."""
     if workers is None:
         workers = TALL_MAX_WORKERS
     if workers is not None and (isinstance(workers, bool) or int(workers) != workers
                                 or workers < 1):
         raise ValueError(f"tall workers must be a positive int or None, got {workers!r}")
-    most = threads if workers is None else min(threads, int(workers))
+    if workers is None:
+        most = threads - TALL_SPARE if threads >= TALL_SPARE_FROM else threads
+    else:
+        most = min(threads, int(workers))
     return max(1, min(most, -(-m // tall_chunk_rows(m))))
 
 

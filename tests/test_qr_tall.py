@@ -119,6 +119,21 @@ def test_tall_group_smaller_than_the_pool(monkeypatch):
                      None, tall=False, tall_workers=1)
 
 
+def test_tall_default_group_spares_a_core_on_large_pools(monkeypatch):
+    """Without TALL_MAX_WORKERS the tall group is the pool less TALL_SPARE from
+    TALL_SPARE_FROM workers on (bench.tall_workers on 16 vCPUs: 16 workers mostly in the
+    slow mode, 15 rarely), the whole pool below; never more than the row chunks."""
+    monkeypatch.setattr(parallel, "TALL_MAX_WORKERS", None)
+    m = 65536
+    nck = -(-m // parallel.tall_chunk_rows(m))
+    assert (parallel.TALL_SPARE, parallel.TALL_SPARE_FROM) == (1, 8)
+    assert [parallel.tall_blocks(m, t) for t in (1, 2, 7, 8, 16, 64)] == [
+        1, 2, 7, 7, 15, min(63, nck)]
+    assert parallel.tall_blocks(m, 16, 16) == 16  # an explicit count is taken as it is
+    monkeypatch.setattr(parallel, "TALL_MAX_WORKERS", 12)
+    assert parallel.tall_blocks(m, 16) == 12
+
+
 def test_tall_rows_longer_than_the_matrix():
     """Rows of ld > n elements: the first n columns get bitwise the unpadded result
     and the padding keeps its sentinel."""
