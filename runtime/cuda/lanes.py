@@ -10,10 +10,11 @@ neither orders may run at the same time, so they must not touch the same memory
 (the caller's promise, as for any two kernels on two streams).
 
 It stays one sequence: one device record, launch indices in list order, one
-``sync`` for both lanes.  Lane 1 starts after everything enqueued before it (a
-fork from the launch stream at its first launch), and the launch stream waits for
-lane 1's last launch at the end of the batch (a join), so waiting for the launch
-stream, which ``sync``, a deadline and the stuck-kernel check do, waits for both.
+``sync`` for both lanes.  Lane 1 starts after everything enqueued before the batch
+(a fork from the launch stream when the batch begins, after the record's reset),
+and the launch stream waits for lane 1's last launch at the end of the batch (a
+join), so waiting for the launch stream, which ``sync``, a deadline and the
+stuck-kernel check do, waits for both.
 The isolated lane has one stream: there every launch runs in list order, which the
 rule above allows (``after`` names earlier launches only).
 """
@@ -66,10 +67,10 @@ def predecessors(lanes: Sequence[tuple[int, tuple[int, ...]]]) -> list[tuple[int
 
 
 class LaneSchedule:
-    """Enqueues the forks, waits and join of one batch around its launches (the caller
-    holds the sequence lock): ``stream(i)`` before launch i, ``launched(i)`` after it,
-    ``finish()`` at the end, also after an error (the launches enqueued stay enqueued
-    and ordered before the join)."""
+    """Enqueues the fork (when made), waits and join of one batch around its launches
+    (the caller holds the sequence lock and has reset the record): ``stream(i)`` before
+    launch i, ``launched(i)`` after it, ``finish()`` at the end, also after an error
+    (the launches enqueued stay enqueued and ordered before the join)."""
 
     def __init__(self, dev: Any, lanes: list[tuple[int, tuple[int, ...]]]):
         self.dev = dev
@@ -83,6 +84,11 @@ class LaneSchedule:
                     self.waiters[j] = self.waiters.get(j, 0) + 1
         self.events: dict[int, Any] = {}
         self.forked = False
+        if self.one:  # the fork: lane 1 after what the launch stream holds now
+            e = drv.lane_record(dev, None)
+            drv.lane_wait(drv.lane_stream(dev), e)
+            dev.lane_events.append(e)
+            self.forked = True
 
     def _stream(self, lane: int) -> Any:
         return drv.lane_stream(self.dev) if lane == 1 else None
@@ -93,11 +99,6 @@ class LaneSchedule:
             return None
         lane, after = self.lanes[i]
         s = self._stream(lane)
-        if lane == 1 and not self.forked:
-            e = drv.lane_record(self.dev, None)
-            drv.lane_wait(s, e)
-            self.dev.lane_events.append(e)
-            self.forked = True
         for j in after:
             if self.lanes[j][0] != lane:
                 drv.lane_wait(s, self.events[j])
