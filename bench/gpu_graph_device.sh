@@ -15,17 +15,9 @@ OUT=${OUT:-bench-results/graph}
 . "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
 machine_txt "$OUT/machine.txt"
-timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile > "$OUT/precompile.txt" 2>&1
-echo "rc=$?" >> "$OUT/precompile.txt"
-tail -2 "$OUT/precompile.txt"
+precompile
 timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
     tests/test_gpu_graphs.py tests/test_gpu_async.py > "$OUT/tests.txt" 2>&1
 echo "rc=$?" >> "$OUT/tests.txt"
 tail -3 "$OUT/tests.txt"
-sel=()
-[ -n "${SHAPES:-}" ] && sel=(--shapes "$SHAPES")
-timeout "${BENCH_S:-200}" python3 -m capqr.bench.gpu_bench --graph both --peers "" \
-    --repeat "${REPEAT:-5}" --repeat-large "${REPEAT_LARGE:-3}" ${sel[@]+"${sel[@]}"} \
-    --out "$OUT/graph.json" > "$OUT/graph.log" 2>&1
-echo "rc=$?" >> "$OUT/graph.log"
-tail -4 "$OUT/graph.log"
+TAIL=4 bench_run graph "${SHAPES:-}" 200 --graph both

@@ -20,9 +20,7 @@ PARTS=${PARTS:-tests base new}
 . "$(dirname "$0")/device_env.sh"
 mkdir -p "$OUT"
 machine_txt "$OUT/machine.txt"
-timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile > "$OUT/precompile.txt" 2>&1
-echo "rc=$?" >> "$OUT/precompile.txt"
-tail -2 "$OUT/precompile.txt"
+precompile
 if [[ " $PARTS " == *" tests "* ]]; then
     timeout "${TESTS_S:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
         ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu_qr.py tests/test_gpu_graphs.py \
@@ -30,19 +28,8 @@ if [[ " $PARTS " == *" tests "* ]]; then
     echo "rc=$?" >> "$OUT/tests.txt"
     tail -3 "$OUT/tests.txt"
 fi
-run() {  # name, gpu_bench options...
-    local name=$1
-    shift
-    local sel=()
-    [ -n "${SHAPES:-}" ] && sel=(--shapes "$SHAPES")
-    timeout "${BENCH_S:-130}" python3 -m capqr.bench.gpu_bench "$@" --peers "" \
-        --repeat "${REPEAT:-5}" --repeat-large "${REPEAT_LARGE:-3}" ${sel[@]+"${sel[@]}"} \
-        --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
-    echo "rc=$?" >> "$OUT/$name.log"
-    tail -2 "$OUT/$name.log"
-}
-[[ " $PARTS " == *" base "* ]] && run base --lookahead off
-[[ " $PARTS " == *" new "* ]] && run new --lookahead on --graph both
+[[ " $PARTS " == *" base "* ]] && bench_run base "${SHAPES:-}" 130 --lookahead off
+[[ " $PARTS " == *" new "* ]] && bench_run new "${SHAPES:-}" 130 --lookahead on --graph both
 if [ -f "$OUT/base.json" ] && [ -f "$OUT/new.json" ]; then
     python3 -m capqr.bench.gpu_compare "$OUT/base.json" "$OUT/new.json" --out "$OUT/new-compare.txt"
     cat "$OUT/new-compare.txt"

@@ -25,31 +25,17 @@ mkdir -p "$OUT"
 machine_txt "$OUT/machine.txt"
 pm=default
 [[ " $PARTS " == *" new "* || " $PARTS " == *" matrix "* ]] && pm=both
-timeout "${PRECOMPILE_S:-150}" python3 -m capqr.bench.gpu_precompile --per-matrix $pm \
-    > "$OUT/precompile.txt" 2>&1
-echo "rc=$?" >> "$OUT/precompile.txt"
-tail -2 "$OUT/precompile.txt"
+precompile --per-matrix $pm
 if [[ " $PARTS " == *" tests "* ]]; then
     timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
         ${TESTS_K:+-k "$TESTS_K"} tests/test_gpu_qr.py > "$OUT/tests.txt" 2>&1
     echo "rc=$?" >> "$OUT/tests.txt"
     tail -3 "$OUT/tests.txt"
 fi
-run() {  # name, shapes, gpu_bench options...
-    local name=$1 shapes=$2
-    shift 2
-    local sel=()
-    [ -n "$shapes" ] && sel=(--shapes "$shapes")
-    timeout "${BENCH_S:-100}" python3 -m capqr.bench.gpu_bench "$@" --peers "" \
-        --repeat "${REPEAT:-5}" --repeat-large "${REPEAT_LARGE:-3}" ${sel[@]+"${sel[@]}"} \
-        --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
-    echo "rc=$?" >> "$OUT/$name.log"
-    tail -2 "$OUT/$name.log"
-}
-[[ " $PARTS " == *" base "* ]] && run base "${SHAPES:-}" --panel-reg off --per-matrix off
-[[ " $PARTS " == *" new "* ]] && run new "${SHAPES:-}" --panel-reg on --per-matrix on
-[[ " $PARTS " == *" reg "* ]] && run reg "${SHAPES:-}" --panel-reg on --per-matrix off
-[[ " $PARTS " == *" matrix "* ]] && run matrix "${MATRIX_SHAPES:-20x32,40x176,40x352,640x512,60x1024}" \
+[[ " $PARTS " == *" base "* ]] && bench_run base "${SHAPES:-}" 100 --panel-reg off --per-matrix off
+[[ " $PARTS " == *" new "* ]] && bench_run new "${SHAPES:-}" 100 --panel-reg on --per-matrix on
+[[ " $PARTS " == *" reg "* ]] && bench_run reg "${SHAPES:-}" 100 --panel-reg on --per-matrix off
+[[ " $PARTS " == *" matrix "* ]] && bench_run matrix "${MATRIX_SHAPES:-20x32,40x176,40x352,640x512,60x1024}" 100 \
     --panel-reg on --per-matrix on
 if [ -f "$OUT/base.json" ] && [ -f "$OUT/new.json" ]; then
     python3 -m capqr.bench.gpu_compare "$OUT/base.json" "$OUT/new.json" --out "$OUT/new-compare.txt"
