@@ -83,7 +83,7 @@ def bench_shape(batch: int, n: int, repeat: int, tall_rows: int | None | str = "
         row: dict = {"batch": batch, "n": n, "launches": len(plan), "two_panel": g.TWO_PANEL,
                      "reg_rows": g.REG_ROWS, "per_matrix": g.PER_MATRIX,
                      "mma_update": g.MMA_UPDATE, "mma_min_rows": g.MMA_MIN_ROWS,
-                     "lookahead": g.LOOKAHEAD,
+                     "lookahead": any(s.lane for s in plan),
                      "tall_rows": g.default_tall_rows(batch) if tall_rows == "auto" else tall_rows,
                      "graph": graph}
         outs = {}
@@ -232,8 +232,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="on: panels of at most kernels.gpu.REG_MAX_ROWS rows in registers; "
                          "off: none; default: of at most kernels.gpu.REG_ROWS")
     ap.add_argument("--lookahead", choices=("default", "on", "off"), default="default",
-                    help="the panels and each next panel's update on a second stream "
-                         "(kernels.gpu.LOOKAHEAD)")
+                    help="the panels and each next panel's update on a second stream: "
+                         "default kernels.gpu.use_lookahead's rule, on or off for every shape")
     ap.add_argument("--per-matrix", choices=("default", "on", "off"), default="default",
                     help="one launch, one block per matrix, where the batch allows "
                          "(kernels.gpu.PER_MATRIX)")

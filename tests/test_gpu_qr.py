@@ -194,6 +194,13 @@ def test_plan_option_defaults() -> None:
     (20,32)), and no per-matrix launch, which lost on every shape; the other tests
     name the options they test."""
     assert g.REG_ROWS == 32 and g.PER_MATRIX is False
+    # the look-ahead where it won twice on an H100, (60,1024), and nowhere else here
+    assert g.LOOKAHEAD is None
+    assert [(b, n) for b, n in CONTEST_SHAPES if any(s.lane for s in g.launch_plan(b, n))] == [
+        (60, 1024)]
+    assert any(s.lane for s in g.launch_plan(64, 2048))
+    assert not any(s.lane for s in g.launch_plan(65, 1024) + g.launch_plan(60, 1023)
+                   + g.launch_plan(8, 4096) + g.launch_plan(60, 1024, tall_rows=256))
     for b, n in CONTEST_SHAPES:
         plan = g.launch_plan(b, n)
         assert not any(s.kernel.startswith("matrix") for s in plan)
@@ -249,7 +256,7 @@ def test_plan_covers_each_column_once(batch: int, n: int, two_panel: bool, reg: 
     REG_MAX_ROWS rows to gpu_qr_panel_reg of the smallest class holding them, with
     reg=False (and above REG_MAX_ROWS) to gpu_qr_panel_small / gpu_qr_panel."""
     plan = g.launch_plan(batch, n, tall_rows=None, two_panel=two_panel, whole=False, reg=reg,
-                         per_matrix=False)
+                         per_matrix=False, lookahead=False)
     panels = [s for s in plan if _is_panel(s.kernel)]
     cols = [c for s in panels for c in range(s.args[1], s.args[1] + s.args[2])]
     assert cols == list(range(n))

@@ -196,16 +196,24 @@ class Launch:
 
 #: The look-ahead (launch_plan's ``lookahead``): the panels and each next panel's
 #: update on a second, high-priority stream (runtime/cuda/lanes.py), the rest of each
-#: update on the launch stream, so a panel may overlap the update before it.  Off: on an
-#: H100 (bench/results/gpu-lookahead-2026-12-07-h100-4abe03c.txt, checked ms, off vs on)
-#: it lost on every shape but one, geomean 0.939x: (40,176) 1.038 -> 1.170, (40,352)
-#: 2.384 -> 2.791, (640,512) 18.87 -> 21.21, (8,2048) 25.17 -> 26.87, (2,4096) 46.7 ->
-#: 50.7 (49.7 as a CUDA graph, so not the host's enqueueing); won at (60,1024) 18.62 ->
-#: 17.43.  Each panel step has two updates (four launches) instead of one, and the
-#: split updates cost more (profile, serialised: update 11.9 -> 14.7 ms at (8,2048))
-#: than the overlap gave back.  The emulated lane checks its algebra
+#: update on the launch stream, so a panel may overlap the update before it.  None (the
+#: default): :func:`use_lookahead`'s rule; True or False: every plan.  On an H100
+#: (bench/results/gpu-lookahead-2026-12-07-h100-4abe03c.txt, checked ms, off vs on) it
+#: lost on every contest shape but one, geomean 0.939x: (40,176) 1.038 -> 1.170,
+#: (40,352) 2.384 -> 2.791, (640,512) 18.87 -> 21.21, (8,2048) 25.17 -> 26.87, (2,4096)
+#: 46.7 -> 50.7 (49.7 as a CUDA graph, so not the host's enqueueing).  Each panel step
+#: has two updates (four launches) instead of one, and the split updates cost more
+#: (profile, serialised: update 11.9 -> 14.7 ms at (8,2048)) than the overlap gave
+#: back: the cooperative panels of small batches need most SMs at once and those of
+#: batch 640 fill the GPU themselves.  It won at (60,1024), whose 60 one-block panels
+#: leave most SMs to a large update: 18.62 -> 17.43 there, and again 17.85 -> 17.11
+#: (raw 14.89 -> 14.47) at 5655234 (gpu-lookahead-2026-12-07-h100-5655234.txt, where
+#: (40,352) lost again, 2.004 -> 2.279).  The emulated lane checks its algebra
 #: (tests/test_gpu_emulated.py), the plan test its ordering (tests/test_gpu_qr.py).
-LOOKAHEAD = False
+LOOKAHEAD: bool | None = None
+#: use_lookahead's rule: one-block panels (no steps), a batch of at most
+#: LOOKAHEAD_MAX_BATCH matrices (60 measured) of at least LOOKAHEAD_MIN_N columns.
+LOOKAHEAD_MIN_N, LOOKAHEAD_MAX_BATCH = 1024, 64
 
 
 #: Batches up to this size factor panels of more than STEPS_ROWS rows over row blocks
@@ -226,6 +234,17 @@ def default_tall_rows(batch: int) -> int | None:
 #: Blocks of gpu_qr_steps the plan assumes the device runs at once when it is not
 #: told (H200: 2 per SM of 132 at STEP_OPTIONS' register cap).
 STEPS_MAX_GROUP = 264
+
+
+def use_lookahead(batch: int, n: int, tall_rows: int | None | str = "auto") -> bool:
+    """Whether the plan of ``batch`` n x n matrices runs the look-ahead by default
+    (LOOKAHEAD, or where it is None the rule it describes: panels of one block per
+    matrix, so no column steps, for a batch of at most LOOKAHEAD_MAX_BATCH matrices of at
+    least LOOKAHEAD_MIN_N columns)."""
+    if LOOKAHEAD is not None:
+        return LOOKAHEAD
+    steps = default_tall_rows(batch) if tall_rows == "auto" else tall_rows
+    return steps is None and batch <= LOOKAHEAD_MAX_BATCH and n >= LOOKAHEAD_MIN_N
 
 
 def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
@@ -250,9 +269,9 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
     holds them): None, those of at most REG_ROWS rows; True, of at most
     REG_MAX_ROWS; False, none.  ``per_matrix`` (None:
     PER_MATRIX): one launch of gpu_qr_matrix where the batch and n allow (module doc).
-    ``lookahead`` (None: LOOKAHEAD; not with two_panel): the panels and the update of
-    the next panel's columns on lane 1, the rest of each update on lane 0, so a panel
-    runs while the update before it finishes the columns after it (module doc).
+    ``lookahead`` (None: :func:`use_lookahead`; not with two_panel): the panels and the
+    update of the next panel's columns on lane 1, the rest of each update on lane 0, so
+    a panel runs while the update before it finishes the columns after it (module doc).
     """
     if batch < 1 or n < 1:
         raise ValueError(f"need batch >= 1 and n >= 1, got ({batch}, {n})")
@@ -309,7 +328,9 @@ def launch_plan(batch: int, n: int, tall_rows: int | None | str = "auto",
                            after=after))
         plan.append(Launch(kind + "_apply", grid, UPDATE_BLOCK, args, slot=slot, lane=lane))
 
-    if (LOOKAHEAD if lookahead is None else lookahead) and not two_panel:
+    if lookahead is None:
+        lookahead = use_lookahead(batch, n, tall_rows)
+    if lookahead and not two_panel:
         # lane 1: P0, then per panel j the update of panel j+1's columns by panel j
         # (after lane 0's update by panel j-1, which reached them) and panel j+1;
         # lane 0: the update of the columns after panel j+1 by panel j (after P_j).
@@ -480,13 +501,13 @@ class Workspace:
               lookahead: bool | None = None) -> Workspace:
         """Device buffers (``alloc(size, dtype, name=...)``, default
         runtime.cuda.alloc_device) sized for any plan; lane 1's only with
-        ``lookahead`` (None: LOOKAHEAD)."""
+        ``lookahead`` (None: :func:`use_lookahead`)."""
         if alloc is None:
             from ...runtime import cuda
 
             alloc = cuda.alloc_device
         f32 = np.float32
-        ahead = LOOKAHEAD if lookahead is None else lookahead
+        ahead = use_lookahead(batch, n) if lookahead is None else lookahead
         return cls(alloc(work_size(batch), f32, name=prefix + "work"),
                    alloc(work_size(batch), f32, name=prefix + "work2"),
                    alloc(scratch_size(batch, n), f32, name=prefix + "scratch"),
