@@ -157,10 +157,9 @@ def test_emulated_lookahead_passes_the_checker(emulated, emulated_raw, batch: in
                                                tall_rows: int | None, reg: bool) -> None:
     """The look-ahead plan (each update split into the next panel's columns and the rest,
     T alternating between work and work2, lane 1's own scratch and V^T), in list order:
-    kernels.check passes, it agrees with the numpy model of that plan and with the plan
-    without the look-ahead, and checked equals raw bit for bit.  (That no two launches
-    the lanes leave unordered touch the same memory is tests/test_gpu_qr.py's
-    test_lookahead_plan_orders_every_conflict.)"""
+    kernels.check passes, it agrees with the numpy model of that plan, and checked
+    equals raw bit for bit.  (That no two launches the lanes leave unordered touch the
+    same memory is tests/test_gpu_qr.py's test_lookahead_plan_orders_every_conflict.)"""
     from test_gpu_qr import model_qr
 
     a = np.random.default_rng(n).standard_normal((batch, n, n)).astype(np.float32)
@@ -170,8 +169,6 @@ def test_emulated_lookahead_passes_the_checker(emulated, emulated_raw, batch: in
     Hm, taum = model_qr(a, tall_rows, False, lookahead=True)
     np.testing.assert_allclose(tau, taum, rtol=2e-3, atol=2e-4)
     np.testing.assert_allclose(H, Hm, rtol=2e-2, atol=2e-3 * float(np.abs(a).max()))
-    H1, tau1 = _qr(emulated, a, False, tall_rows, reg=reg)
-    np.testing.assert_allclose(tau, tau1, rtol=2e-3, atol=2e-4)
     Hr, taur = _qr(emulated_raw, a, False, tall_rows, reg=reg, lookahead=True)
     assert np.array_equal(H.view(np.uint32), Hr.view(np.uint32))
     assert np.array_equal(tau.view(np.uint32), taur.view(np.uint32))
