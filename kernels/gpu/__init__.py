@@ -42,6 +42,13 @@ columns only, panel 2 (its T in ``work2``), then ``gpu_qr_update2_z`` and
 ``gpu_qr_update2_apply`` apply both panels' 64 reflectors to the trailing
 columns in one pass over them (half the passes, twice the work per pass).
 
+With ``lookahead`` (default :func:`use_lookahead`: one-block panels of a batch of at
+most LOOKAHEAD_MAX_BATCH matrices of at least LOOKAHEAD_MIN_N columns) the panels and
+the update of each next panel's columns run on a second, high-priority stream and the
+rest of each update on the launch stream (``Launch.lane`` and ``after``,
+runtime/cuda/lanes.py), so a panel can overlap the update before it; T alternates
+between work and work2, and lane 1 has its own scratch1 and vt1.
+
 The result is LAPACK's compact form (as ``scipy.linalg.qr(mode='raw')`` in
 row-major orientation, like kernels.qr).  The plan runs as one launch sequence
 (``runtime.cuda.launch(..., sync=False)`` per step, one ``runtime.cuda.sync``
