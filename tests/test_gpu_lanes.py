@@ -81,6 +81,7 @@ def _enqueue(monkeypatch, order: list[tuple[int, tuple[int, ...]]]) -> Streams:
     monkeypatch.setattr(drv, "isolated", lambda: False)
     dev = SimpleNamespace(lane_events=[])
     sched = lanes.LaneSchedule(dev, order)
+    sched.fork()
     for i in range(len(order)):
         st.launch(sched.stream(i), i)
         sched.launched(i)

@@ -533,7 +533,7 @@ class Workspace:
         if step.kernel.startswith("preg"):
             return [A, tau, w]
         z, v = (self.scratch, self.vt) if step.lane == 0 else (self.scratch1, self.vt1)
-        if z is None:
+        if z is None and step.kernel.startswith("update"):
             raise ValueError("a look-ahead plan needs Workspace.alloc(..., lookahead=True)")
         return {"panel": [A, tau, w], "panel_small": [A, tau, w],
                 "steps": [A, tau, w, self.steps],

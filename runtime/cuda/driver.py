@@ -410,7 +410,7 @@ def open_context(d: Any) -> None:
     d.side_stream = s[0]
     d.seq_record = 0
     d.lane_stream = None  # lane 1 of launch_many (lane_stream), made on first use
-    d.lane_events = []    # free events for the lanes' waits (lane_event)
+    d.lane_events = []    # free events for the lanes' waits (lane_record)
 
 
 def can_reset() -> bool:

@@ -67,10 +67,11 @@ def predecessors(lanes: Sequence[tuple[int, tuple[int, ...]]]) -> list[tuple[int
 
 
 class LaneSchedule:
-    """Enqueues the fork (when made), waits and join of one batch around its launches
-    (the caller holds the sequence lock and has reset the record): ``stream(i)`` before
-    launch i, ``launched(i)`` after it, ``finish()`` at the end, also after an error
-    (the launches enqueued stay enqueued and ordered before the join)."""
+    """Enqueues the fork, waits and join of one batch around its launches, where it
+    uses lane 1 (``one``; the caller holds the sequence lock): ``fork()`` first,
+    ``stream(i)`` before launch i, ``launched(i)`` after it, ``finish()`` at the end,
+    also after an error (the launches enqueued stay enqueued and ordered before the
+    join)."""
 
     def __init__(self, dev: Any, lanes: list[tuple[int, tuple[int, ...]]]):
         self.dev = dev
@@ -83,15 +84,21 @@ class LaneSchedule:
                 if lanes[j][0] != lane:
                     self.waiters[j] = self.waiters.get(j, 0) + 1
         self.events: dict[int, Any] = {}
-        self.forked = False
-        if self.one:  # the fork: lane 1 after what the launch stream holds now
-            e = drv.lane_record(dev, None)
-            drv.lane_wait(drv.lane_stream(dev), e)
-            dev.lane_events.append(e)
-            self.forked = True
 
     def _stream(self, lane: int) -> Any:
         return drv.lane_stream(self.dev) if lane == 1 else None
+
+    def _follow(self, waiting: int, recorded_on: int) -> None:
+        """Lane ``waiting`` waits for what lane ``recorded_on`` holds now."""
+        e = drv.lane_record(self.dev, self._stream(recorded_on))
+        drv.lane_wait(self._stream(waiting), e)
+        self.dev.lane_events.append(e)
+
+    def fork(self) -> None:
+        """Lane 1 after what the launch stream holds now (the caller reset the record
+        first): before the batch's first launch."""
+        if self.one:
+            self._follow(1, 0)
 
     def stream(self, i: int) -> Any:
         """The stream of launch i (None: the launch stream), after enqueueing its waits."""
@@ -116,10 +123,6 @@ class LaneSchedule:
         """The join: the launch stream waits for lane 1; every event goes back."""
         if not self.one:
             return
-        if self.forked:
-            e = drv.lane_record(self.dev, self._stream(1))
-            drv.lane_wait(None, e)
-            self.dev.lane_events.append(e)
-            self.forked = False
+        self._follow(0, 1)
         self.dev.lane_events.extend(self.events.values())
         self.events = {}

@@ -141,12 +141,13 @@ def launch_many(launches: Sequence[tuple[Any, ...]],
         schedule = None
         try:
             dev = drv.device()  # binds the context to this thread for the whole batch
-            if not current.launches and plan:  # before lane 1 forks from the launch stream
-                reset_record(dev.seq_record or device_record(dev))
             schedule = LaneSchedule(dev, order)
+            if schedule.one and not current.launches:  # before lane 1 forks from it
+                reset_record(dev.seq_record or device_record(dev))
+            schedule.fork()
             for i, (kernel, caps, args, grid, block, group) in enumerate(plan):
                 _enqueue(kernel, caps, args, grid, block, 0, caller_holds=True, dev=dev,
-                         group=group, stream=schedule.stream(i), reset=False)
+                         group=group, stream=schedule.stream(i), reset=not schedule.one)
                 schedule.launched(i)
         finally:
             if schedule is not None:
