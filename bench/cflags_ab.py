@@ -1,0 +1,77 @@
+"""kernels.qr under different kernel compiler flags ($CAPQR_CFLAGS), on all cores: one
+process per variant and round, alternating, so load drifts spread over the variants.
+
+Each process prints, per shape, the min and median ms of ``--reps`` calls after one
+untimed call, and a digest of the factor's bytes: flags that only change code generation
+(vector width, unrolling) must leave every digest equal, since every multiply-add in the
+kernels is an explicit fmaf() and -ffp-contract=off holds for all variants.
+
+    python -m capqr.bench.cflags_ab --variant "256=-march=native" \\
+        --variant "512=-march=native -mprefer-vector-width=512" --shapes 1:2048,65536x64
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+CHILD = r"""
+import hashlib, statistics, sys, time
+import numpy as np
+import capqr.kernels as K
+out = []
+for spec in sys.argv[1].split(","):
+    rng = np.random.default_rng(0)
+    if "x" in spec:
+        m, n = (int(x) for x in spec.split("x"))
+        a = rng.standard_normal((m, n)).astype(np.float32)
+    else:
+        b, n = (int(x) for x in spec.split(":"))
+        a = rng.standard_normal((b, n, n)).astype(np.float32)
+        a = a[0] if b == 1 else a
+    h, tau = K.qr(a)
+    digest = hashlib.sha256(np.ascontiguousarray(h).tobytes()).hexdigest()[:8]
+    ts = []
+    for _ in range(int(sys.argv[2])):
+        t = time.perf_counter(); K.qr(a); ts.append(time.perf_counter() - t)
+    out.append(f"{spec}={min(ts) * 1e3:.1f}/{statistics.median(ts) * 1e3:.1f}#{digest}")
+print(" ".join(out))
+"""
+
+
+def run_variant(cflags: str, shapes: str, reps: int) -> str:
+    """One process of kernels.qr with CAPQR_CFLAGS=``cflags``: its printed line."""
+    env = dict(os.environ, CAPQR_QUIET="1", CAPQR_CFLAGS=cflags)
+    try:
+        r = subprocess.run([sys.executable, "-c", CHILD, shapes, str(reps)], env=env,
+                           capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "timed out after 600 s"
+    return r.stdout.strip() or f"rc={r.returncode}: " + r.stderr.strip()[-300:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variant", action="append", required=True,
+                    help="NAME=FLAGS ($CAPQR_CFLAGS of that variant; repeatable)")
+    ap.add_argument("--shapes", default="1:1024,1:2048,1:4096",
+                    help="batch:n (n x n) or MxN, comma-separated")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ns = ap.parse_args(argv)
+    variants = dict(v.split("=", 1) for v in ns.variant)
+    t0 = time.time()
+    for name, fl in variants.items():  # builds, and a first look
+        print(f"build {name} ({fl}): {run_variant(fl, '1:256', 1)} ({time.time() - t0:.0f} s)",
+              flush=True)
+    for r in range(ns.rounds):
+        for name, fl in variants.items():
+            print(f"round {r} {name}: {run_variant(fl, ns.shapes, ns.reps)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
