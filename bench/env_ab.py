@@ -1,13 +1,16 @@
-"""kernels.qr under different kernel compiler flags ($CAPQR_CFLAGS), on all cores: one
-process per variant and round, alternating, so load drifts spread over the variants.
+"""kernels.qr under different environments: kernel compiler flags ($CAPQR_CFLAGS), the
+worker pool ($CAPQR_THREADS).  One process per variant and round, alternating, so load
+drifts spread over the variants.
 
 Each process prints, per shape, the min and median ms of ``--reps`` calls after one
 untimed call, and a digest of the factor's bytes: flags that only change code generation
-(vector width, unrolling) must leave every digest equal, since every multiply-add in the
-kernels is an explicit fmaf() and -ffp-contract=off holds for all variants.
+(vector width, unrolling) and the pool size must leave every digest equal, since every
+multiply-add in the kernels is an explicit fmaf(), -ffp-contract=off holds for all flags,
+and no path's result depends on the worker count.
 
-    python -m capqr.bench.cflags_ab --variant "256=-march=native" \\
-        --variant "512=-march=native -mprefer-vector-width=512" --shapes 1:2048,65536x64
+    python -m capqr.bench.env_ab --variant "256=CAPQR_CFLAGS=-march=native" \\
+        --variant "512=CAPQR_CFLAGS=-march=native -mprefer-vector-width=512" \\
+        --variant "15w=CAPQR_THREADS=15" --shapes 1:2048,65536x64
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ CHILD = r"""
 import hashlib, statistics, sys, time
 import numpy as np
 import capqr.kernels as K
-out = []
+from capqr import runtime
+out = [f"workers={runtime.threads()}"]
 for spec in sys.argv[1].split(","):
     rng = np.random.default_rng(0)
     if "x" in spec:
@@ -42,9 +46,20 @@ print(" ".join(out))
 """
 
 
-def run_variant(cflags: str, shapes: str, reps: int) -> str:
-    """One process of kernels.qr with CAPQR_CFLAGS=``cflags``: its printed line."""
-    env = dict(os.environ, CAPQR_QUIET="1", CAPQR_CFLAGS=cflags)
+def parse_env(spec: str) -> dict[str, str]:
+    """``VAR=VALUE;VAR=VALUE`` as a dict (a value may hold spaces and '=')."""
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        var, sep, value = part.partition("=")
+        if not sep or not var.isidentifier():
+            raise SystemExit(f"env_ab: {part!r} is not VAR=VALUE")
+        out[var] = value
+    return out
+
+
+def run_variant(env_vars: dict[str, str], shapes: str, reps: int) -> str:
+    """One process of kernels.qr with ``env_vars`` set: its printed line."""
+    env = dict(os.environ, CAPQR_QUIET="1", **env_vars)
     try:
         r = subprocess.run([sys.executable, "-c", CHILD, shapes, str(reps)], env=env,
                            capture_output=True, text=True, timeout=600)
@@ -56,20 +71,23 @@ def run_variant(cflags: str, shapes: str, reps: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", action="append", required=True,
-                    help="NAME=FLAGS ($CAPQR_CFLAGS of that variant; repeatable)")
+                    help="NAME=VAR=VALUE[;VAR=VALUE...] (repeatable)")
     ap.add_argument("--shapes", default="1:1024,1:2048,1:4096",
                     help="batch:n (n x n) or MxN, comma-separated")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ns = ap.parse_args(argv)
-    variants = dict(v.split("=", 1) for v in ns.variant)
+    variants = {}
+    for v in ns.variant:
+        name, _, spec = v.partition("=")
+        variants[name] = parse_env(spec)
     t0 = time.time()
-    for name, fl in variants.items():  # builds, and a first look
-        print(f"build {name} ({fl}): {run_variant(fl, '1:256', 1)} ({time.time() - t0:.0f} s)",
+    for name, env in variants.items():  # builds, and a first look
+        print(f"build {name} ({env}): {run_variant(env, '1:256', 1)} ({time.time() - t0:.0f} s)",
               flush=True)
     for r in range(ns.rounds):
-        for name, fl in variants.items():
-            print(f"round {r} {name}: {run_variant(fl, ns.shapes, ns.reps)}", flush=True)
+        for name, env in variants.items():
+            print(f"round {r} {name}: {run_variant(env, ns.shapes, ns.reps)}", flush=True)
     return 0
 
 
