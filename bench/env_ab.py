@@ -29,18 +29,20 @@ from capqr import runtime
 out = [f"workers={runtime.threads()}"]
 for spec in sys.argv[1].split(","):
     rng = np.random.default_rng(0)
-    if "x" in spec:
-        m, n = (int(x) for x in spec.split("x"))
+    shape, _, nb = spec.partition("/")
+    kw = {"nb": int(nb)} if nb else {}
+    if "x" in shape:
+        m, n = (int(x) for x in shape.split("x"))
         a = rng.standard_normal((m, n)).astype(np.float32)
     else:
-        b, n = (int(x) for x in spec.split(":"))
+        b, n = (int(x) for x in shape.split(":"))
         a = rng.standard_normal((b, n, n)).astype(np.float32)
         a = a[0] if b == 1 else a
-    h, tau = K.qr(a)
+    h, tau = K.qr(a, **kw)
     digest = hashlib.sha256(np.ascontiguousarray(h).tobytes()).hexdigest()[:8]
     ts = []
     for _ in range(int(sys.argv[2])):
-        t = time.perf_counter(); K.qr(a); ts.append(time.perf_counter() - t)
+        t = time.perf_counter(); K.qr(a, **kw); ts.append(time.perf_counter() - t)
     out.append(f"{spec}={min(ts) * 1e3:.1f}/{statistics.median(ts) * 1e3:.1f}#{digest}")
 print(" ".join(out))
 """
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", action="append", required=True,
                     help="NAME=VAR=VALUE[;VAR=VALUE...] (repeatable)")
     ap.add_argument("--shapes", default="1:1024,1:2048,1:4096",
-                    help="batch:n (n x n) or MxN, comma-separated")
+                    help="batch:n (n x n) or MxN, comma-separated; /NB after one sets "
+                         "kernels.qr's panel width nb")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ns = ap.parse_args(argv)
