@@ -36,6 +36,10 @@
 #   tall-workers.log            default 16,15,14,12,11,8 of the pool) at 65536x64 and 8192x256,
 #                               kernel alone and through kernels.qr, 31 samples, slow-mode
 #                               fraction, context switches and steal; 25-55 s   (TALLW_S, 90 s)
+#  envab:
+#   env-ab.log                  bench.env_ab: kernels.qr on a pool of every core and of one
+#                               fewer (CAPQR_THREADS), panel widths 64 and 32 at n = 1024
+#                               and 2048, alternating processes, 3 rounds   (ENVAB_S, 200 s)
 # Usage: OUT=/some/dir PARTS="gpu" bash bench/device_run.sh, with PYTHONPATH naming the
 # installed wheels and the repository root.  The fake-driver tests (tests/test_launch_sequence.py,
 # tests/test_gc_device.py) are not run here: they swap the driver module under a process
@@ -129,6 +133,13 @@ if [[ $PARTS == *" tallworkers "* ]]; then
     TAIL=16 step tall-workers "${TALLW_S:-90}" "$OUT/tall-workers.log" \
         python3 -m capqr.bench.tall_workers --tall-workers "${TALL_WORKERS:-16,15,14,12,11,8}" \
         --samples "${TALLW_SAMPLES:-31}" --max-seconds "${TALLW_SHAPE_S:-25}" --out "$OUT"
+fi
+if [[ $PARTS == *" envab "* ]]; then
+    cores=$(nproc)
+    TAIL=12 step env-ab "${ENVAB_S:-200}" "$OUT/env-ab.log" \
+        python3 -m capqr.bench.env_ab --variant "pool=CAPQR_THREADS=$cores" \
+        --variant "spare=CAPQR_THREADS=$((cores - 1))" --rounds "${ENVAB_ROUNDS:-3}" \
+        --shapes "${ENVAB_SHAPES:-1:1024,1:1024/32,1:2048,1:2048/32,1:4096,8:2048,60:1024,2:4096,8192x256,65536x64}"
 fi
 # "cpu" is its three steps; "peers", "overhead" and "scaling" name one each
 [[ $PARTS == *" cpu "* ]] && PARTS="$PARTS peers overhead scaling "
