@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--raw", action="store_true",
                    help="also build the unchecked baselines the benchmarks compare against")
     w.add_argument("--jobs", type=int, default=None,
-                   help="compilers run at once (default: the number of cores)")
+                   help="compilers run at once (default: the worker pool's size)")
     sub.add_parser("version", help="print the installed version and the kernel cache folder")
     ns, rest = ap.parse_known_args(argv)
     if ns.command == "demo":

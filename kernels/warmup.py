@@ -7,7 +7,6 @@ A kernel's first build takes seconds (gcc -O3 on the checked source); the cache
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -51,11 +50,11 @@ def precompile(dtypes: list[str] | tuple[str, ...] = DTYPES, *,
                ) -> list[Any]:
     """Compile the kernels ``kernels.qr`` uses by default for ``dtypes`` (and their raw
     baselines with ``raw``) into the cache, ``jobs`` compilers at once (default: the
-    cores); the compiled kernels.  ``progress`` prints a line per group to stderr."""
+    worker pool's size); the compiled kernels.  ``progress`` prints a line per group to stderr."""
     from .. import runtime
 
     todo = _getters(dtypes, raw)
-    jobs = max(1, jobs or os.cpu_count() or 1)
+    jobs = max(1, jobs or runtime.threads())
     t0 = time.monotonic()
     if progress:
         runtime.build.cold_start_said()

@@ -1108,3 +1108,31 @@ def test_nested_call_and_load_expressions_keep_their_caps():
             assert got == 7.0, (stmt, res)
 
     check()
+
+
+AFFINITY_PROBE = """
+import json, os
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+from capqr import runtime
+print(json.dumps({"threads": runtime.threads()}))
+"""
+
+
+def test_default_pool_follows_cpu_affinity():
+    """Without $CAPQR_THREADS the pool has one worker per CPU the process may run on
+    (sched_getaffinity: taskset, cpusets), not per CPU online: more workers than CPUs
+    would stall every group barrier whenever one of them is descheduled."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity on this platform")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CAPQR_THREADS", None)
+    p = subprocess.run([sys.executable, "-c", AFFINITY_PROBE], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"threads": 1}

@@ -14,6 +14,7 @@
  * released, in short slices so Python can deliver signals and enforce the
  * deadline (rt_launch_cancel).
  */
+#define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -460,7 +461,11 @@ int rt_core_init(int threads)
     if (nworkers > 0) { pthread_mutex_unlock(&pool_mu); return nworkers; }
     gc_init();
     if (threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        /* one worker per CPU this process may run on (taskset, cpusets): with more
+         * workers than CPUs a group barrier stalls whenever one is descheduled */
+        cpu_set_t set;
+        long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                              : sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;
     }
     workers = calloc((size_t)threads, sizeof(rt_thread));
