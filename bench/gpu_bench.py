@@ -177,6 +177,7 @@ def _profile(g, A, tau, ws, plan: list, checked: bool = True) -> dict:
     from ..runtime.cuda import driver as drv
 
     ks = g.blocked_kernels(checked)
+    ws.for_plan(plan)
     evs = [(drv.Event(), drv.Event()) for _ in plan]
     drv.check(drv.lib().cuCtxSynchronize(), "cuCtxSynchronize")
     t0 = time.perf_counter()

@@ -268,6 +268,14 @@ class FakeDevice:
         real_drv.ffi().memmove(dst, bytes(buf[off:off + n]), n)
         return 0
 
+    def cuMemcpyHtoD_v2(self, dst: int, src: Any, n: int) -> int:
+        """A synchronous copy on the legacy stream: after the launch stream's work."""
+        self._count("htod")
+        assert self._step(), "a synchronous copy behind a kernel that never ends"
+        buf, off = self._find(dst)
+        buf[off:off + n] = real_drv.ffi().buffer(real_drv.ffi().cast("char *", src), n)[:]
+        return 0
+
     def cuMemcpyHtoDAsync_v2(self, dst: int, src: Any, n: int, stream: Any) -> int:
         assert stream == "side", "the cancel flag must bypass the busy launch stream"
         buf, off = self._find(dst)
@@ -760,3 +768,52 @@ def test_fake_gpu_qr_plan_launches_as_its_kernels_declare(fake: FakeDevice, monk
             ws.free()
         A.free()
         tau.free()
+
+
+def test_fake_gpu_qr_gives_lane_one_its_buffers(fake: FakeDevice, monkeypatch) -> None:
+    """kernels.gpu.qr where the plan runs on two lanes (one matrix of 1024 columns
+    without column steps: use_lookahead's rule) gives lane 1's updates buffers of their
+    own.  qr() once sized its workspace for tall_rows="auto" (column steps, one lane)
+    while the plan had none, and every such call raised "a look-ahead plan needs
+    Workspace.alloc(..., lookahead=True)" (on an H100, test_gpu_qr.py's
+    test_contest_shape[8-2048] and [2-4096], which factor one matrix with tall_rows=None).
+    The launches are recorded, not run: the fake device has no second stream."""
+    from capqr.kernels import gpu as g
+
+    monkeypatch.setattr(cuda, "translate", _translate_once)
+    pregs = ["preg32", "preg64", "preg128", "preg256"]
+    ks = {kind: _fake_kernel(fake, src, name) for kind, (src, name, _) in
+          ((k, g._kernel_spec(k)) for k in ["panel", "panel_small", "steps", "update_z",
+                                            "update_apply"] + pregs)}
+    monkeypatch.setattr(g, "blocked_kernels", lambda checked=True: ks)
+    seen: list = []
+    monkeypatch.setattr(cuda, "launch_many", lambda launches, lanes=None: seen.append(
+        (launches, lanes)))
+    monkeypatch.setattr(cuda, "sync", lambda timeout=None: fake._step())  # the memsets
+    n = g.LOOKAHEAD_MIN_N
+    assert g.use_lookahead(1, n, None)
+    g.qr(np.zeros((1, n, n), np.float32), tall_rows=None)
+    (launches, lanes), = seen
+    assert lanes is not None and {lane for lane, _ in lanes} == {0, 1}
+    update_bufs = {0: set(), 1: set()}  # the Z scratch and V^T of each lane's updates
+    for (kern, caps, *_), (lane, _) in zip(launches, lanes, strict=True):
+        if kern.name.startswith("gpu_qr_update"):
+            assert all(c is not None for c in caps)
+            update_bufs[lane] |= {id(c) for c in caps[-2:]}
+    assert update_bufs[0] and update_bufs[1] and not update_bufs[0] & update_bufs[1]
+
+
+def test_to_device_frees_its_buffer_when_the_copy_fails(fake: FakeDevice, monkeypatch) -> None:
+    """cuda.to_device whose upload fails raises the driver's error and frees the buffer
+    it made: the collector releases it while the caller still holds the traceback,
+    whose frame holds the handle (before, the buffer lived as long as the traceback)."""
+    monkeypatch.setattr(fake, "cuMemcpyHtoD_v2", lambda dst, src, n: 700)  # ILLEGAL_ADDRESS
+    before = set(fake.mem)
+    with pytest.raises(Exception, match="cuMemcpyHtoD") as err:
+        cuda.to_device(np.ones(1024, np.float32), name="x")
+    for _ in range(6):
+        runtime.gc_collect()
+        if set(fake.mem) == before:
+            break
+    assert set(fake.mem) == before, "the failed upload's buffer is still allocated"
+    assert err.value is not None  # the traceback was alive all along

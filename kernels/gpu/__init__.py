@@ -60,7 +60,7 @@ made it (``launch_index``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -491,7 +491,7 @@ class Workspace:
     two-panel update's parts of V1^T V2), ``steps`` (gpu_qr_steps' pivot rows and
     sums), ``vt`` (the reflectors' V^T, from the Z kernel to the apply kernel), and
     for the look-ahead's lane 1 its own ``scratch1`` and ``vt1`` (its updates run
-    beside lane 0's)."""
+    beside lane 0's), made when a plan first needs them (:meth:`for_plan`)."""
 
     work: Any
     work2: Any
@@ -501,29 +501,48 @@ class Workspace:
     vt: Any
     scratch1: Any = None
     vt1: Any = None
+    #: how lane 1's buffers are made: (alloc, prefix, batch, n) of :meth:`alloc`
+    made_by: tuple | None = field(default=None, repr=False)
 
     @classmethod
     def alloc(cls, batch: int, n: int, prefix: str = "qr.",
               alloc: Callable[..., Any] | None = None,
-              lookahead: bool | None = None) -> Workspace:
+              lookahead: bool = False) -> Workspace:
         """Device buffers (``alloc(size, dtype, name=...)``, default
-        runtime.cuda.alloc_device) sized for any plan; lane 1's only with
-        ``lookahead`` (None: :func:`use_lookahead`)."""
+        runtime.cuda.alloc_device) sized for any plan.  Lane 1's are made now with
+        ``lookahead``, else by :meth:`for_plan` (qr_launch calls it) for the first plan
+        that runs on two lanes: the plan alone decides, so the buffers cannot miss it."""
         if alloc is None:
             from ...runtime import cuda
 
             alloc = cuda.alloc_device
         f32 = np.float32
-        ahead = use_lookahead(batch, n) if lookahead is None else lookahead
-        return cls(alloc(work_size(batch), f32, name=prefix + "work"),
-                   alloc(work_size(batch), f32, name=prefix + "work2"),
-                   alloc(scratch_size(batch, n), f32, name=prefix + "scratch"),
-                   alloc(gram_size(batch, n), f32, name=prefix + "gram"),
-                   alloc(steps_size(batch, n), np.float64, name=prefix + "steps"),
-                   alloc(vt_size(batch, n), f32, name=prefix + "vt"),
-                   alloc(scratch_size(batch, n), f32, name=prefix + "scratch1") if ahead
-                   else None,
-                   alloc(batch * NB * n, f32, name=prefix + "vt1") if ahead else None)
+        ws = cls(alloc(work_size(batch), f32, name=prefix + "work"),
+                 alloc(work_size(batch), f32, name=prefix + "work2"),
+                 alloc(scratch_size(batch, n), f32, name=prefix + "scratch"),
+                 alloc(gram_size(batch, n), f32, name=prefix + "gram"),
+                 alloc(steps_size(batch, n), np.float64, name=prefix + "steps"),
+                 alloc(vt_size(batch, n), f32, name=prefix + "vt"),
+                 made_by=(alloc, prefix, batch, n))
+        if lookahead:
+            ws.add_lane1()
+        return ws
+
+    def add_lane1(self) -> None:
+        """Make lane 1's scratch and V^T (once)."""
+        if self.scratch1 is not None:
+            return
+        if self.made_by is None:
+            raise ValueError("this Workspace was not made by Workspace.alloc: give it "
+                             "scratch1 and vt1 for a look-ahead plan")
+        alloc, prefix, batch, n = self.made_by
+        self.scratch1 = alloc(scratch_size(batch, n), np.float32, name=prefix + "scratch1")
+        self.vt1 = alloc(batch * NB * n, np.float32, name=prefix + "vt1")
+
+    def for_plan(self, plan: list[Launch]) -> None:
+        """Make the buffers ``plan`` needs that are not there yet (lane 1's)."""
+        if any(step.lane for step in plan):
+            self.add_lane1()
 
     def caps(self, step: Launch, A: Any, tau: Any) -> list[Any]:
         """The capability arguments of one launch of the plan."""
@@ -534,7 +553,8 @@ class Workspace:
             return [A, tau, w]
         z, v = (self.scratch, self.vt) if step.lane == 0 else (self.scratch1, self.vt1)
         if z is None and step.kernel.startswith("update"):
-            raise ValueError("a look-ahead plan needs Workspace.alloc(..., lookahead=True)")
+            raise ValueError("a look-ahead plan's updates need lane 1's buffers "
+                             "(Workspace.for_plan)")
         return {"panel": [A, tau, w], "panel_small": [A, tau, w],
                 "steps": [A, tau, w, self.steps],
                 "update_z": [A, z, v], "update_apply": [A, w, z, v],
@@ -596,6 +616,8 @@ def qr_launch(A: Any, tau: Any, ws: Workspace | None, n: int, *, checked: bool =
                            whole, smem, mma_update, reg, per_matrix, lookahead)
     if ws is None and not one_launch(plan[0].kernel):
         raise ValueError(f"the plan of ({batch}, {n}) needs a Workspace")
+    if ws is not None:
+        ws.for_plan(plan)
     caps = ws.caps if ws is not None else (lambda step, A, tau: [A, tau])
     launches = [(ks[step.kernel], caps(step, A, tau), step.args, step.grid, step.block,
                  step.group) for step in plan]
@@ -630,7 +652,7 @@ def qr(a: np.ndarray, *, checked: bool = True, timeout: float | None = None,
     batch, n, _ = a.shape
     A = cuda.to_device(a, name="A")
     tau = cuda.alloc_device((batch, n), np.float32, name="tau")
-    ws = (Workspace.alloc(batch, n, prefix="", lookahead=lookahead)
+    ws = (Workspace.alloc(batch, n, prefix="")
           if needs_workspace(batch, n, whole, device_smem(), per_matrix) else None)
     try:
         qr_launch(A, tau, ws, n, checked=checked, timeout=timeout, tall_rows=tall_rows,

@@ -418,7 +418,11 @@ def to_device(array: Any, perms: str = "rw", name: str | None = None) -> DeviceC
     check_perms(perms)
     a = np.ascontiguousarray(array)
     cap = alloc_device(a.shape, a.dtype, "rw", name)
-    cap.copy_from(a)
+    try:
+        cap.copy_from(a)
+    except BaseException:
+        cap.free()  # now, not when the collector finds it: a kept traceback holds it
+        raise
     cap.perms = perms
     return cap
 
