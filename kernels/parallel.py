@@ -141,10 +141,24 @@ def group_kernel_for(dtype: str, checked: Checked) -> Any:
     return _kernels(dtype, _mode(checked), tuple(cflags()), ("qrt_gstep",), "qrt_group")[0]
 
 
-def default_nb(m: int, n: int) -> int:
-    """Panel width: 64 halves the passes over a large trailing matrix; up to 512
-    columns the (BLAS-2) panel costs more than that saves (bench/qr_parallel.py)."""
-    return 64 if min(m, n) > 512 else 32
+#: One matrix driven by steps on a pool of at least STEPS_NB32_WORKERS takes 32-column
+#: panels up to STEPS_NB32_MAX columns: there the panel, not the trailing update, is the
+#: critical path.  16 workers of the H100 host (bench.env_ab, 8 pairs of processes,
+#: bench/results/env-ab*-2026-12-07-h100-16cpu-16e4aa1.log): n = 1024 took 9.6-12.3 ms
+#: by 32-column panels against 12.9-16.4 by 64 (median), every pair; n = 2048 by 32 was
+#: ahead in 3 of 4 pairs by about 5%, and n = 4096, 8 x 2048 and 2 x 4096 were even.
+STEPS_NB32_WORKERS, STEPS_NB32_MAX = 8, 1024
+
+
+def default_nb(m: int, n: int, batch: int = 1, threads: int = 1) -> int:
+    """Panel width for ``batch`` m x n matrices on ``threads`` workers: 64 halves the
+    passes over a large trailing matrix; up to 512 columns the (BLAS-2) panel costs
+    more than that saves (bench/qr_parallel.py), and up to STEPS_NB32_MAX for a batch
+    smaller than a pool of STEPS_NB32_WORKERS or more (the steps)."""
+    k = min(m, n)
+    if threads >= STEPS_NB32_WORKERS and batch < threads and k <= STEPS_NB32_MAX:
+        return 32
+    return 64 if k > 512 else 32
 
 
 def padded_ld(n: int, itemsize: int) -> int:
@@ -288,7 +302,7 @@ def default_path(batch: int, m: int, n: int, dtype: str, threads: int,
         return "tall"
     if use_small(m, n, dtype):
         return "small"
-    nb = default_nb(m, n) if nb is None else max(1, min(NB_MAX, nb, m, n))
+    nb = default_nb(m, n, batch, threads) if nb is None else max(1, min(NB_MAX, nb, m, n))
     if not use_steps(batch, m, n, nb, threads):
         return "one block"
     return "group steps" if default_group(batch, m, dtype, threads) else "steps"
@@ -394,7 +408,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
         if path in ("one block", "steps", "group steps"):
             steps = path != "one block"
     if nb is None:
-        nb = TALL_NB if tall else default_nb(m, n)
+        nb = TALL_NB if tall else default_nb(m, n, batch, runtime.threads())
     # A panel never needs to be wider than the matrix: smaller workspace, same result.
     nb = max(1, min(NB_MAX, nb, min(m, n)))
     if tall:

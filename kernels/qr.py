@@ -292,7 +292,8 @@ def qr(A: Any, variant: str = "auto", checked: bool = True, *, nb: int | None = 
     k = min(m, n)
     ld = n
     if v.family == "qrt":
-        b = parallel.default_nb(m, n) if nb is None else int(nb)
+        b = (parallel.default_nb(m, n, batch, runtime.threads()) if nb is None
+             else int(nb))
         if not 1 <= b <= parallel.NB_MAX:
             raise ValueError(f"panel width nb={b} outside 1..{parallel.NB_MAX}")
         if parallel.use_small(m, n, dt) and a3.dtype == np.float32 and a3.flags.c_contiguous:

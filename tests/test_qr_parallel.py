@@ -570,3 +570,32 @@ def test_default_path_on_a_large_pool():
     assert parallel.default_path(1, 20, 32, "float32", 16) == "small"
     with pytest.raises(ValueError, match="unknown path"):
         parallel.path_kernels("diagonal", "float32", True)
+
+
+_NB_SCRIPT = """
+import numpy as np
+from capqr.kernels import parallel
+a = np.random.default_rng(7).standard_normal((1, 1100, 600)).astype(np.float32)
+t = np.zeros((1, 600), np.float32)
+trace = []
+parallel.run(a, t, "float32", None, 64, True, None, None, trace=trace)
+print(sorted({j for j, _, _ in trace if j >= 0})[1])
+"""
+
+
+def test_one_matrix_on_a_large_pool_takes_narrow_panels():
+    """One matrix of 513 to 1024 columns driven by steps on a pool of at least
+    STEPS_NB32_WORKERS takes 32-column panels, where the panel is the critical path
+    (16 workers of the H100 host: n = 1024 in 9.6-12.3 ms against 12.9-16.4 by
+    64-column panels, median, 8 pairs); one block per matrix and small pools keep 64.
+    parallel.run's own choice, on 16 workers, is what the subprocess prints."""
+    assert parallel.default_nb(1100, 600, batch=1, threads=2) == 64
+    assert parallel.default_nb(1100, 600, batch=60, threads=16) == 64
+    assert parallel.default_nb(2048, 2048, batch=1, threads=16) == 64
+    assert parallel.default_nb(400, 400, batch=1, threads=16) == 32
+    assert parallel.default_nb(1024, 1024, batch=1, threads=16) == 32
+    env = dict(os.environ, CAPQR_THREADS="16", PYTHONPATH=IMPORT_ROOT)
+    out = subprocess.run([sys.executable, "-c", _NB_SCRIPT], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "32"
