@@ -68,7 +68,8 @@ def search(cfg: SearchConfig, *, quiet: bool = False,
     store = Store(cfg.db)
     run_id = store.new_run(asdict(cfg))
     workers = 1 if not cfg.use_dask else cfg.workers
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = cfg.threads or max(1, (cpus or 1) // max(1, workers))
     backend: Any = (Dask(cfg.scheduler, cfg.workers) if cfg.use_dask else InProcess())
     _say(quiet, f"search run {run_id}: {cfg.batch} x {cfg.m}x{cfg.n}, budget {cfg.budget}, "
          f"on {backend.name}, {threads} thread(s) per evaluation, db {cfg.db}")
