@@ -536,8 +536,14 @@ class Workspace:
             raise ValueError("this Workspace was not made by Workspace.alloc: give it "
                              "scratch1 and vt1 for a look-ahead plan")
         alloc, prefix, batch, n = self.made_by
-        self.scratch1 = alloc(scratch_size(batch, n), np.float32, name=prefix + "scratch1")
-        self.vt1 = alloc(batch * NB * n, np.float32, name=prefix + "vt1")
+        scratch1 = alloc(scratch_size(batch, n), np.float32, name=prefix + "scratch1")
+        try:
+            vt1 = alloc(batch * NB * n, np.float32, name=prefix + "vt1")
+        except BaseException:
+            if hasattr(scratch1, "free"):
+                scratch1.free()
+            raise
+        self.scratch1, self.vt1 = scratch1, vt1  # both or neither
 
     def for_plan(self, plan: list[Launch]) -> None:
         """Make the buffers ``plan`` needs that are not there yet (lane 1's)."""
