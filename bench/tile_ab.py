@@ -17,30 +17,11 @@ shape, the min and median ms of ``--reps`` calls after one untimed call.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from ..kernels import gen_tile
-
-CHILD = r"""
-import statistics, sys, time
-import numpy as np
-import capqr.kernels as K
-out = []
-for spec in sys.argv[1].split(","):
-    b, n = (int(x) for x in spec.split(":"))
-    a = np.random.default_rng(0).standard_normal((b, n, n)).astype(np.float32)
-    a = a[0] if b == 1 else a
-    K.qr(a)
-    ts = []
-    for _ in range(int(sys.argv[2])):
-        t = time.perf_counter(); K.qr(a); ts.append(time.perf_counter() - t)
-    out.append(f"{spec}={min(ts) * 1e3:.1f}/{statistics.median(ts) * 1e3:.1f}")
-print(" ".join(out))
-"""
+from . import env_ab
 
 #: CAPQR_CFLAGS that undoes BASE_CFLAGS' -fno-tree-loop-distribute-patterns (the last
 #: of two contradicting flags wins).
@@ -48,14 +29,11 @@ NO_FLAG = "-march=native -ftree-loop-distribute-patterns"
 
 
 def run_variant(tile: Path, text: str, cflags: str | None, shapes: str, reps: int) -> str:
-    """One process of kernels.qr with ``text`` as the tile source: its printed line."""
+    """One process of kernels.qr with ``text`` as the tile source: its printed line
+    (bench.env_ab's child: min/median ms per shape and a digest of the factor, which
+    a tile that changes only the code's shape leaves equal)."""
     tile.write_text(text)
-    env = dict(os.environ, CAPQR_QUIET="1")
-    if cflags:
-        env["CAPQR_CFLAGS"] = cflags
-    r = subprocess.run([sys.executable, "-c", CHILD, shapes, str(reps)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    return r.stdout.strip() or r.stderr.strip()[-300:]
+    return env_ab.run_variant({"CAPQR_CFLAGS": cflags} if cflags else {}, shapes, reps)
 
 
 def main(argv: list[str] | None = None) -> int:
