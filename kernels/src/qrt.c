@@ -29,7 +29,7 @@
 /* ||X[0:len]||_2 of a contiguous vector, scaled by the largest magnitude like
  * nrm2_col (a NaN propagates), with eight partial maxima and sums so that
  * both passes vectorise; the lanes are combined in a fixed order. */
-static float nrm2_vec(cap_t X, int64_t len)
+static float nrm2_scaled(cap_t X, int64_t len)
 {
     float am[8];
     float sq[8];
@@ -67,6 +67,34 @@ static float nrm2_vec(cap_t X, int64_t len)
         s = fmaf(y, y, s);
     }
     return amax * sqrtf(s);
+}
+
+/* ||X[0:len]||_2 in one pass where that is exact enough: the squares summed in
+ * double (eight partial sums, combined in a fixed order).  For float data the sum
+ * can neither overflow nor lose the small entries to underflow, so nrm2_scaled's
+ * second pass and its division per element are needed only for a sum that is not
+ * finite (an Inf or NaN entry) or below safmin (a nearly zero column, and every
+ * range where the float64 build's squares could underflow; its overflow gives Inf). */
+static float nrm2_vec(cap_t X, int64_t len)
+{
+    double sq[8];
+    int64_t n8 = len / 8;
+    for (int64_t l = 0; l < 8; l++)
+        sq[l] = 0.0;
+    for (int64_t i = 0; i < n8; i++)
+        for (int64_t l = 0; l < 8; l++) {
+            double x = (double)cap_load_f32(X, 8 * i + l);
+            sq[l] = fma(x, x, sq[l]);
+        }
+    double s = ((sq[0] + sq[1]) + (sq[2] + sq[3])) + ((sq[4] + sq[5]) + (sq[6] + sq[7]));
+    for (int64_t i = 8 * n8; i < len; i++) {
+        double x = (double)cap_load_f32(X, i);
+        s = fma(x, x, s);
+    }
+    float safmin = 1.17549435e-38f / 5.96046448e-08f;
+    if (isfinite(s) && s >= (double)safmin)
+        return (float)sqrt(s);
+    return nrm2_scaled(X, len);
 }
 
 /* xLARFG on column p of the packed panel (rows p..mr-1), as larfg_col does it,
@@ -133,38 +161,87 @@ static void larft_from_gram(cap_t T, int64_t ldt, cap_t TAU, int64_t jb)
  * of the panel at once; for c > p that is what H_p needs, for c < p it is
  * the Gram entry v_p^T v_c that xLARFT needs (column c < p is final and
  * v_p is zero above row p), so T costs no extra pass over V.  The second
- * sweep applies H_p to the columns right of p only. */
+ * sweep applies H_p to the columns right of p only.
+ *
+ * When rows hold whole 32-column blocks (ldp a multiple of 32: nb = 32 or 64,
+ * the drivers' defaults), the first sweep runs block by block with the rows in
+ * four phases (row t adds to phase t % 4), each a 32-wide sum of its own: four
+ * independent chains of one fmaf per row instead of one chain of four, so the
+ * sweep is not bound by fmaf latency.  The phases are added in a fixed order
+ * at the end; the columns past jb in the last block are read (the panel's own
+ * padding) and their sums dropped.  The second sweep updates whole blocks
+ * from the block holding column p + 1, keeping every other column's value as
+ * it is: the columns it changes get the same fmaf as one at a time. */
 static void panel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, cap_t T,
                      int64_t ldt, int64_t want_t, cap_t X)
 {
     float w[64];
+    float s0[32];
+    float s1[32];
+    float s2[32];
+    float s3[32];
     if (jb > 64)
         jb = 64;
+    int64_t blocks = ldp % 32 == 0 ? (jb + 31) / 32 : 0;
+    for (int64_t c = 0; c < 64; c++)
+        w[c] = 0.0f;
     for (int64_t p = 0; p < jb; p++) {
         float tp = panel_larfg(P, ldp, p, mr, X);
         cap_store_f32(TAU, p, tp);
-        /* Rows below p go four at a time (one w update per four rows); the
-         * sums keep the order of t, as one row at a time would. */
         int64_t r1 = p + 1;
         int64_t nq = (mr - r1) / 4;
         int64_t rest = r1 + 4 * nq;
-        for (int64_t c = 0; c < jb; c++)
-            w[c] = cap_load_f32(P, p * ldp + c);
-        for (int64_t q = 0; q < nq; q++) {
-            float v0 = cap_load_f32(P, (r1 + 4 * q) * ldp + p);
-            float v1 = cap_load_f32(P, (r1 + 4 * q + 1) * ldp + p);
-            float v2 = cap_load_f32(P, (r1 + 4 * q + 2) * ldp + p);
-            float v3 = cap_load_f32(P, (r1 + 4 * q + 3) * ldp + p);
-            for (int64_t c = 0; c < jb; c++)
-                w[c] = fmaf(v3, cap_load_f32(P, (r1 + 4 * q + 3) * ldp + c),
-                            fmaf(v2, cap_load_f32(P, (r1 + 4 * q + 2) * ldp + c),
-                                 fmaf(v1, cap_load_f32(P, (r1 + 4 * q + 1) * ldp + c),
-                                      fmaf(v0, cap_load_f32(P, (r1 + 4 * q) * ldp + c), w[c]))));
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t c0 = 32 * b;
+            for (int64_t l = 0; l < 32; l++) {
+                s0[l] = cap_load_f32(P, p * ldp + c0 + l);
+                s1[l] = 0.0f;
+                s2[l] = 0.0f;
+                s3[l] = 0.0f;
+            }
+            for (int64_t q = 0; q < nq; q++) {
+                int64_t r = (r1 + 4 * q) * ldp;
+                float v0 = cap_load_f32(P, r + p);
+                float v1 = cap_load_f32(P, r + ldp + p);
+                float v2 = cap_load_f32(P, r + 2 * ldp + p);
+                float v3 = cap_load_f32(P, r + 3 * ldp + p);
+                for (int64_t l = 0; l < 32; l++) {
+                    s0[l] = fmaf(v0, cap_load_f32(P, r + c0 + l), s0[l]);
+                    s1[l] = fmaf(v1, cap_load_f32(P, r + ldp + c0 + l), s1[l]);
+                    s2[l] = fmaf(v2, cap_load_f32(P, r + 2 * ldp + c0 + l), s2[l]);
+                    s3[l] = fmaf(v3, cap_load_f32(P, r + 3 * ldp + c0 + l), s3[l]);
+                }
+            }
+            for (int64_t t = rest; t < mr; t++) {
+                float vt = cap_load_f32(P, t * ldp + p);
+                for (int64_t l = 0; l < 32; l++)
+                    s0[l] = fmaf(vt, cap_load_f32(P, t * ldp + c0 + l), s0[l]);
+            }
+            for (int64_t l = 0; l < 32; l++)
+                w[c0 + l] = c0 + l < jb ? (s0[l] + s1[l]) + (s2[l] + s3[l]) : 0.0f;
         }
-        for (int64_t t = rest; t < mr; t++) {
-            float vt = cap_load_f32(P, t * ldp + p);
+        if (blocks == 0) {
+            /* Rows below p go four at a time (one w update per four rows); the
+             * sums keep the order of t, as one row at a time would. */
             for (int64_t c = 0; c < jb; c++)
-                w[c] = fmaf(vt, cap_load_f32(P, t * ldp + c), w[c]);
+                w[c] = cap_load_f32(P, p * ldp + c);
+            for (int64_t q = 0; q < nq; q++) {
+                float v0 = cap_load_f32(P, (r1 + 4 * q) * ldp + p);
+                float v1 = cap_load_f32(P, (r1 + 4 * q + 1) * ldp + p);
+                float v2 = cap_load_f32(P, (r1 + 4 * q + 2) * ldp + p);
+                float v3 = cap_load_f32(P, (r1 + 4 * q + 3) * ldp + p);
+                for (int64_t c = 0; c < jb; c++)
+                    w[c] = fmaf(v3, cap_load_f32(P, (r1 + 4 * q + 3) * ldp + c),
+                                fmaf(v2, cap_load_f32(P, (r1 + 4 * q + 2) * ldp + c),
+                                     fmaf(v1, cap_load_f32(P, (r1 + 4 * q + 1) * ldp + c),
+                                          fmaf(v0, cap_load_f32(P, (r1 + 4 * q) * ldp + c),
+                                               w[c]))));
+            }
+            for (int64_t t = rest; t < mr; t++) {
+                float vt = cap_load_f32(P, t * ldp + p);
+                for (int64_t c = 0; c < jb; c++)
+                    w[c] = fmaf(vt, cap_load_f32(P, t * ldp + c), w[c]);
+            }
         }
         for (int64_t q = 0; q < p; q++)
             cap_store_f32(T, p * ldt + q, w[q]);
@@ -173,6 +250,18 @@ static void panel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, ca
         for (int64_t c = r1; c < jb; c++) {
             w[c] = tp * w[c];
             cap_store_f32(P, p * ldp + c, cap_load_f32(P, p * ldp + c) - w[c]);
+        }
+        if (blocks > 0) {
+            for (int64_t c0 = 32 * (r1 / 32); c0 < jb; c0 += 32)
+                for (int64_t t = r1; t < mr; t++) {
+                    float vt = cap_load_f32(P, t * ldp + p);
+                    for (int64_t l = 0; l < 32; l++) {
+                        float x = cap_load_f32(P, t * ldp + c0 + l);
+                        float y = fmaf(-vt, w[c0 + l], x);
+                        cap_store_f32(P, t * ldp + c0 + l, c0 + l > p && c0 + l < jb ? y : x);
+                    }
+                }
+            continue;
         }
         for (int64_t q = 0; q < nq; q++) {
             float v0 = cap_load_f32(P, (r1 + 4 * q) * ldp + p);
