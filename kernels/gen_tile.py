@@ -124,17 +124,21 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
             if (kr > @PADN@)
                 kr = @PADN@;
             int64_t kt = @PAD@ * kr;
+            /* The chunk of C, and of V below its unit diagonal, as tiles: one bounds
+             * check each (cap_tile_load) instead of one guarded loop per row. */
+            cap_tile_load_f32(A, (r0 + t0) * ld + c0, ld, kc, cw, cp, 0, 64);
+            if (t0 >= jb)
+                cap_tile_load_f32(P, t0 * ldp, ldp, kc, jb, vp, 0, 64);
             for (int64_t tt = 0; tt < kc; tt++) {
-                int64_t rc = (r0 + t0 + tt) * ld + c0;
-                for (int64_t l = 0; l < cw; l++)
-                    cp[tt][l] = cap_load_f32(A, rc + l);
                 for (int64_t l = cw; l < cwp; l++)
                     cp[tt][l] = 0.0f;
                 int64_t t = t0 + tt;
                 int64_t pe = t < jb ? t : jb;
-                int64_t rv = t * ldp;
-                for (int64_t p = 0; p < pe; p++)
-                    vp[tt][p] = cap_load_f32(P, rv + p);
+                if (t0 < jb) {
+                    int64_t rv = t * ldp;
+                    for (int64_t p = 0; p < pe; p++)
+                        vp[tt][p] = cap_load_f32(P, rv + p);
+                }
                 for (int64_t p = pe; p < jbp; p++)
                     vp[tt][p] = 0.0f;
                 if (t < jb)
@@ -178,11 +182,7 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
 @STEP3_NARROW@
                     }
                 }
-                for (int64_t tt = 0; tt < kc; tt++) {
-                    int64_t rc = (r0 + t0 + tt) * ld + c0;
-                    for (int64_t l = 0; l < cw; l++)
-                        cap_store_f32(A, rc + l, cp[tt][l]);
-                }
+                cap_tile_store_f32(A, (r0 + t0) * ld + c0, ld, kc, cw, cp, 0, 64);
             }
         }
     }

@@ -60,6 +60,7 @@ def _file_text(family: str, name: str, dtype: str = "float32") -> str:
 # constants (FLT_MIN and the unit roundoff 2^-24 -> DBL_MIN and 2^-53).
 _F64_SUBS: list[tuple[str, str]] = [
     (r"\bcap_(load|store|offset|len|alloc)_f32\b", r"cap_\1_f64"),
+    (r"\bcap_tile_(load|store)_f32\b", r"cap_tile_\1_f64"),
     (r"\b_f32\b", "_f64"),
     (r"\bgeqr2_f32\b", "geqr2_f64"),
     (r"\bgeqrf_f32\b", "geqrf_f64"),

@@ -256,12 +256,11 @@ def test_group_steps_same_result_for_8_and_16_workers():
     assert out["8"] == out["16"] and len(out["8"]) == 64
 
 
-# The store-back loop of larfb_tile's step 3 writes one column too many: inside
-# the matrix that lands in the next row (silent, as any in-bounds bug is), but
-# the last row of the last matrix's last tile goes one element past the buffer.
-_STORE_BACK = ("                    for (int64_t l = 0; l < cw; l++)\n"
-               "                        cap_store_f32(A, rc + l,")
-_PLANTED = _STORE_BACK.replace("l < cw", "l <= cw")
+# The store-back tile of larfb_tile's step 3 is one column too wide: inside the
+# matrix that lands in the next row (silent, as any in-bounds bug is), but the last
+# row of the last matrix's last tile goes one element past the buffer.
+_STORE_BACK = "cap_tile_store_f32(A, (r0 + t0) * ld + c0, ld, kc, cw, cp, 0, 64);"
+_PLANTED = _STORE_BACK.replace("kc, cw, cp", "kc, cw + 1, cp")
 
 
 def _mutate(monkeypatch, old: str, new: str) -> None:
@@ -307,12 +306,14 @@ def test_planted_tile_overflow_is_caught(planted):
 
 
 def test_planted_overflow_of_a_full_tile_is_caught_in_the_local_array(planted):
-    """One block per matrix, 64-wide tiles: the extra column reads cp[t][64] first."""
+    """One block per matrix, 64-wide tiles: a tile reads its local array flat, so the
+    extra column of rows 0..62 is the next row's first element, and the first read
+    outside cp is row 63's, flat index 64 * 64 (the tile is refused as a whole)."""
     a3 = _rand((2, 150, 150), seed=2)
     with pytest.raises(runtime.CapabilityFault) as ei:
         _run(a3, steps=False, nb=32)
     f = ei.value
-    assert f.reason == "local-array" and f.buffer == "cp" and f.index == 64
+    assert f.reason == "local-array" and f.buffer == "cp" and f.index == 64 * 64
     assert f.kernel == "qrt_f32"
     assert sources.locate("qrt", f.line)[0] == "tile.c"
 

@@ -76,17 +76,21 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
             if (kr > 8)
                 kr = 8;
             int64_t kt = 8 * kr;
+            /* The chunk of C, and of V below its unit diagonal, as tiles: one bounds
+             * check each (cap_tile_load) instead of one guarded loop per row. */
+            cap_tile_load_f32(A, (r0 + t0) * ld + c0, ld, kc, cw, cp, 0, 64);
+            if (t0 >= jb)
+                cap_tile_load_f32(P, t0 * ldp, ldp, kc, jb, vp, 0, 64);
             for (int64_t tt = 0; tt < kc; tt++) {
-                int64_t rc = (r0 + t0 + tt) * ld + c0;
-                for (int64_t l = 0; l < cw; l++)
-                    cp[tt][l] = cap_load_f32(A, rc + l);
                 for (int64_t l = cw; l < cwp; l++)
                     cp[tt][l] = 0.0f;
                 int64_t t = t0 + tt;
                 int64_t pe = t < jb ? t : jb;
-                int64_t rv = t * ldp;
-                for (int64_t p = 0; p < pe; p++)
-                    vp[tt][p] = cap_load_f32(P, rv + p);
+                if (t0 < jb) {
+                    int64_t rv = t * ldp;
+                    for (int64_t p = 0; p < pe; p++)
+                        vp[tt][p] = cap_load_f32(P, rv + p);
+                }
                 for (int64_t p = pe; p < jbp; p++)
                     vp[tt][p] = 0.0f;
                 if (t < jb)
@@ -964,11 +968,7 @@ static void larfb_rows(cap_t P, int64_t ldp, int64_t jb, cap_t T, int64_t ldt,
                         cp[8 * h + 7][28] = b7_28; cp[8 * h + 7][29] = b7_29; cp[8 * h + 7][30] = b7_30; cp[8 * h + 7][31] = b7_31;
                     }
                 }
-                for (int64_t tt = 0; tt < kc; tt++) {
-                    int64_t rc = (r0 + t0 + tt) * ld + c0;
-                    for (int64_t l = 0; l < cw; l++)
-                        cap_store_f32(A, rc + l, cp[tt][l]);
-                }
+                cap_tile_store_f32(A, (r0 + t0) * ld + c0, ld, kc, cw, cp, 0, 64);
             }
         }
     }
