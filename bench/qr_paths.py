@@ -2,12 +2,14 @@
 for one float32 n x n matrix on this machine's worker pool.
 
 The paths (kernels/parallel.py): ``steps`` (one launch per panel, column tiles on every
-worker), ``oneblock`` (the whole matrix on one block, one launch) and ``tall`` (rows shared
-out between every worker, one launch).  Each size runs the three interleaved after a
+worker), ``oneblock`` (the whole matrix on one block, one launch), ``tall`` (rows shared
+out between every worker, one launch) and ``coop`` (the steps in one launch, a group of
+every worker).  Each size runs the four interleaved after a
 checking run and a warm-up run of each (checked builds, through ``parallel.run`` on a
 fresh copy, the copy untimed) and reports the median of --repeats;
 ``kernels.parallel.use_steps`` takes ``steps`` from the work of an STEPS_MIN_N-square
-matrix on, and this is what that threshold is read from.
+matrix on, and this is what that threshold is read from; ``default`` names the path
+``kernels.parallel.default_path`` picks.
 
 Writes ``qr-paths-<date>-<host>.json`` and ``.txt`` into --out.
 """
@@ -30,7 +32,7 @@ from .outdir import default_out
 
 SIZES = (128, 192, 256, 384, 512, 640, 768, 1024)
 PATHS: dict[str, dict[str, Any]] = {"steps": {"steps": True}, "oneblock": {"steps": False},
-                                    "tall": {"tall": True}}
+                                    "tall": {"tall": True}, "coop": {"coop": True}}
 
 
 def measure(n: int, repeats: int) -> dict[str, Any]:
@@ -66,15 +68,16 @@ def _load1(avg: list[float] | None) -> str:
     return "?" if not avg else f"{avg[0]:.2f}"
 
 
-HEADER = (f"{'n':>6} {'steps ms':>10} {'oneblock ms':>12} {'tall ms':>10}  fastest  "
-          f"use_steps  load")
+HEADER = (f"{'n':>6} {'steps ms':>10} {'oneblock ms':>12} {'tall ms':>10} {'coop ms':>10}"
+          f"  fastest  use_steps  default     load")
 
 
 def _line(row: dict[str, Any]) -> str:
     """One size's row of the table (printed as it is measured, and in the .txt)."""
     return (f"{row['n']:>6} {1e3 * row['steps']['median_s']:>10.3f} "
             f"{1e3 * row['oneblock']['median_s']:>12.3f} {1e3 * row['tall']['median_s']:>10.3f}"
-            f"  {row['fastest']:<8} {row['use_steps']!s:<9}  "
+            f" {1e3 * row['coop']['median_s']:>10.3f}"
+            f"  {row['fastest']:<8} {row['use_steps']!s:<9}  {row['default']:<10}  "
             f"{_load1(row['loadavg_start'])}->{_load1(row['loadavg_end'])}")
 
 
@@ -99,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(s) for s in ns.sizes.split(",")):
         row = measure(n, ns.repeats)
         row["use_steps"] = parallel.use_steps(1, n, n, parallel.default_nb(n, n), threads)
+        row["default"] = parallel.default_path(1, n, n, "float32", threads)
         rows.append(row)
         print(_line(row), flush=True)
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -8,7 +8,11 @@ worker.  Every launch is an ordinary checked launch: a fault stops the
 sequence at the launch that made it and is raised as that launch's
 CapabilityFault; a deadline covers the whole sequence.
 
-The two paths give bitwise the same result (tests/test_qr_parallel.py).
+On a pool of 2 (COOP_MAX_WORKERS) a single matrix runs those steps in one
+``qrt_coop`` launch instead: a group of every worker doing the same items step
+after step, with rt_group_sync between steps where the host would launch again.
+
+The three give bitwise the same result (tests/test_qr_parallel.py).
 
 A single float32 matrix of at least GROUP_MIN_ROWS rows on a pool of at
 least GROUP_MIN_WORKERS runs the steps as ``qrt_gstep`` launches instead:
@@ -141,6 +145,13 @@ def group_kernel_for(dtype: str, checked: Checked) -> Any:
     return _kernels(dtype, _mode(checked), tuple(cflags()), ("qrt_gstep",), "qrt_group")[0]
 
 
+def coop_kernel_for(dtype: str, checked: Checked) -> Any:
+    """The compiled qrt_coop for ``dtype`` (built on first use only)."""
+    from ..runtime.cpu.kernel import cflags
+
+    return _kernels(dtype, _mode(checked), tuple(cflags()), ("qrt_coop",), "qrt_group")[0]
+
+
 #: One matrix driven by steps on a pool of at least STEPS_NB32_WORKERS takes 32-column
 #: panels up to STEPS_NB32_MAX columns: there the panel, not the trailing update, is the
 #: critical path.  16 workers of the H100 host (bench.env_ab, 8 pairs of processes,
@@ -171,10 +182,11 @@ def padded_ld(n: int, itemsize: int) -> int:
 
 def working_ld(batch: int, m: int, n: int, nb: int, itemsize: int, threads: int) -> int:
     """Row length for :func:`run`'s matrices: :func:`padded_ld` when one matrix is
-    spread over the workers by steps (its tiles are then updated side by side), n
-    otherwise."""
+    spread over the workers by steps, in launches or in one (its tiles are then updated
+    side by side), n otherwise."""
     nb = max(1, min(NB_MAX, nb, m, n))
-    return padded_ld(n, itemsize) if use_steps(batch, m, n, nb, threads) else n
+    side_by_side = use_steps(batch, m, n, nb, threads) or use_coop(batch, m, n, nb, threads)
+    return padded_ld(n, itemsize) if side_by_side else n
 
 
 def _step_parts(m: int, n: int, nb: int, j: int) -> tuple[int, int]:
@@ -226,6 +238,19 @@ def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
 #: to 16 workers take that threshold (fewer workers gain less from the steps).
 STEPS_MIN_N = ((2, 384), (16, 224))
 
+#: One matrix on a pool of 2 to COOP_MAX_WORKERS workers runs all its steps in one
+#: launch (qrt_coop: a group of every worker, rt_group_sync between steps, no launch
+#: per panel), from two panels on, with tiles COOP_TW wide; block 0 counts the
+#: look-ahead panel as COOP_PANEL_TILES tiles when the tiles are shared out.  2-core
+#: Xeon VM, one float32 matrix, the checked kernels in one process, alternating (5-9
+#: rounds, median, ms): one block / steps / coop at n = 128 0.44 / 0.55 / 0.36, 192
+#: 0.42 / 0.57 / 0.38, 256 0.70 / 0.87 / 0.67 (another run 1.05 / 1.19 / 0.77), 384
+#: 2.65 / 3.19 / 2.17, 512 5.31 / 5.00 / 3.42, 1024 35.1 / 21.0 / 19.0, 2048 260 / 136
+#: / 131; panel weights 2, 3, 5 and 8 within noise of each other, 3 best at 512 and
+#: 1024; 32-wide tiles slower than 64 at every size.  Larger pools keep the steps (not
+#: measured there).
+COOP_MAX_WORKERS, COOP_TW, COOP_PANEL_TILES = 2, 64, 3
+
 
 def qr_flops(m: int, n: int) -> float:
     """xGEQRF flops of one m x n matrix (LAPACK's count, either orientation)."""
@@ -248,6 +273,12 @@ def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
     least = steps_min_n(threads)
     return (threads > 1 and batch < threads and min(m, n) > 2 * nb
             and qr_flops(m, n) >= qr_flops(least, least))
+
+
+def use_coop(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
+    """Run one matrix's steps in one launch on the whole pool (qrt_coop): a pool of 2
+    to COOP_MAX_WORKERS and a matrix of at least two panels."""
+    return batch == 1 and 2 <= threads <= COOP_MAX_WORKERS and min(m, n) > nb
 
 
 def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
@@ -288,7 +319,7 @@ def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
 
 
 #: The launch paths of :func:`run`, as :func:`default_path` names them.
-PATHS = ("tall", "small", "one block", "steps", "group steps")
+PATHS = ("tall", "small", "coop steps", "one block", "steps", "group steps")
 
 
 def default_path(batch: int, m: int, n: int, dtype: str, threads: int,
@@ -303,6 +334,8 @@ def default_path(batch: int, m: int, n: int, dtype: str, threads: int,
     if use_small(m, n, dtype):
         return "small"
     nb = default_nb(m, n, batch, threads) if nb is None else max(1, min(NB_MAX, nb, m, n))
+    if use_coop(batch, m, n, nb, threads):
+        return "coop steps"
     if not use_steps(batch, m, n, nb, threads):
         return "one block"
     return "group steps" if default_group(batch, m, dtype, threads) else "steps"
@@ -314,6 +347,8 @@ def path_kernels(path: str, dtype: str, checked: Checked) -> tuple[Any, ...]:
         return (tall_kernel_for(dtype, checked),)
     if path == "small":
         return (small_kernel_for(checked),)
+    if path == "coop steps":
+        return (coop_kernel_for(dtype, checked),)
     if path == "group steps":
         return (*kernels_for(dtype, checked), group_kernel_for(dtype, checked))
     if path in PATHS:
@@ -370,7 +405,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
         grid: int | None, timeout: float | None, steps: bool | None = None,
         trace: list[tuple[int, int, float]] | None = None, group: int | None = None,
         n: int | None = None, tall: bool | None = None,
-        tall_workers: int | None = None) -> None:
+        tall_workers: int | None = None, coop: bool | None = None) -> None:
     """Factor ``h`` (batch x m x ld, C order, ``dtype``) in place; tau receives the scales.
 
     The matrices are the first ``n`` columns of each row (default: all ``ld``);
@@ -391,6 +426,9 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     by :func:`use_tall` where nothing else (steps, grid, group) is forced.
     ``tall_workers``: the tall path's group size (:func:`tall_blocks`; None:
     TALL_MAX_WORKERS or the pool), for a run that takes the tall path only.
+    ``coop`` forces every step of a matrix into one launch on the whole pool
+    (qrt_coop, a launch per matrix; bitwise the steps' result) or refuses it; None
+    decides by :func:`use_coop` where nothing else is forced.
     """
     from .. import runtime
 
@@ -399,12 +437,13 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     if not 1 <= n <= ld:
         raise ValueError(f"n={n} columns do not fit rows of {ld}")
     tw = max(1, min(TW_MAX, tw))
-    if tall is None and steps is None and grid is None and group is None:
+    if tall is None and steps is None and grid is None and group is None and coop is None:
         # nothing forced: default_path decides, and the columns path follows it
         # (small falls through to its check below; _run_columns gives the steps their
         # group by default_group, as default_path does)
         path = default_path(batch, m, n, dtype, runtime.threads(), nb)
         tall = path == "tall"
+        coop = path == "coop steps"
         if path in ("one block", "steps", "group steps"):
             steps = path != "one block"
     if nb is None:
@@ -421,6 +460,12 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     if tall_workers is not None:
         raise ValueError("tall_workers= is for the tall path (tall=True, or use_tall's "
                          "shapes)")
+    if coop:
+        if steps is not None or grid is not None or group:
+            raise ValueError("coop= runs the steps in one launch of its own: no steps, grid "
+                             "or group with it")
+        _run_coop(h, tau, dtype, nb, checked, timeout, n, trace)
+        return
     if steps is None and not group and use_small(m, n, dtype):
         run_small(h, tau, checked, grid, timeout, n, trace=trace)
         return
@@ -463,6 +508,40 @@ def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Chec
     finally:
         work.free()
         sums.free()
+
+
+def _run_coop(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Checked,
+              timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None
+              ) -> None:
+    """qrt_coop on each matrix of ``h`` in turn, a group of every worker; ``trace`` gets
+    (matrix, blocks, seconds) per launch."""
+    from .. import capabilities, runtime
+
+    batch, m, ld = h.shape
+    blocks = runtime.threads()
+    kern = coop_kernel_for(dtype, checked)
+    work = capabilities.alloc((work_elems(1, m, nb, True, 1),), h.dtype, name="qr.work")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    clock = time.perf_counter
+    try:
+        for b in range(batch):
+            left = None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise runtime.KernelTimeout(kern.name, timeout)
+            caps = [capabilities.wrap(h[b], name="qr.a"), capabilities.wrap(tau[b], name="qr.tau"),
+                    work]
+            t0 = clock()
+            try:
+                runtime.launch(kern, caps, args=(m, n, nb, COOP_TW, COOP_PANEL_TILES, ld),
+                               grid=blocks, timeout=left, group=blocks)
+            except runtime.KernelTimeout as e:
+                raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
+            if trace is not None:
+                trace.append((b, blocks, clock() - t0))
+    finally:
+        work.free()
 
 
 def run_small(h: np.ndarray, tau: np.ndarray, checked: Checked, grid: int | None,

@@ -36,6 +36,8 @@ def _getters(dtypes: list[str] | tuple[str, ...], raw: bool
                         partial(parallel.kernels_for, dtype, checked)))
             out.append((f"qrt_gstep {dtype} {mode}",
                         partial(parallel.group_kernel_for, dtype, checked)))
+            out.append((f"qrt_coop {dtype} {mode}",
+                        partial(parallel.coop_kernel_for, dtype, checked)))
             if dtype == "float32":   # the tall and small paths factor float32 only
                 out.append((f"qrt_tall {dtype} {mode}",
                             partial(parallel.tall_kernel_for, dtype, checked)))

@@ -19,7 +19,7 @@ from pathlib import Path
 import capqr
 import numpy as np
 import pytest
-from capqr import kernels, runtime
+from capqr import capabilities, kernels, runtime
 from capqr.kernels import check, parallel, qr, sources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,8 @@ def test_kernels_qr_pads_rows_only_for_steps(monkeypatch):
 
     qr_mod = importlib.import_module("capqr.kernels.qr")
     assert parallel.working_ld(1, 700, 700, 32, 4, 2) == 704   # steps
-    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 300   # below STEPS_MIN_N: one block
+    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 304   # the steps in one launch
+    assert parallel.working_ld(1, 30, 30, 32, 4, 2) == 30      # one panel: one block
     assert parallel.working_ld(1, 300, 300, 32, 4, 3) == 304   # steps
     assert parallel.working_ld(1, 300, 300, 32, 4, 1) == 300   # one worker
     assert parallel.working_ld(4, 300, 300, 32, 4, 2) == 300   # a block per matrix
@@ -353,8 +354,8 @@ def test_panel_tiny_and_zero_columns():
 # for every panel but the last it lands inside the matrix (silent, as any
 # in-bounds bug is); the last panel's last row writes one element past the
 # buffer.  That panel is factored late in the step sequence.
-_COPY_BACK = ("                    for (int64_t p = 0; p < jbn; p++)\n"
-              "                        cap_store_f32(A, (j + t) * ld + jn + p,")
+_COPY_BACK = ("                for (int64_t p = 0; p < jbn; p++)\n"
+              "                    cap_store_f32(A, (j + t) * ld + jn + p,")
 _COPY_BACK_PLANTED = _COPY_BACK.replace("p < jbn", "p <= jbn")
 
 
@@ -544,7 +545,7 @@ def test_default_path_names_the_kernel_run_launches(monkeypatch, batch, m, n, dt
     """parallel.default_path (which the benches report) is the decision run() acts
     on: the kernels run launches are the named path's, on this process's pool."""
     expect = {"tall": "qrt_tall", "small": "qr_small", "one block": "qrt",
-              "steps": "qrt_step", "group steps": "qrt_gstep"}
+              "steps": "qrt_step", "group steps": "qrt_gstep", "coop steps": "qrt_coop"}
     path = parallel.default_path(batch, m, n, dtype, runtime.threads())
     names: set[str] = set()
     launch = runtime.launch
@@ -600,3 +601,65 @@ def test_one_matrix_on_a_large_pool_takes_narrow_panels():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "32"
+
+
+# ---------------------------------------------------------------------------
+# the steps in one launch (qrt_coop in qrt_group.c)
+
+
+@pytest.mark.parametrize("shape,nb,dtype", [
+    ((1, 257, 257), 32, np.float32), ((1, 300, 190), 64, np.float32),
+    ((1, 190, 300), 32, np.float32), ((1, 64, 64), 32, np.float32),
+    ((2, 150, 130), 32, np.float32), ((1, 200, 200), 32, np.float64)])
+def test_coop_is_bitwise_the_steps(shape, nb, dtype):
+    """Every item of qrt_coop is qrt_step's, in one launch on a group of every worker:
+    the result is bitwise one block's (which is the steps'), a batch matrix by matrix."""
+    a3 = _rand(shape, dtype, seed=sum(shape))
+    dt = np.dtype(dtype).name
+    ref_h, ref_t = a3.copy(), np.zeros((shape[0], min(shape[1:])), dtype)
+    parallel.run(ref_h, ref_t, dt, nb, 64, True, None, None, steps=False)
+    h, t = a3.copy(), np.zeros_like(ref_t)
+    trace: list = []
+    parallel.run(h, t, dt, nb, 64, True, None, None, coop=True, trace=trace)
+    assert h.tobytes() == ref_h.tobytes() and t.tobytes() == ref_t.tobytes()
+    assert [b for b, _blocks, _s in trace] == list(range(shape[0]))  # a launch per matrix
+    assert check(a3, h, t).ok
+
+
+def test_coop_refuses_other_forced_paths():
+    h, t = _rand((1, 100, 100)), np.zeros((1, 100), np.float32)
+    for kw in ({"steps": True}, {"grid": 2}, {"group": 2}):
+        with pytest.raises(ValueError, match="coop="):
+            parallel.run(h, t, "float32", 32, 64, True, **{"grid": None, "timeout": None, **kw},
+                         coop=True)
+
+
+def test_coop_fault_stops_the_whole_group():
+    """A workspace one slot short: the look-ahead panel of block 0 writes past it while
+    the other blocks of the group wait at rt_group_sync (or fault on it themselves).
+    The launch must end with the fault, not hang at the barrier."""
+    m = n = 160
+    nb = 32
+    k = parallel.coop_kernel_for("float32", True)
+    h = _rand((m, n))
+    tau = np.zeros(n, np.float32)
+    work = capabilities.alloc((parallel.work_elems(1, m, nb, True, 1) // 2,), np.float32,
+                              name="qr.work")
+    blocks = runtime.threads()
+    with pytest.raises(runtime.CapabilityFault) as ei:
+        runtime.launch(k, [capabilities.wrap(h), capabilities.wrap(tau), work],
+                       args=(m, n, nb, 64, 3, n), grid=blocks, group=blocks, timeout=60)
+    assert ei.value.buffer == "qr.work" and ei.value.kernel == "qrt_coop_f32"
+    # the pool is usable afterwards
+    h2, t2 = _rand((1, m, n)), np.zeros((1, n), np.float32)
+    parallel.run(h2, t2, "float32", nb, 64, True, None, None, coop=True)
+    assert check(_rand((1, m, n)), h2, t2).ok
+
+
+def test_default_path_on_two_workers_is_one_launch():
+    assert parallel.default_path(1, 256, 256, "float32", 2) == "coop steps"
+    assert parallel.default_path(1, 1000, 300, "float64", 2) == "coop steps"
+    assert parallel.default_path(1, 32, 32, "float32", 2) == "small"
+    assert parallel.default_path(1, 8192, 256, "float32", 2) == "tall"
+    assert parallel.default_path(2, 256, 256, "float32", 2) == "one block"
+    assert parallel.default_path(1, 1024, 1024, "float32", 16) == "group steps"

@@ -384,6 +384,54 @@ KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, in
  * (items of a matrix run on different blocks and share its slots).  Rows of
  * ld elements, as for qrt_f32.
  */
+/* One work item of step j (qrt_step_f32): panel j's update of column tile
+ * ``tile`` of matrix b, or (tile < 0) the look-ahead item, which factors panel
+ * j + nb (panel 0 when j < 0) into the other workspace slot.  nb, tw and ld
+ * clamped by the caller. */
+static void step_item(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, int64_t nb,
+                      int64_t j, int64_t tw, int64_t ld, int64_t b, int64_t tile)
+{
+    int64_t k = m < n ? m : n;
+    int64_t wsz = 2 * slot_elems(m, nb);
+    /* panel j (none for j < 0), the next panel jn and their widths */
+    int64_t jb = panel_width(k, j, nb);
+    int64_t jn = j >= 0 ? j + nb : 0;
+    int64_t jbn = panel_width(k, jn, nb);
+    int64_t cs = jbn > 0 ? jn + jbn : j + jb;
+    cap_t A = cap_offset_f32(a, b * m * ld);
+    cap_t base = cap_offset_f32(work, b * wsz);
+    cap_t Pc = panel_slot(base, m, nb, j);
+    cap_t Tc = slot_t(Pc, m, nb);
+    cap_t Vc = slot_v(Pc, nb, j);
+    if (tile < 0) {
+        cap_t Pn = panel_slot(base, m, nb, jn);
+        cap_t Tn = slot_t(Pn, m, nb);
+        cap_t X = cap_offset_f32(Tn, nb * nb);
+        if (j < 0) {
+            factor_panel(A, m, n, ld, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k), X);
+        } else {
+            /* Copy the next panel's columns from row j down into the slot
+             * once, apply panel j to them there and factor rows jn.. of
+             * them in place (panel j is full: jn = j + nb), then copy all
+             * of it back: two strided passes over A instead of four. */
+            int64_t mr = m - j;
+            for (int64_t t = 0; t < mr; t++)
+                for (int64_t p = 0; p < jbn; p++)
+                    cap_store_f32(Pn, t * nb + p, cap_load_f32(A, (j + t) * ld + jn + p));
+            larfb_tile(Vc, nb, jb, Tc, nb, Pn, nb, 0, 0, jbn, mr);
+            panel_qr(cap_offset_f32(Pn, nb * nb), nb, mr - nb, jbn,
+                     cap_offset_f32(tau, b * k + jn), Tn, nb, jn + jbn < n ? 1 : 0, X);
+            for (int64_t t = 0; t < mr; t++)
+                for (int64_t p = 0; p < jbn; p++)
+                    cap_store_f32(A, (j + t) * ld + jn + p, cap_load_f32(Pn, t * nb + p));
+        }
+    } else {
+        int64_t c0 = cs + tile * tw;
+        int64_t cw = n - c0 < tw ? n - c0 : tw;
+        larfb_tile(Vc, nb, jb, Tc, nb, A, ld, j, c0, cw, m - j);
+    }
+}
+
 KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
                          int64_t nb, int64_t j, int64_t tw, int64_t ld)
 {
@@ -391,8 +439,6 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
     nb = clamp_i64(nb, 1, 64);
     tw = clamp_i64(tw, 1, 64);
     ld = ld < n ? n : ld;
-    int64_t wsz = 2 * slot_elems(m, nb);
-    /* panel j (none for j < 0), the next panel jn and their widths */
     int64_t jb = panel_width(k, j, nb);
     int64_t jn = j >= 0 ? j + nb : 0;
     int64_t jbn = panel_width(k, jn, nb);
@@ -403,43 +449,10 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
     int64_t npan = jbn > 0 ? 1 : 0;
     int64_t items = batch * (npan + ntiles);
     for (int64_t it = rt_block_idx(); it < items; it += rt_grid_dim()) {
-        int64_t b = it;
-        int64_t tile = -1;
-        if (it >= batch * npan) {
-            b = (it - batch * npan) / ntiles;
-            tile = (it - batch * npan) % ntiles;
-        }
-        cap_t A = cap_offset_f32(a, b * m * ld);
-        cap_t base = cap_offset_f32(work, b * wsz);
-        cap_t Pc = panel_slot(base, m, nb, j);
-        cap_t Tc = slot_t(Pc, m, nb);
-        cap_t Vc = slot_v(Pc, nb, j);
-        if (tile < 0) {
-            cap_t Pn = panel_slot(base, m, nb, jn);
-            cap_t Tn = slot_t(Pn, m, nb);
-            cap_t X = cap_offset_f32(Tn, nb * nb);
-            if (j < 0) {
-                factor_panel(A, m, n, ld, jn, jbn, Pn, nb, Tn, cap_offset_f32(tau, b * k), X);
-            } else {
-                /* Copy the next panel's columns from row j down into the slot
-                 * once, apply panel j to them there and factor rows jn.. of
-                 * them in place (panel j is full: jn = j + nb), then copy all
-                 * of it back: two strided passes over A instead of four. */
-                int64_t mr = m - j;
-                for (int64_t t = 0; t < mr; t++)
-                    for (int64_t p = 0; p < jbn; p++)
-                        cap_store_f32(Pn, t * nb + p, cap_load_f32(A, (j + t) * ld + jn + p));
-                larfb_tile(Vc, nb, jb, Tc, nb, Pn, nb, 0, 0, jbn, mr);
-                panel_qr(cap_offset_f32(Pn, nb * nb), nb, mr - nb, jbn,
-                         cap_offset_f32(tau, b * k + jn), Tn, nb, jn + jbn < n ? 1 : 0, X);
-                for (int64_t t = 0; t < mr; t++)
-                    for (int64_t p = 0; p < jbn; p++)
-                        cap_store_f32(A, (j + t) * ld + jn + p, cap_load_f32(Pn, t * nb + p));
-            }
-        } else {
-            int64_t c0 = cs + tile * tw;
-            int64_t cw = n - c0 < tw ? n - c0 : tw;
-            larfb_tile(Vc, nb, jb, Tc, nb, A, ld, j, c0, cw, m - j);
-        }
+        if (it < batch * npan)
+            step_item(a, tau, work, m, n, nb, j, tw, ld, it, -1);
+        else
+            step_item(a, tau, work, m, n, nb, j, tw, ld, (it - batch * npan) / ntiles,
+                      (it - batch * npan) % ntiles);
     }
 }

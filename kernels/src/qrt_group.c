@@ -220,3 +220,49 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
         for (int64_t p = 0; p < jbn; p++)
             cap_store_f32(a, (r0 + t) * ld + jn + p, cap_load_f32(Pn, t * nb + p));
 }
+
+/*
+ * The steps of one matrix in one launch: qrt_step's items for j = -1, 0, nb,
+ * ... by a group of G = grid blocks, with rt_group_sync() between steps
+ * instead of a launch per step.  Block 0 takes the look-ahead item (the next
+ * panel, the critical path) and counts it as pw tiles; the tiles are shared
+ * out so that every block has about the same number of units, each block a
+ * run of neighbouring tiles.  Every item is qrt_step's, so the result is
+ * bitwise qrt_step's and qrt_f32's.  work as for qrt_step with batch 1.
+ */
+KERNEL void qrt_coop_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, int64_t nb,
+                         int64_t tw, int64_t pw, int64_t ld)
+{
+    int64_t k = m < n ? m : n;
+    nb = clamp_i64(nb, 1, 64);
+    tw = clamp_i64(tw, 1, 64);
+    pw = clamp_i64(pw, 0, 64);
+    ld = ld < n ? n : ld;
+    int64_t g = rt_block_idx();
+    int64_t G = rt_grid_dim();
+    int64_t steps = (k + nb - 1) / nb;
+    for (int64_t s = -1; s < steps; s++) {
+        int64_t j = s < 0 ? -1 : s * nb;
+        int64_t jb = panel_width(k, j, nb);
+        int64_t jn = j >= 0 ? j + nb : 0;
+        int64_t jbn = panel_width(k, jn, nb);
+        int64_t cs = jbn > 0 ? jn + jbn : j + jb;
+        int64_t ntiles = 0;
+        if (j >= 0 && cs < n)
+            ntiles = (n - cs + tw - 1) / tw;
+        int64_t lead = jbn > 0 ? pw : 0;
+        int64_t own0 = G > 1 ? (ntiles + lead) / G - lead : ntiles;
+        own0 = clamp_i64(own0, 0, ntiles);
+        int64_t lo = 0;
+        int64_t hi = own0;
+        if (g == 0 && jbn > 0)
+            step_item(a, tau, work, m, n, nb, j, tw, ld, 0, -1);
+        if (g > 0) {
+            lo = own0 + (g - 1) * (ntiles - own0) / (G - 1);
+            hi = own0 + g * (ntiles - own0) / (G - 1);
+        }
+        for (int64_t t = lo; t < hi; t++)
+            step_item(a, tau, work, m, n, nb, j, tw, ld, 0, t);
+        rt_group_sync();
+    }
+}
