@@ -8,9 +8,10 @@ worker.  Every launch is an ordinary checked launch: a fault stops the
 sequence at the launch that made it and is raised as that launch's
 CapabilityFault; a deadline covers the whole sequence.
 
-On a pool of 2 (COOP_MAX_WORKERS) a single matrix runs those steps in one
-``qrt_coop`` launch instead: a group of every worker doing the same items step
-after step, with rt_group_sync between steps where the host would launch again.
+On a pool of 2 (COOP_MAX_WORKERS) a single matrix from the work of a
+COOP_MIN_N square on runs those steps in one ``qrt_coop`` launch instead: a
+group of every worker doing the same items step after step, with
+rt_group_sync between steps where the host would launch again.
 
 The three give bitwise the same result (tests/test_qr_parallel.py).
 
@@ -240,16 +241,22 @@ STEPS_MIN_N = ((2, 384), (16, 224))
 
 #: One matrix on a pool of 2 to COOP_MAX_WORKERS workers runs all its steps in one
 #: launch (qrt_coop: a group of every worker, rt_group_sync between steps, no launch
-#: per panel), from two panels on, with tiles COOP_TW wide; block 0 counts the
+#: per panel), from the work of a COOP_MIN_N square on, with tiles COOP_TW wide; block 0 counts the
 #: look-ahead panel as COOP_PANEL_TILES tiles when the tiles are shared out.  2-core
 #: Xeon VM, one float32 matrix, the checked kernels in one process, alternating (5-9
 #: rounds, median, ms): one block / steps / coop at n = 128 0.44 / 0.55 / 0.36, 192
 #: 0.42 / 0.57 / 0.38, 256 0.70 / 0.87 / 0.67 (another run 1.05 / 1.19 / 0.77), 384
 #: 2.65 / 3.19 / 2.17, 512 5.31 / 5.00 / 3.42, 1024 35.1 / 21.0 / 19.0, 2048 260 / 136
 #: / 131; panel weights 2, 3, 5 and 8 within noise of each other, 3 best at 512 and
-#: 1024; 32-wide tiles slower than 64 at every size.  Larger pools keep the steps (not
-#: measured there).
-COOP_MAX_WORKERS, COOP_TW, COOP_PANEL_TILES = 2, 64, 3
+#: 1024; 32-wide tiles slower than 64 at every size.  Through kernels.qr, coop and the
+#: path without it alternating in one process (median; after a 0.25 s pause each / back
+#: to back): n = 256 2.34 vs 1.59 ms, coop faster in 0 of 15 / 1.53 vs 1.03, 5 of 25; 512
+#: 5.39 vs 5.93, 11 of 15 / 3.44 vs 4.13, 24 of 25; 1024 20.9 vs 25.3, 12 of 15 / 18.8 vs
+#: 19.5, 14 of 25.  Below about 384 x 384 a step is a few tens of microseconds of work and
+#: a barrier that waits on a descheduled worker costs more than that, so the work of a
+#: COOP_MIN_N square is the least coop takes.  Larger pools keep the steps (not measured
+#: there).
+COOP_MAX_WORKERS, COOP_TW, COOP_PANEL_TILES, COOP_MIN_N = 2, 64, 3, 384
 
 
 def qr_flops(m: int, n: int) -> float:
@@ -277,8 +284,10 @@ def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
 
 def use_coop(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
     """Run one matrix's steps in one launch on the whole pool (qrt_coop): a pool of 2
-    to COOP_MAX_WORKERS and a matrix of at least two panels."""
-    return batch == 1 and 2 <= threads <= COOP_MAX_WORKERS and min(m, n) > nb
+    to COOP_MAX_WORKERS, a matrix of at least two panels and the work of a COOP_MIN_N
+    square."""
+    return (batch == 1 and 2 <= threads <= COOP_MAX_WORKERS and min(m, n) > nb
+            and qr_flops(m, n) >= qr_flops(COOP_MIN_N, COOP_MIN_N))
 
 
 def default_group(batch: int, m: int, dtype: str, threads: int) -> int:

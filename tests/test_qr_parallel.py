@@ -160,8 +160,9 @@ def test_kernels_qr_pads_rows_only_for_steps(monkeypatch):
 
     qr_mod = importlib.import_module("capqr.kernels.qr")
     assert parallel.working_ld(1, 700, 700, 32, 4, 2) == 704   # steps
-    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 304   # the steps in one launch
-    assert parallel.working_ld(1, 30, 30, 32, 4, 2) == 30      # one panel: one block
+    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 300   # below STEPS_MIN_N: one block
+    assert parallel.working_ld(1, 400, 400, 32, 4, 2) == 400   # the steps in one launch
+    assert parallel.working_ld(1, 401, 401, 32, 4, 2) == 416
     assert parallel.working_ld(1, 300, 300, 32, 4, 3) == 304   # steps
     assert parallel.working_ld(1, 300, 300, 32, 4, 1) == 300   # one worker
     assert parallel.working_ld(4, 300, 300, 32, 4, 2) == 300   # a block per matrix
@@ -657,7 +658,8 @@ def test_coop_fault_stops_the_whole_group():
 
 
 def test_default_path_on_two_workers_is_one_launch():
-    assert parallel.default_path(1, 256, 256, "float32", 2) == "coop steps"
+    assert parallel.default_path(1, 512, 512, "float32", 2) == "coop steps"
+    assert parallel.default_path(1, 256, 256, "float32", 2) == "one block"
     assert parallel.default_path(1, 1000, 300, "float64", 2) == "coop steps"
     assert parallel.default_path(1, 32, 32, "float32", 2) == "small"
     assert parallel.default_path(1, 8192, 256, "float32", 2) == "tall"
