@@ -32,6 +32,10 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
     double acc[64];
     double s[64];
     double piv[64];
+    double q0[32];
+    double q1[32];
+    double q2[32];
+    double q3[32];
     float w[64];
     if (jb > 64)
         jb = 64;
@@ -107,8 +111,9 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
                         cap_store_f64(Sn, 64 * nc + c, (double)cap_load_f32(P, t * ldp + c));
             }
             /* the rows below them, 64 at a time (they stay in L1 between the two
-             * sweeps): H_p applied to each row, then the sums, four rows per pass
-             * over acc, added in the order of t as one row at a time would.  Each
+             * sweeps): H_p applied to each row, then the sums (in four row phases
+             * over whole 32-column blocks, else four rows per pass over acc in the
+             * order of t as one row at a time would).  Each
              * sweep is a rectangular nest with affine indices: one guard for all
              * its accesses (docs/hoisting.md). */
             for (int64_t t0 = tb > p + 2 ? tb : p + 2; t0 < te; t0 += 64) {
@@ -128,7 +133,44 @@ static void gpanel_qr(cap_t P, int64_t ldp, int64_t mr, int64_t jb, cap_t TAU, c
                         }
                     }
                 }
-                if (p + 1 < jb) {
+                if (p + 1 < jb && jb % 32 == 0) {
+                    /* whole 32-column blocks (no column past jb is read): each row adds
+                     * to the sums of its phase t % 4, four independent fma chains
+                     * instead of one chain of four, added in a fixed order after the
+                     * rows (as panel_qr's first sweep, qrt.c) */
+                    int64_t kq = kc / 4;
+                    for (int64_t c0 = c_lo / 32 * 32; c0 < jb; c0 += 32) {
+                        for (int64_t l = 0; l < 32; l++) {
+                            q0[l] = 0.0;
+                            q1[l] = 0.0;
+                            q2[l] = 0.0;
+                            q3[l] = 0.0;
+                        }
+                        for (int64_t u = 0; u < kq; u++) {
+                            int64_t r = (t0 + 4 * u) * ldp;
+                            double x0 = (double)cap_load_f32(P, r + p + 1);
+                            double x1 = (double)cap_load_f32(P, r + ldp + p + 1);
+                            double x2 = (double)cap_load_f32(P, r + 2 * ldp + p + 1);
+                            double x3 = (double)cap_load_f32(P, r + 3 * ldp + p + 1);
+                            for (int64_t l = 0; l < 32; l++) {
+                                q0[l] = fma(x0, (double)cap_load_f32(P, r + c0 + l), q0[l]);
+                                q1[l] = fma(x1, (double)cap_load_f32(P, r + ldp + c0 + l), q1[l]);
+                                q2[l] = fma(x2, (double)cap_load_f32(P, r + 2 * ldp + c0 + l),
+                                            q2[l]);
+                                q3[l] = fma(x3, (double)cap_load_f32(P, r + 3 * ldp + c0 + l),
+                                            q3[l]);
+                            }
+                        }
+                        for (int64_t tt = 4 * kq; tt < kc; tt++) {
+                            double x = (double)cap_load_f32(P, (t0 + tt) * ldp + p + 1);
+                            for (int64_t l = 0; l < 32; l++)
+                                q0[l] = fma(x, (double)cap_load_f32(P, (t0 + tt) * ldp + c0 + l),
+                                            q0[l]);
+                        }
+                        for (int64_t l = 0; l < 32; l++)
+                            acc[c0 + l] = acc[c0 + l] + ((q0[l] + q1[l]) + (q2[l] + q3[l]));
+                    }
+                } else if (p + 1 < jb) {
                     int64_t kq = kc / 4;
                     for (int64_t u = 0; u < kq; u++) {
                         double x0 = (double)cap_load_f32(P, (t0 + 4 * u) * ldp + p + 1);
