@@ -42,6 +42,7 @@ norms summed in double, so its rounding is its own too (tests/test_qr_small.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
@@ -497,26 +498,37 @@ def _run_tall(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Chec
     tc = capabilities.wrap(tau, name="qr.tau")
     work = capabilities.alloc((tall_work_elems(m, n, nb, ch),), h.dtype, name="qr.work")
     sums = capabilities.alloc((tall_sums_elems(m, ch),), np.float64, name="qr.sums")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    clock = time.perf_counter
     try:
-        for b in range(batch):
-            left = None
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise runtime.KernelTimeout(kern.name, timeout)
-            t0 = clock()
-            try:
-                runtime.launch(kern, [hc, tc, work, sums], args=(b, m, n, nb, ch, ld),
-                               grid=blocks, timeout=left, group=blocks)
-            except runtime.KernelTimeout as e:
-                raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
-            if trace is not None:
-                trace.append((b, blocks, clock() - t0))
+        _launch_per_matrix(kern, batch, blocks, timeout, trace,
+                           lambda b: ([hc, tc, work, sums], (b, m, n, nb, ch, ld)))
     finally:
         work.free()
         sums.free()
+
+
+def _launch_per_matrix(kern: Any, batch: int, blocks: int, timeout: float | None,
+                       trace: list[tuple[int, int, float]] | None,
+                       caps_args: Callable[[int], tuple[list[Any], tuple[Any, ...]]]) -> None:
+    """A group launch of ``blocks`` per matrix b (its caps and args ``caps_args(b)``), in
+    order: ``timeout`` covers them all (a launch gets what is left, none starts after it
+    passed, and the KernelTimeout names it); ``trace`` gets (matrix, blocks, seconds)."""
+    from .. import runtime
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for b in range(batch):
+        left = None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise runtime.KernelTimeout(kern.name, timeout)
+        caps, args = caps_args(b)
+        t0 = time.perf_counter()
+        try:
+            runtime.launch(kern, caps, args=args, grid=blocks, timeout=left, group=blocks)
+        except runtime.KernelTimeout as e:
+            raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
+        if trace is not None:
+            trace.append((b, blocks, time.perf_counter() - t0))
 
 
 def _run_coop(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Checked,
@@ -527,28 +539,12 @@ def _run_coop(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Chec
     from .. import capabilities, runtime
 
     batch, m, ld = h.shape
-    blocks = runtime.threads()
     kern = coop_kernel_for(dtype, checked)
     work = capabilities.alloc((work_elems(1, m, nb, True, 1),), h.dtype, name="qr.work")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    clock = time.perf_counter
     try:
-        for b in range(batch):
-            left = None
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise runtime.KernelTimeout(kern.name, timeout)
-            caps = [capabilities.wrap(h[b], name="qr.a"), capabilities.wrap(tau[b], name="qr.tau"),
-                    work]
-            t0 = clock()
-            try:
-                runtime.launch(kern, caps, args=(m, n, nb, COOP_TW, COOP_PANEL_TILES, ld),
-                               grid=blocks, timeout=left, group=blocks)
-            except runtime.KernelTimeout as e:
-                raise runtime.KernelTimeout(e.kernel, timeout, e.blocks_done) from None
-            if trace is not None:
-                trace.append((b, blocks, clock() - t0))
+        _launch_per_matrix(kern, batch, runtime.threads(), timeout, trace, lambda b: (
+            [capabilities.wrap(h[b], name="qr.a"), capabilities.wrap(tau[b], name="qr.tau"),
+             work], (m, n, nb, COOP_TW, COOP_PANEL_TILES, ld)))
     finally:
         work.free()
 

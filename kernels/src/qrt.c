@@ -320,6 +320,16 @@ static int64_t panel_width(int64_t k, int64_t j, int64_t nb)
     return k - j < nb ? k - j : nb;
 }
 
+/* Column tiles of width tw that step j updates (qrt_step_f32, qrt_coop_f32): the
+ * columns right of panel j and of the look-ahead panel j + nb, none for j < 0. */
+static int64_t step_tiles(int64_t k, int64_t n, int64_t nb, int64_t j, int64_t tw)
+{
+    int64_t jn = j >= 0 ? j + nb : 0;
+    int64_t jbn = panel_width(k, jn, nb);
+    int64_t cs = jbn > 0 ? jn + jbn : j + panel_width(k, j, nb);
+    return j >= 0 && cs < n ? (n - cs + tw - 1) / tw : 0;
+}
+
 /* A matrix's workspace is two slots of slot_elems(m, nb) elements, each holding a
  * packed panel (m rows of stride nb), its T (nb x nb, at slot_t) and a column of m.
  * Panel j's slot is (j / nb) % 2 (the first panel's, j < 0, is slot 0), so the
@@ -439,14 +449,8 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
     nb = clamp_i64(nb, 1, 64);
     tw = clamp_i64(tw, 1, 64);
     ld = ld < n ? n : ld;
-    int64_t jb = panel_width(k, j, nb);
-    int64_t jn = j >= 0 ? j + nb : 0;
-    int64_t jbn = panel_width(k, jn, nb);
-    int64_t cs = jbn > 0 ? jn + jbn : j + jb;
-    int64_t ntiles = 0;
-    if (j >= 0 && cs < n)
-        ntiles = (n - cs + tw - 1) / tw;
-    int64_t npan = jbn > 0 ? 1 : 0;
+    int64_t ntiles = step_tiles(k, n, nb, j, tw);
+    int64_t npan = panel_width(k, j >= 0 ? j + nb : 0, nb) > 0 ? 1 : 0;
     int64_t items = batch * (npan + ntiles);
     for (int64_t it = rt_block_idx(); it < items; it += rt_grid_dim()) {
         if (it < batch * npan)
