@@ -320,13 +320,26 @@ static int64_t panel_width(int64_t k, int64_t j, int64_t nb)
     return k - j < nb ? k - j : nb;
 }
 
-/* Column tiles of width tw that step j updates (qrt_step_f32, qrt_coop_f32): the
- * columns right of panel j and of the look-ahead panel j + nb, none for j < 0. */
+/* The first column of step j's look-ahead panel: panel j + nb, panel 0 for j < 0. */
+static int64_t step_next(int64_t j, int64_t nb)
+{
+    return j >= 0 ? j + nb : 0;
+}
+
+/* The first column of step j's tiles: right of the look-ahead panel where there is
+ * one, else right of panel j. */
+static int64_t step_first_col(int64_t k, int64_t nb, int64_t j)
+{
+    int64_t jn = step_next(j, nb);
+    int64_t jbn = panel_width(k, jn, nb);
+    return jbn > 0 ? jn + jbn : j + panel_width(k, j, nb);
+}
+
+/* Column tiles of width tw that step j updates (qrt_step_f32, qrt_coop_f32), none
+ * for j < 0. */
 static int64_t step_tiles(int64_t k, int64_t n, int64_t nb, int64_t j, int64_t tw)
 {
-    int64_t jn = j >= 0 ? j + nb : 0;
-    int64_t jbn = panel_width(k, jn, nb);
-    int64_t cs = jbn > 0 ? jn + jbn : j + panel_width(k, j, nb);
+    int64_t cs = step_first_col(k, nb, j);
     return j >= 0 && cs < n ? (n - cs + tw - 1) / tw : 0;
 }
 
@@ -385,15 +398,6 @@ KERNEL void qrt_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, in
     }
 }
 
-/*
- * One step.  j < 0: factor panel 0 of every matrix (items: one per matrix).
- * j >= 0 (panel j factored, its V and T in workspace slot (j / nb) % 2):
- * items are, per matrix, the next panel (update + factor into the other
- * slot) if there is one, then the remaining columns in tiles of tw (1..64).
- * work: batch * 2 * slot_elems(m, nb) elements, one region per matrix
- * (items of a matrix run on different blocks and share its slots).  Rows of
- * ld elements, as for qrt_f32.
- */
 /* One work item of step j (qrt_step_f32): panel j's update of column tile
  * ``tile`` of matrix b, or (tile < 0) the look-ahead item, which factors panel
  * j + nb (panel 0 when j < 0) into the other workspace slot.  nb, tw and ld
@@ -405,9 +409,9 @@ static void step_item(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, int6
     int64_t wsz = 2 * slot_elems(m, nb);
     /* panel j (none for j < 0), the next panel jn and their widths */
     int64_t jb = panel_width(k, j, nb);
-    int64_t jn = j >= 0 ? j + nb : 0;
+    int64_t jn = step_next(j, nb);
     int64_t jbn = panel_width(k, jn, nb);
-    int64_t cs = jbn > 0 ? jn + jbn : j + jb;
+    int64_t cs = step_first_col(k, nb, j);
     cap_t A = cap_offset_f32(a, b * m * ld);
     cap_t base = cap_offset_f32(work, b * wsz);
     cap_t Pc = panel_slot(base, m, nb, j);
@@ -442,6 +446,15 @@ static void step_item(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, int6
     }
 }
 
+/*
+ * One step.  j < 0: factor panel 0 of every matrix (items: one per matrix).
+ * j >= 0 (panel j factored, its V and T in workspace slot (j / nb) % 2):
+ * items are, per matrix, the next panel (update + factor into the other
+ * slot) if there is one, then the remaining columns in tiles of tw (1..64).
+ * work: batch * 2 * slot_elems(m, nb) elements, one region per matrix
+ * (items of a matrix run on different blocks and share its slots).  Rows of
+ * ld elements, as for qrt_f32.
+ */
 KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t m, int64_t n,
                          int64_t nb, int64_t j, int64_t tw, int64_t ld)
 {
@@ -450,7 +463,7 @@ KERNEL void qrt_step_f32(cap_t a, cap_t tau, cap_t work, int64_t batch, int64_t 
     tw = clamp_i64(tw, 1, 64);
     ld = ld < n ? n : ld;
     int64_t ntiles = step_tiles(k, n, nb, j, tw);
-    int64_t npan = panel_width(k, j >= 0 ? j + nb : 0, nb) > 0 ? 1 : 0;
+    int64_t npan = panel_width(k, step_next(j, nb), nb) > 0 ? 1 : 0;
     int64_t items = batch * (npan + ntiles);
     for (int64_t it = rt_block_idx(); it < items; it += rt_grid_dim()) {
         if (it < batch * npan)

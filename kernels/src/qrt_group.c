@@ -220,9 +220,9 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
     G = G < 1 ? 1 : G;
     /* panel j (none for j < 0), the next panel jn and their widths */
     int64_t jb = panel_width(k, j, nb);
-    int64_t jn = j >= 0 ? j + nb : 0;
+    int64_t jn = step_next(j, nb);
     int64_t jbn = panel_width(k, jn, nb);
-    int64_t cs = jbn > 0 ? jn + jbn : j + jb;
+    int64_t cs = step_first_col(k, nb, j);
     cap_t Pc = panel_slot(work, m, nb, j);
     cap_t Tc = slot_t(Pc, m, nb);
     cap_t Vc = slot_v(Pc, nb, j);
@@ -285,7 +285,7 @@ KERNEL void qrt_coop_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, i
     int64_t steps = (k + nb - 1) / nb;
     for (int64_t s = -1; s < steps; s++) {
         int64_t j = s < 0 ? -1 : s * nb;
-        int64_t jbn = panel_width(k, j >= 0 ? j + nb : 0, nb);
+        int64_t jbn = panel_width(k, step_next(j, nb), nb);
         int64_t ntiles = step_tiles(k, n, nb, j, tw);
         int64_t lead = jbn > 0 ? pw : 0;
         int64_t own0 = G > 1 ? (ntiles + lead) / G - lead : ntiles;
