@@ -28,6 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 IMPORT_ROOT = str(Path(capqr.__file__).parent.parent)
 
 
+def _output_on_a_pool(script: str, threads: str) -> str:
+    """The stripped stdout of ``script`` run by a Python of its own on a pool of ``threads``
+    workers (CAPQR_THREADS, read once per process); the test fails if it exits non-zero."""
+    env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=IMPORT_ROOT)
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout.strip()
+
+
 def _rand(shape, dtype=np.float32, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
@@ -201,11 +211,7 @@ def test_same_result_for_any_worker_count():
     parallel.run(a, t, "float32", 32, 24, True, None, None, steps=True)
     want = hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest()
     for threads in ("1", "3", "16"):
-        env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=IMPORT_ROOT)
-        out = subprocess.run([sys.executable, "-c", _HASH_SCRIPT], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.strip() == want, f"CAPQR_THREADS={threads}"
+        assert _output_on_a_pool(_HASH_SCRIPT, threads) == want, f"CAPQR_THREADS={threads}"
 
 
 def test_workspace_slots_are_whole_lines():
@@ -248,13 +254,7 @@ print(hashlib.sha256(a.tobytes() + t.tobytes()).hexdigest())
 def test_group_steps_same_result_for_8_and_16_workers():
     """The group look-ahead steps with 4 and 12 tile blocks (tiles balanced to different
     widths): bitwise the same."""
-    out = {}
-    for threads in ("8", "16"):
-        env = dict(os.environ, CAPQR_THREADS=threads, PYTHONPATH=IMPORT_ROOT)
-        res = subprocess.run([sys.executable, "-c", _GROUP_HASH_SCRIPT], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-2000:]
-        out[threads] = res.stdout.strip()
+    out = {threads: _output_on_a_pool(_GROUP_HASH_SCRIPT, threads) for threads in ("8", "16")}
     assert out["8"] == out["16"] and len(out["8"]) == 64
 
 
@@ -531,11 +531,7 @@ def test_tall_single_matrix_on_a_large_pool():
     """A single tall float32 matrix too narrow for the steps (two panels or fewer) on a
     pool large enough for the group panel factors as one block: the automatic group
     choice follows the steps decision (it picked the group panel and refused it)."""
-    env = dict(os.environ, CAPQR_THREADS="8", PYTHONPATH=IMPORT_ROOT)
-    out = subprocess.run([sys.executable, "-c", _TALL_SCRIPT], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "True"
+    assert _output_on_a_pool(_TALL_SCRIPT, "8") == "True"
 
 
 @pytest.mark.parametrize("batch,m,n,dtype", [
@@ -597,11 +593,7 @@ def test_one_matrix_on_a_large_pool_takes_narrow_panels():
     assert parallel.default_nb(2048, 2048, batch=1, threads=16) == 64
     assert parallel.default_nb(400, 400, batch=1, threads=16) == 32
     assert parallel.default_nb(1024, 1024, batch=1, threads=16) == 32
-    env = dict(os.environ, CAPQR_THREADS="16", PYTHONPATH=IMPORT_ROOT)
-    out = subprocess.run([sys.executable, "-c", _NB_SCRIPT], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "32"
+    assert _output_on_a_pool(_NB_SCRIPT, "16") == "32"
 
 
 # ---------------------------------------------------------------------------
