@@ -461,8 +461,9 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     # A panel never needs to be wider than the matrix: smaller workspace, same result.
     nb = max(1, min(NB_MAX, nb, min(m, n)))
     if tall:
-        if steps or grid is not None or group:
-            raise ValueError("tall= runs its own launches: no steps, grid or group with it")
+        if steps or grid is not None or group or coop:
+            raise ValueError("tall= runs its own launches: no steps, grid, group or coop "
+                             "with it")
         if dtype != "float32":
             raise ValueError("the tall path sums in double and factors float32 only")
         _run_tall(h, tau, dtype, nb, checked, timeout, n, trace, tall_workers)

@@ -625,6 +625,8 @@ def test_coop_refuses_other_forced_paths():
         with pytest.raises(ValueError, match="coop="):
             parallel.run(h, t, "float32", 32, 64, True, **{"grid": None, "timeout": None, **kw},
                          coop=True)
+    with pytest.raises(ValueError, match="coop"):  # not silently the tall path
+        parallel.run(h, t, "float32", 32, 64, True, None, None, tall=True, coop=True)
 
 
 def test_coop_fault_stops_the_whole_group():
