@@ -15,8 +15,9 @@
 #   gpu-isolated.txt            GPU tests without torch memory, CAPQR_CUDA_ISOLATE=1
 #                                                                            (ISOLATED_S, 200 s)
 #  paths:
-#   qr-paths.log + JSON         bench.qr_paths on all cores: steps vs one block vs tall per
-#                               square size (kernels.parallel.STEPS_MIN_N)    (PATHS_S, 100 s)
+#   qr-paths.log + JSON         bench.qr_paths on all cores: steps vs one block vs tall vs coop
+#                               per square size (kernels.parallel.STEPS_MIN_N; PATHS_SIZES,
+#                               PATHS_PATHS choose)                            (PATHS_S, 100 s)
 #  cpu (its parts peers, overhead, scaling may be named alone):
 #   cpu-parallel-*.{json,txt},  bench.cpu_peers on all cores: capqr vs scipy sgeqrf and
 #   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 260 s)
@@ -113,8 +114,8 @@ if [[ $PARTS == *" isolated "* ]]; then
 fi
 if [[ $PARTS == *" paths "* ]]; then
     TAIL=12 step qr-paths "${PATHS_S:-100}" "$OUT/qr-paths.log" \
-        python3 -m capqr.bench.qr_paths --sizes 128,192,256,384,512,640,768,1024 \
-        --repeats "${PATHS_REPEATS:-7}" --out "$OUT"
+        python3 -m capqr.bench.qr_paths --sizes "${PATHS_SIZES:-128,192,256,384,512,640,768,1024}" \
+        --paths "${PATHS_PATHS:-steps,oneblock,tall,coop}" --repeats "${PATHS_REPEATS:-7}" --out "$OUT"
 fi
 if [[ $PARTS == *" warmup "* ]]; then
     TAIL=3 step warmup "${WARMUP_S:-150}" "$OUT/warmup.log" \

@@ -35,17 +35,18 @@ PATHS: dict[str, dict[str, Any]] = {"steps": {"steps": True}, "oneblock": {"step
                                     "tall": {"tall": True}, "coop": {"coop": True}}
 
 
-def measure(n: int, repeats: int) -> dict[str, Any]:
-    """One size: every path checked once, then ``repeats`` interleaved timed runs."""
+def measure(n: int, repeats: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict[str, Any]:
+    """One size: each of ``paths`` checked once, then ``repeats`` interleaved timed runs."""
     from ..kernels import check, parallel
 
     a = np.random.default_rng(n).standard_normal((1, n, n)).astype(np.float32)
     row: dict[str, Any] = {"n": n, "loadavg_start": machine.loadavg()}
-    times: dict[str, list[float]] = {p: [] for p in PATHS}
+    times: dict[str, list[float]] = {p: [] for p in paths}
     # two untimed rounds: the first checks every path, the second lets the pool settle
     # (the first timed run of each path was 10-50x the rest on a fresh 16-core host)
     for i in range(repeats + 2):
-        for p, kw in PATHS.items():
+        for p in paths:
+            kw = PATHS[p]
             h = a.copy()
             tau = np.zeros((1, n), np.float32)
             t0 = time.perf_counter()
@@ -59,7 +60,7 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
                 times[p].append(dt)
     for p, ts in times.items():
         row[p] = {"median_s": float(np.median(ts)), "min_s": min(ts), "samples_s": ts}
-    row["fastest"] = min(PATHS, key=lambda p: row[p]["median_s"])
+    row["fastest"] = min(paths, key=lambda p: row[p]["median_s"])
     row["loadavg_end"] = machine.loadavg()
     return row
 
@@ -72,11 +73,15 @@ HEADER = (f"{'n':>6} {'steps ms':>10} {'oneblock ms':>12} {'tall ms':>10} {'coop
           f"  fastest  use_steps  default     load")
 
 
+def _ms(row: dict[str, Any], path: str, width: int) -> str:
+    """A path's median in ms, or "-" where it was not measured."""
+    return f"{1e3 * row[path]['median_s']:>{width}.3f}" if path in row else f"{'-':>{width}}"
+
+
 def _line(row: dict[str, Any]) -> str:
     """One size's row of the table (printed as it is measured, and in the .txt)."""
-    return (f"{row['n']:>6} {1e3 * row['steps']['median_s']:>10.3f} "
-            f"{1e3 * row['oneblock']['median_s']:>12.3f} {1e3 * row['tall']['median_s']:>10.3f}"
-            f" {1e3 * row['coop']['median_s']:>10.3f}"
+    return (f"{row['n']:>6} {_ms(row, 'steps', 10)} {_ms(row, 'oneblock', 12)} "
+            f"{_ms(row, 'tall', 10)} {_ms(row, 'coop', 10)}"
             f"  {row['fastest']:<8} {row['use_steps']!s:<9}  {row['default']:<10}  "
             f"{_load1(row['loadavg_start'])}->{_load1(row['loadavg_end'])}")
 
@@ -86,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
                     help="comma-separated n (default %(default)s)")
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per path and size")
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help="comma-separated paths to time (default %(default)s)")
     ap.add_argument("--threads", type=int, default=None,
                     help="worker pool size ($CAPQR_THREADS; default: all cpus)")
     ap.add_argument("--out", type=Path, default=None,
@@ -97,10 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     from ..kernels import parallel
 
     threads = runtime.threads()
+    paths = tuple(ns.paths.split(","))
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown or not paths:
+        ap.error(f"--paths: unknown {unknown}; choose from {', '.join(PATHS)}")
     rows = []
     print(HEADER, flush=True)
     for n in (int(s) for s in ns.sizes.split(",")):
-        row = measure(n, ns.repeats)
+        row = measure(n, ns.repeats, paths)
         row["use_steps"] = parallel.use_steps(1, n, n, parallel.default_nb(n, n), threads)
         row["default"] = parallel.default_path(1, n, n, "float32", threads)
         rows.append(row)
@@ -108,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": machine.host(), "git": machine.git_commit(),
             "source_digest": machine.source_digest(), "threads": threads,
-            "steps_min_n": parallel.steps_min_n(threads), "repeats": ns.repeats}
+            "steps_min_n": parallel.steps_min_n(threads), "repeats": ns.repeats,
+            "paths": list(paths)}
     out = ns.out or default_out()
     out.mkdir(parents=True, exist_ok=True)
     stem = f"qr-paths-{meta['date'][:10]}-{meta['host']['label']}"

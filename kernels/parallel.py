@@ -258,6 +258,15 @@ STEPS_MIN_N = ((2, 384), (16, 224))
 #: COOP_MIN_N square is the least coop takes.  Larger pools keep the steps (not measured
 #: there).
 COOP_MAX_WORKERS, COOP_TW, COOP_PANEL_TILES, COOP_MIN_N = 2, 64, 3, 384
+#: Groups of at most this many blocks keep every qrt_coop tile COOP_TW wide; larger
+#: ones narrow a step's tiles (down to TW_MIN) where that evens out its last round.
+COOP_FIXED_TW_BLOCKS = 2
+
+
+def coop_tile_min(blocks: int) -> int:
+    """The narrowest tile qrt_coop balances a step's last round down to on a group of
+    ``blocks`` (COOP_TW: every tile COOP_TW wide)."""
+    return COOP_TW if blocks <= COOP_FIXED_TW_BLOCKS else TW_MIN
 
 
 def qr_flops(m: int, n: int) -> float:
@@ -372,6 +381,12 @@ def tall_chunk_rows(m: int) -> int:
     return 64 * max(1, m // (64 * TALL_CHUNKS))
 
 
+def group_workers(threads: int) -> int:
+    """Blocks of a group launch that meets at a barrier on a pool of ``threads``: the
+    pool less TALL_SPARE from TALL_SPARE_FROM workers on, else the whole pool."""
+    return threads - TALL_SPARE if threads >= TALL_SPARE_FROM else threads
+
+
 def tall_blocks(m: int, threads: int, workers: int | None = None) -> int:
     """Blocks (the group) of qrt_tall on a pool of ``threads`` for m rows: ``workers``
     (None: TALL_MAX_WORKERS, None there: the pool less TALL_SPARE from TALL_SPARE_FROM
@@ -383,7 +398,7 @@ def tall_blocks(m: int, threads: int, workers: int | None = None) -> int:
                                 or workers < 1):
         raise ValueError(f"tall workers must be a positive int or None, got {workers!r}")
     if workers is None:
-        most = threads - TALL_SPARE if threads >= TALL_SPARE_FROM else threads
+        most = group_workers(threads)
     else:
         most = min(threads, int(workers))
     return max(1, min(most, -(-m // tall_chunk_rows(m))))
@@ -541,11 +556,13 @@ def _run_coop(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Chec
 
     batch, m, ld = h.shape
     kern = coop_kernel_for(dtype, checked)
+    blocks = group_workers(runtime.threads())
+    tmin = coop_tile_min(blocks)
     work = capabilities.alloc((work_elems(1, m, nb, True, 1),), h.dtype, name="qr.work")
     try:
-        _launch_per_matrix(kern, batch, runtime.threads(), timeout, trace, lambda b: (
+        _launch_per_matrix(kern, batch, blocks, timeout, trace, lambda b: (
             [capabilities.wrap(h[b], name="qr.a"), capabilities.wrap(tau[b], name="qr.tau"),
-             work], (m, n, nb, COOP_TW, COOP_PANEL_TILES, ld)))
+             work], (m, n, nb, COOP_TW, tmin, COOP_PANEL_TILES, ld)))
     finally:
         work.free()
 

@@ -619,6 +619,50 @@ def test_coop_is_bitwise_the_steps(shape, nb, dtype):
     assert check(a3, h, t).ok
 
 
+@pytest.mark.parametrize("tmin", [8, 16, 40])
+@pytest.mark.parametrize("m,n", [(300, 300), (260, 330)])
+def test_coop_narrowed_tiles_are_bitwise_the_steps(tmin, m, n):
+    """qrt_coop with tiles narrowed down to tmin where that evens out a step's last
+    round (the widths change from step to step): a tile's result does not depend on
+    its width, so the result is still bitwise one block's."""
+    nb = 32
+    a = _rand((1, m, n), seed=m + tmin)
+    ref_h, ref_t = a.copy(), np.zeros((1, min(m, n)), np.float32)
+    parallel.run(ref_h, ref_t, "float32", nb, 64, True, None, None, steps=False)
+    h, t = a[0].copy(), np.zeros(min(m, n), np.float32)
+    work = capabilities.alloc((parallel.work_elems(1, m, nb, True, 1),), np.float32,
+                              name="qr.work")
+    blocks = runtime.threads()
+    runtime.launch(parallel.coop_kernel_for("float32", True),
+                   [capabilities.wrap(h), capabilities.wrap(t), work],
+                   args=(m, n, nb, 64, tmin, 3, n), grid=blocks, group=blocks, timeout=60)
+    work.free()
+    assert h.tobytes() == ref_h[0].tobytes() and t.tobytes() == ref_t[0].tobytes()
+
+
+_COOP_POOL_SCRIPT = """
+import numpy as np
+from capqr.kernels import parallel
+a = np.random.default_rng(7).standard_normal((1, 400, 400)).astype(np.float32)
+ref_h, ref_t = a.copy(), np.zeros((1, 400), np.float32)
+parallel.run(ref_h, ref_t, "float32", 32, 64, True, None, None, steps=False)
+h, t = a.copy(), np.zeros_like(ref_t)
+trace = []
+parallel.run(h, t, "float32", 32, 64, True, None, None, coop=True, trace=trace)
+assert h.tobytes() == ref_h.tobytes() and t.tobytes() == ref_t.tobytes()
+print(trace[0][1], parallel.coop_tile_min(trace[0][1]))
+"""
+
+
+def test_coop_on_a_large_pool_leaves_a_core_and_narrows_tiles():
+    """On a pool of 8 the group is 7 blocks (one core left to the launching thread and
+    the OS, as the tall path's), its tiles narrow to TW_MIN, and the result is bitwise
+    one block's."""
+    assert _output_on_a_pool(_COOP_POOL_SCRIPT, "8") == f"7 {parallel.TW_MIN}"
+    assert parallel.group_workers(16) == 15 and parallel.group_workers(2) == 2
+    assert parallel.coop_tile_min(2) == parallel.COOP_TW
+
+
 def test_coop_refuses_other_forced_paths():
     h, t = _rand((1, 100, 100)), np.zeros((1, 100), np.float32)
     for kw in ({"steps": True}, {"grid": 2}, {"group": 2}):
@@ -643,7 +687,7 @@ def test_coop_fault_stops_the_whole_group():
     blocks = runtime.threads()
     with pytest.raises(runtime.CapabilityFault) as ei:
         runtime.launch(k, [capabilities.wrap(h), capabilities.wrap(tau), work],
-                       args=(m, n, nb, 64, 3, n), grid=blocks, group=blocks, timeout=60)
+                       args=(m, n, nb, 64, 64, 3, n), grid=blocks, group=blocks, timeout=60)
     assert ei.value.buffer == "qr.work" and ei.value.kernel == "qrt_coop_f32"
     # the pool is usable afterwards
     h2, t2 = _rand((1, m, n)), np.zeros((1, n), np.float32)

@@ -269,15 +269,33 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
  * instead of a launch per step.  Block 0 takes the look-ahead item (the next
  * panel, the critical path) and counts it as pw tiles; the tiles are shared
  * out so that every block has about the same number of units, each block a
- * run of neighbouring tiles.  Every item is qrt_step's, so the result is
- * bitwise qrt_step's and qrt_f32's.  work as for qrt_step with batch 1.
+ * run of neighbouring tiles.  Tiles are tw wide, or as narrow as tmin (a
+ * multiple of 8, tmin < tw) where that takes no more rounds of the group but
+ * evens out the last one (coop_tile_width).  Every item is qrt_step's and a
+ * tile's result does not depend on its width, so the result is bitwise
+ * qrt_step's and qrt_f32's.  work as for qrt_step with batch 1.
  */
+static int64_t coop_tile_width(int64_t k, int64_t n, int64_t nb, int64_t j, int64_t tw,
+                               int64_t tmin, int64_t lead, int64_t G)
+{
+    int64_t cs = step_first_col(k, nb, j);
+    int64_t cols = j >= 0 && cs < n ? n - cs : 0;
+    if (tmin >= tw || G < 2 || cols == 0)
+        return tw;
+    /* the rounds that tiles of tw take, and the tiles those rounds hold */
+    int64_t rounds = ((cols + tw - 1) / tw + lead + G - 1) / G;
+    int64_t slots = rounds * G - lead;
+    int64_t w = slots > 0 ? (cols + slots - 1) / slots : tw;
+    return clamp_i64((w + 7) / 8 * 8, tmin, tw);
+}
+
 KERNEL void qrt_coop_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, int64_t nb,
-                         int64_t tw, int64_t pw, int64_t ld)
+                         int64_t tw, int64_t tmin, int64_t pw, int64_t ld)
 {
     int64_t k = m < n ? m : n;
     nb = clamp_i64(nb, 1, 64);
     tw = clamp_i64(tw, 1, 64);
+    tmin = clamp_i64(tmin, 1, tw);
     pw = clamp_i64(pw, 0, 64);
     ld = ld < n ? n : ld;
     int64_t g = rt_block_idx();
@@ -286,20 +304,21 @@ KERNEL void qrt_coop_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, i
     for (int64_t s = -1; s < steps; s++) {
         int64_t j = s < 0 ? -1 : s * nb;
         int64_t jbn = panel_width(k, step_next(j, nb), nb);
-        int64_t ntiles = step_tiles(k, n, nb, j, tw);
         int64_t lead = jbn > 0 ? pw : 0;
+        int64_t w = coop_tile_width(k, n, nb, j, tw, tmin, lead, G);
+        int64_t ntiles = step_tiles(k, n, nb, j, w);
         int64_t own0 = G > 1 ? (ntiles + lead) / G - lead : ntiles;
         own0 = clamp_i64(own0, 0, ntiles);
         int64_t lo = 0;
         int64_t hi = own0;
         if (g == 0 && jbn > 0)
-            step_item(a, tau, work, m, n, nb, j, tw, ld, 0, -1);
+            step_item(a, tau, work, m, n, nb, j, w, ld, 0, -1);
         if (g > 0) {
             lo = own0 + (g - 1) * (ntiles - own0) / (G - 1);
             hi = own0 + g * (ntiles - own0) / (G - 1);
         }
         for (int64_t t = lo; t < hi; t++)
-            step_item(a, tau, work, m, n, nb, j, tw, ld, 0, t);
+            step_item(a, tau, work, m, n, nb, j, w, ld, 0, t);
         rt_group_sync();
     }
 }
