@@ -3,7 +3,7 @@
 # 9 minutes (PARTS, default "gpu"; "gpu" ~9 min, "reset cpu" ~8 min), each step under its
 # own `timeout`, logs and JSON flat in $OUT:
 #   machine.txt                 nvidia-smi, nproc, uptime, python and torch versions
-#  gpu:
+#  gpu (gpubench: the bench alone):
 #   gpu-tests.txt               pytest -m gpu on every GPU test file but the hang test
 #                                                                               (TESTS_S, 340 s)
 #   gpu-bench.{json,txt,log}    bench.gpu_bench, peers torch.geqrf and
@@ -94,6 +94,8 @@ if [[ $PARTS == *" gpu "* ]]; then
     # shellcheck disable=SC2086
     step gpu-tests "${TESTS_S:-340}" "$OUT/gpu-tests.txt" \
         python3 -m pytest -q -p no:cacheprovider -m gpu $gpu_files
+fi
+if [[ $PARTS == *" gpu "* || $PARTS == *" gpubench "* ]]; then
     # cublasSgeqrfBatched: one run where a run exceeds PEER_BUDGET_S; (8,2048) and (2,4096)
     # are skipped (19.6 s and unfinished on the 2026-12-06 H100 run, bench/gpu_peers.py)
     TAIL=14 step gpu-bench "${GPU_BENCH_S:-190}" "$OUT/gpu-bench.log" \
