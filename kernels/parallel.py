@@ -8,9 +8,9 @@ worker.  Every launch is an ordinary checked launch: a fault stops the
 sequence at the launch that made it and is raised as that launch's
 CapabilityFault; a deadline covers the whole sequence.
 
-On a pool of 2 (COOP_MAX_WORKERS) a single matrix from the work of a
-COOP_MIN_N square on runs those steps in one ``qrt_coop`` launch instead: a
-group of every worker doing the same items step after step, with
+A single matrix from the work of a COOP_MIN_N square on (384 x 384 on 2 workers,
+1536 x 1536 on 3 to 16) runs those steps in one ``qrt_coop`` launch instead: a
+group of the workers (group_workers) doing the same items step after step, with
 rt_group_sync between steps where the host would launch again.
 
 The three give bitwise the same result (tests/test_qr_parallel.py).
@@ -240,9 +240,9 @@ def step_tile_width(batch: int, m: int, n: int, nb: int, j: int, tw: int,
 #: to 16 workers take that threshold (fewer workers gain less from the steps).
 STEPS_MIN_N = ((2, 384), (16, 224))
 
-#: One matrix on a pool of 2 to COOP_MAX_WORKERS workers runs all its steps in one
-#: launch (qrt_coop: a group of every worker, rt_group_sync between steps, no launch
-#: per panel), from the work of a COOP_MIN_N square on, with tiles COOP_TW wide; block 0 counts the
+#: One matrix runs all its steps in one launch (qrt_coop: a group of group_workers,
+#: rt_group_sync between steps, no launch per panel) from the work of the COOP_MIN_N
+#: square of its pool size on, with tiles COOP_TW wide; block 0 counts the
 #: look-ahead panel as COOP_PANEL_TILES tiles when the tiles are shared out.  2-core
 #: Xeon VM, one float32 matrix, the checked kernels in one process, alternating (5-9
 #: rounds, median, ms): one block / steps / coop at n = 128 0.44 / 0.55 / 0.36, 192
@@ -255,9 +255,16 @@ STEPS_MIN_N = ((2, 384), (16, 224))
 #: 5.39 vs 5.93, 11 of 15 / 3.44 vs 4.13, 24 of 25; 1024 20.9 vs 25.3, 12 of 15 / 18.8 vs
 #: 19.5, 14 of 25.  Below about 384 x 384 a step is a few tens of microseconds of work and
 #: a barrier that waits on a descheduled worker costs more than that, so the work of a
-#: COOP_MIN_N square is the least coop takes.  Larger pools keep the steps (not measured
-#: there).
-COOP_MAX_WORKERS, COOP_TW, COOP_PANEL_TILES, COOP_MIN_N = 2, 64, 3, 384
+#: 384 x 384 square is the least coop takes on 2 workers.  16 workers of the H100 host
+#: (bench.qr_paths, group steps vs coop on a group of 15 with tiles narrowed to TW_MIN,
+#: median ms, two runs at 5b158b3, load 3-7: qr-paths-2026-12-07-h100-16cpu-5b158b3-a,
+#: -b): n = 256 3.2 vs 6.6, 512 6.9 vs 14.0, 1024 17.6 / 23.9 vs 30.3 / 41.9 (coop
+#: behind: its one-block look-ahead panel and barriers cost more than the launches it
+#: saves), 1536 43.9 / 46.5 vs 36.9 / 40.4, 2048 78.3 / 77.4 vs 72.8 / 64.8, 3072 211.7 vs
+#: 158.7, 4096 365 / 490 vs 341 / 396 (coop ahead); pools of 3 to 16 take that threshold
+#: (unmeasured between), larger pools keep the steps.
+COOP_TW, COOP_PANEL_TILES = 64, 3
+COOP_MIN_N = ((2, 384), (16, 1536))
 #: Groups of at most this many blocks keep every qrt_coop tile COOP_TW wide; larger
 #: ones narrow a step's tiles (down to TW_MIN) where that evens out its last round.
 COOP_FIXED_TW_BLOCKS = 2
@@ -292,12 +299,24 @@ def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
             and qr_flops(m, n) >= qr_flops(least, least))
 
 
+def coop_min_n(threads: int) -> int | None:
+    """The square size whose work is the least use_coop runs in one launch on
+    ``threads`` workers (None: never)."""
+    if threads < 2:
+        return None
+    for most, n in COOP_MIN_N:
+        if threads <= most:
+            return n
+    return None
+
+
 def use_coop(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
-    """Run one matrix's steps in one launch on the whole pool (qrt_coop): a pool of 2
-    to COOP_MAX_WORKERS, a matrix of at least two panels and the work of a COOP_MIN_N
-    square."""
-    return (batch == 1 and 2 <= threads <= COOP_MAX_WORKERS and min(m, n) > nb
-            and qr_flops(m, n) >= qr_flops(COOP_MIN_N, COOP_MIN_N))
+    """Run one matrix's steps in one launch on a group of the pool (qrt_coop): a pool
+    that COOP_MIN_N names, a matrix of at least two panels and the work of its
+    COOP_MIN_N square."""
+    least = coop_min_n(threads)
+    return (batch == 1 and least is not None and min(m, n) > nb
+            and qr_flops(m, n) >= qr_flops(least, least))
 
 
 def default_group(batch: int, m: int, dtype: str, threads: int) -> int:

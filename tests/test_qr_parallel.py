@@ -703,3 +703,12 @@ def test_default_path_on_two_workers_is_one_launch():
     assert parallel.default_path(1, 8192, 256, "float32", 2) == "tall"
     assert parallel.default_path(2, 256, 256, "float32", 2) == "one block"
     assert parallel.default_path(1, 1024, 1024, "float32", 16) == "group steps"
+
+
+def test_default_path_on_sixteen_workers_is_one_launch_from_1536():
+    assert parallel.default_path(1, 1536, 1536, "float32", 16) == "coop steps"
+    assert parallel.default_path(1, 4096, 4096, "float32", 16) == "coop steps"
+    assert parallel.default_path(1, 1400, 1400, "float32", 16) == "group steps"
+    assert parallel.default_path(2, 2048, 2048, "float32", 16) != "coop steps"  # batch 1 only
+    assert parallel.default_path(1, 4096, 4096, "float32", 32) != "coop steps"  # unmeasured
+    assert parallel.coop_min_n(1) is None and parallel.coop_min_n(3) == 1536
