@@ -77,6 +77,15 @@ GROUP, GROUP_MIN_WORKERS, GROUP_MIN_ROWS = 4, 8, 1024
 #: 4096 x 256 12.6 / 11.6 vs 14.3 / 13.7 ms; ties at 8 times as tall (2048 x 256 6.7
 #: vs 6.5, 4096 x 512 34.3 vs 33.3) and at 8192 x 512; so TALL_ALWAYS_RATIO 64 -> 16.
 TALL_RATIO, TALL_ALWAYS_RATIO, TALL_MIN_ROWS, TALL_CHUNKS = 4, 16, 1024, 32
+#: On a pool of 2, a matrix that qrt_coop takes (use_coop) goes to the tall path for
+#: its panel only from TALL_COOP_RATIO times as tall as wide on: 2-core Xeon VM,
+#: parallel.run, tall vs coop alternating in one process, medians of 5-9 (2026-12-07,
+#: 74d95e9): 8192 x 256 32.7 / 32.5 / 33.8 / 36.2 / 28.7 / 49.3 vs 31.2 / 29.6 / 29.9 /
+#: 30.3 / 26.5 / 32.7 ms (coop ahead in 6 processes of 6), 4096 x 256 even, 16384 x 512
+#: 176 / 149 vs 194 / 152; 64 times as tall the tall path wins: 8192 x 128 12.5 / 9.0
+#: vs 15.0 / 12.1, 16384 x 256 65.6 / 67.3 vs 80.6 / 77.9, 4096 x 64 2.2 / 2.5 vs 3.0 /
+#: 3.4.  Larger pools were not measured against coop and keep TALL_ALWAYS_RATIO.
+TALL_COOP_RATIO = 64
 TALL_NB = 32
 #: Most workers in the tall path's group (None: the pool less TALL_SPARE on pools of
 #: at least TALL_SPARE_FROM workers, else the whole pool; run's ``tall_workers``
@@ -349,11 +358,14 @@ def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
     smaller than the pool of float32 matrices at least TALL_RATIO times as tall as
     wide, where the column tiles of the steps would leave workers idle (fewer tiles
     than workers) or the panel, which the steps factor on one block, is most of the
-    work (TALL_ALWAYS_RATIO times as tall as wide).  float32 only, for the reason
+    work (TALL_ALWAYS_RATIO times as tall as wide; TALL_COOP_RATIO where qrt_coop
+    would take the matrix on a pool of 2).  float32 only, for the reason
     of :func:`default_group` (the panel's sums in double)."""
-    return (threads > 1 and batch < threads and dtype == "float32" and m >= TALL_MIN_ROWS
-            and m >= TALL_RATIO * n
-            and (-(-n // TW_MAX) < threads or m >= TALL_ALWAYS_RATIO * n))
+    if not (threads > 1 and batch < threads and dtype == "float32" and m >= TALL_MIN_ROWS
+            and m >= TALL_RATIO * n):
+        return False
+    coop = threads == 2 and use_coop(batch, m, n, default_nb(m, n, batch, threads), threads)
+    return -(-n // TW_MAX) < threads or m >= (TALL_COOP_RATIO if coop else TALL_ALWAYS_RATIO) * n
 
 
 #: The launch paths of :func:`run`, as :func:`default_path` names them.

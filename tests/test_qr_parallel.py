@@ -700,7 +700,8 @@ def test_default_path_on_two_workers_is_one_launch():
     assert parallel.default_path(1, 256, 256, "float32", 2) == "one block"
     assert parallel.default_path(1, 1000, 300, "float64", 2) == "coop steps"
     assert parallel.default_path(1, 32, 32, "float32", 2) == "small"
-    assert parallel.default_path(1, 8192, 256, "float32", 2) == "tall"
+    assert parallel.default_path(1, 8192, 256, "float32", 2) == "coop steps"
+    assert parallel.default_path(1, 65536, 64, "float32", 2) == "tall"
     assert parallel.default_path(2, 256, 256, "float32", 2) == "one block"
     assert parallel.default_path(1, 1024, 1024, "float32", 16) == "group steps"
 

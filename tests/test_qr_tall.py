@@ -171,7 +171,11 @@ def test_tall_choice():
     assert parallel.use_tall(1, 8192, 256, "float32", 16)
     assert parallel.use_tall(1, 4096, 64, "float32", 2)
     assert not parallel.use_tall(1, 2048, 256, "float32", 2)    # 4 tiles for 2 workers
-    assert parallel.use_tall(1, 4096, 256, "float32", 2)        # but 16 times as tall
+    assert parallel.use_tall(1, 4096, 256, "float32", 3)        # but 16 times as tall
+    # on a pool of 2, where qrt_coop takes the matrix, from 64 times as tall
+    assert not parallel.use_tall(1, 8192, 256, "float32", 2)
+    assert parallel.use_tall(1, 16384, 256, "float32", 2)
+    assert parallel.use_tall(1, 2048, 64, "float32", 2)         # no coop: 16 times
     assert not parallel.use_tall(1, 65536, 64, "float64", 16)   # squares could overflow
     assert not parallel.use_tall(1, 65536, 64, "float32", 1)
     assert not parallel.use_tall(16, 65536, 64, "float32", 16)  # a matrix per worker
