@@ -4,9 +4,9 @@ for one float32 n x n matrix on this machine's worker pool.
 The paths (kernels/parallel.py): ``steps`` (one launch per panel, column tiles on every
 worker), ``oneblock`` (the whole matrix on one block, one launch), ``tall`` (rows shared
 out between every worker, one launch) and ``coop`` (the steps in one launch, a group of
-every worker).  Each size runs the four interleaved after a
-checking run and a warm-up run of each (checked builds, through ``parallel.run`` on a
-fresh copy, the copy untimed) and reports the median of --repeats;
+the workers, parallel.group_workers).  Each size runs the paths (--paths, default all
+four) interleaved after a checking run and a warm-up run of each (checked builds,
+through ``parallel.run`` on a fresh copy, the copy untimed) and reports the median of --repeats;
 ``kernels.parallel.use_steps`` takes ``steps`` from the work of an STEPS_MIN_N-square
 matrix on, and this is what that threshold is read from; ``default`` names the path
 ``kernels.parallel.default_path`` picks.
