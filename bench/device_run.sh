@@ -3,7 +3,7 @@
 # 9 minutes (PARTS, default "gpu"; "gpu" ~9 min, "reset cpu" ~8 min), each step under its
 # own `timeout`, logs and JSON flat in $OUT:
 #   machine.txt                 nvidia-smi, nproc, uptime, python and torch versions
-#  gpu (gpubench: the bench alone):
+#  gpu (gpubench: the bench alone, after bench.gpu_precompile; precompile.txt, PRECOMPILE_S):
 #   gpu-tests.txt               pytest -m gpu on every GPU test file but the hang test
 #                                                                               (TESTS_S, 340 s)
 #   gpu-bench.{json,txt,log}    bench.gpu_bench, peers torch.geqrf and
@@ -94,6 +94,12 @@ if [[ $PARTS == *" gpu "* ]]; then
     # shellcheck disable=SC2086
     step gpu-tests "${TESTS_S:-340}" "$OUT/gpu-tests.txt" \
         python3 -m pytest -q -p no:cacheprovider -m gpu $gpu_files
+fi
+if [[ $PARTS == *" gpubench "* && $PARTS != *" gpu "* ]]; then
+    # without the GPU tests before it the cache is cold: build the plans' kernels in
+    # parallel first, or the bench spends its time compiling (5 of 7 shapes in 170 s on
+    # a fresh H100, bench/results/gpubench-partial-2026-12-07-h100-5b158b3.log)
+    precompile --reg default
 fi
 if [[ $PARTS == *" gpu "* || $PARTS == *" gpubench "* ]]; then
     # cublasSgeqrfBatched: one run where a run exceeds PEER_BUDGET_S; (8,2048) and (2,4096)
