@@ -482,8 +482,9 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     by :func:`use_tall` where nothing else (steps, grid, group) is forced.
     ``tall_workers``: the tall path's group size (:func:`tall_blocks`; None:
     TALL_MAX_WORKERS or the pool), for a run that takes the tall path only.
-    ``coop`` forces every step of a matrix into one launch on the whole pool
-    (qrt_coop, a launch per matrix; bitwise the steps' result) or refuses it; None
+    ``coop`` forces every step of a matrix into one launch on a group of the pool
+    (qrt_coop on group_workers blocks, a launch per matrix; bitwise the steps' result)
+    or refuses it; None
     decides by :func:`use_coop` where nothing else is forced.
     """
     from .. import runtime
@@ -581,8 +582,8 @@ def _launch_per_matrix(kern: Any, batch: int, blocks: int, timeout: float | None
 def _run_coop(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Checked,
               timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None
               ) -> None:
-    """qrt_coop on each matrix of ``h`` in turn, a group of every worker; ``trace`` gets
-    (matrix, blocks, seconds) per launch."""
+    """qrt_coop on each matrix of ``h`` in turn, a group of :func:`group_workers`
+    blocks; ``trace`` gets (matrix, blocks, seconds) per launch."""
     from .. import capabilities, runtime
 
     batch, m, ld = h.shape

@@ -560,13 +560,35 @@ def test_default_path_names_the_kernel_run_launches(monkeypatch, batch, m, n, dt
     assert names <= {k.name.rsplit("_", 1)[0] for k in parallel.path_kernels(path, dtype, True)}
 
 
-def test_default_path_on_a_large_pool():
-    """On 16 workers a single large float32 matrix takes the group steps."""
-    assert parallel.default_path(1, 1024, 1024, "float32", 16) == "group steps"
-    assert parallel.default_path(1, 1024, 1024, "float64", 16) == "steps"
-    assert parallel.default_path(1, 65536, 64, "float32", 16) == "tall"
-    assert parallel.default_path(16, 1024, 1024, "float32", 16) == "one block"
-    assert parallel.default_path(1, 20, 32, "float32", 16) == "small"
+#: default_path's decisions: (batch, m, n, dtype, workers, path).
+_DEFAULT_PATHS = [
+    # 2 workers: one launch for one matrix from the work of 384 x 384 (qrt_coop), and for
+    # 8192 x 256 too (the tall path only from 64 times as tall there)
+    (1, 512, 512, "float32", 2, "coop steps"),
+    (1, 256, 256, "float32", 2, "one block"),
+    (1, 1000, 300, "float64", 2, "coop steps"),
+    (1, 32, 32, "float32", 2, "small"),
+    (1, 8192, 256, "float32", 2, "coop steps"),
+    (1, 65536, 64, "float32", 2, "tall"),
+    (2, 256, 256, "float32", 2, "one block"),
+    # 16 workers: group steps for a large float32 matrix, one launch from 1536 x 1536
+    (1, 1024, 1024, "float32", 16, "group steps"),
+    (1, 1024, 1024, "float64", 16, "steps"),
+    (1, 65536, 64, "float32", 16, "tall"),
+    (16, 1024, 1024, "float32", 16, "one block"),
+    (1, 20, 32, "float32", 16, "small"),
+    (1, 1536, 1536, "float32", 16, "coop steps"),
+    (1, 4096, 4096, "float32", 16, "coop steps"),
+    (1, 1400, 1400, "float32", 16, "group steps"),
+]
+
+
+@pytest.mark.parametrize("batch,m,n,dtype,workers,path", _DEFAULT_PATHS)
+def test_default_path_table(batch, m, n, dtype, workers, path):
+    assert parallel.default_path(batch, m, n, dtype, workers) == path
+
+
+def test_path_kernels_refuses_an_unknown_path():
     with pytest.raises(ValueError, match="unknown path"):
         parallel.path_kernels("diagonal", "float32", True)
 
@@ -695,21 +717,7 @@ def test_coop_fault_stops_the_whole_group():
     assert check(_rand((1, m, n)), h2, t2).ok
 
 
-def test_default_path_on_two_workers_is_one_launch():
-    assert parallel.default_path(1, 512, 512, "float32", 2) == "coop steps"
-    assert parallel.default_path(1, 256, 256, "float32", 2) == "one block"
-    assert parallel.default_path(1, 1000, 300, "float64", 2) == "coop steps"
-    assert parallel.default_path(1, 32, 32, "float32", 2) == "small"
-    assert parallel.default_path(1, 8192, 256, "float32", 2) == "coop steps"
-    assert parallel.default_path(1, 65536, 64, "float32", 2) == "tall"
-    assert parallel.default_path(2, 256, 256, "float32", 2) == "one block"
-    assert parallel.default_path(1, 1024, 1024, "float32", 16) == "group steps"
-
-
-def test_default_path_on_sixteen_workers_is_one_launch_from_1536():
-    assert parallel.default_path(1, 1536, 1536, "float32", 16) == "coop steps"
-    assert parallel.default_path(1, 4096, 4096, "float32", 16) == "coop steps"
-    assert parallel.default_path(1, 1400, 1400, "float32", 16) == "group steps"
+def test_coop_only_where_measured():
     assert parallel.default_path(2, 2048, 2048, "float32", 16) != "coop steps"  # batch 1 only
     assert parallel.default_path(1, 4096, 4096, "float32", 32) != "coop steps"  # unmeasured
     assert parallel.coop_min_n(1) is None and parallel.coop_min_n(3) == 1536

@@ -263,18 +263,9 @@ KERNEL void qrt_gstep_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
             cap_store_f32(a, (r0 + t) * ld + jn + p, cap_load_f32(Pn, t * nb + p));
 }
 
-/*
- * The steps of one matrix in one launch: qrt_step's items for j = -1, 0, nb,
- * ... by a group of G = grid blocks, with rt_group_sync() between steps
- * instead of a launch per step.  Block 0 takes the look-ahead item (the next
- * panel, the critical path) and counts it as pw tiles; the tiles are shared
- * out so that every block has about the same number of units, each block a
- * run of neighbouring tiles.  Tiles are tw wide, or as narrow as tmin (a
- * multiple of 8, tmin < tw) where that takes no more rounds of the group but
- * evens out the last one (coop_tile_width).  Every item is qrt_step's and a
- * tile's result does not depend on its width, so the result is bitwise
- * qrt_step's and qrt_f32's.  work as for qrt_step with batch 1.
- */
+/* The width of step j's tiles in qrt_coop_f32: tw, or narrower (a multiple of 8,
+ * not below tmin) where the rounds of the G blocks that tiles of tw take, block 0's
+ * lead units included, hold more tiles than that, so the last round is evened out. */
 static int64_t coop_tile_width(int64_t k, int64_t n, int64_t nb, int64_t j, int64_t tw,
                                int64_t tmin, int64_t lead, int64_t G)
 {
@@ -289,6 +280,18 @@ static int64_t coop_tile_width(int64_t k, int64_t n, int64_t nb, int64_t j, int6
     return clamp_i64((w + 7) / 8 * 8, tmin, tw);
 }
 
+/*
+ * The steps of one matrix in one launch: qrt_step's items for j = -1, 0, nb,
+ * ... by a group of G = grid blocks, with rt_group_sync() between steps
+ * instead of a launch per step.  Block 0 takes the look-ahead item (the next
+ * panel, the critical path) and counts it as pw tiles; the tiles are shared
+ * out so that every block has about the same number of units, each block a
+ * run of neighbouring tiles.  Tiles are tw wide, or as narrow as tmin (a
+ * multiple of 8, tmin < tw) where that takes no more rounds of the group but
+ * evens out the last one (coop_tile_width).  Every item is qrt_step's and a
+ * tile's result does not depend on its width, so the result is bitwise
+ * qrt_step's and qrt_f32's.  work as for qrt_step with batch 1.
+ */
 KERNEL void qrt_coop_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, int64_t nb,
                          int64_t tw, int64_t tmin, int64_t pw, int64_t ld)
 {
