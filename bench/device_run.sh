@@ -40,7 +40,9 @@
 #  envab:
 #   env-ab.log                  bench.env_ab: kernels.qr on a pool of every core and of one
 #                               fewer (CAPQR_THREADS), panel widths 64 and 32 at n = 1024
-#                               and 2048, alternating processes, 3 rounds   (ENVAB_S, 200 s)
+#                               and 2048, alternating processes, 3 rounds   (ENVAB_S, 200 s);
+#                               ENVAB_VARIANTS ("name=VAR=value;..."), ENVAB_SHAPES,
+#                               ENVAB_ROUNDS and ENVAB_REPS choose
 # Usage: OUT=/some/dir PARTS="gpu" bash bench/device_run.sh, with PYTHONPATH naming the
 # installed wheels and the repository root.  The fake-driver tests (tests/test_launch_sequence.py,
 # tests/test_gc_device.py) are not run here: they swap the driver module under a process
@@ -145,9 +147,12 @@ if [[ $PARTS == *" tallworkers "* ]]; then
 fi
 if [[ $PARTS == *" envab "* ]]; then
     cores=$(nproc)
+    variants=()
+    IFS=';' read -ra specs <<< "${ENVAB_VARIANTS:-pool=CAPQR_THREADS=$cores;spare=CAPQR_THREADS=$((cores - 1))}"
+    for v in "${specs[@]}"; do variants+=(--variant "$v"); done
     TAIL=12 step env-ab "${ENVAB_S:-200}" "$OUT/env-ab.log" \
-        python3 -m capqr.bench.env_ab --variant "pool=CAPQR_THREADS=$cores" \
-        --variant "spare=CAPQR_THREADS=$((cores - 1))" --rounds "${ENVAB_ROUNDS:-3}" \
+        python3 -m capqr.bench.env_ab "${variants[@]}" --rounds "${ENVAB_ROUNDS:-3}" \
+        --reps "${ENVAB_REPS:-3}" \
         --shapes "${ENVAB_SHAPES:-1:1024,1:1024/32,1:2048,1:2048/32,1:4096,8:2048,60:1024,2:4096,8192x256,65536x64}"
 fi
 # "cpu" is its three steps; "peers", "overhead" and "scaling" name one each
@@ -155,7 +160,7 @@ fi
 if [[ $PARTS == *" peers "* ]]; then
     TAIL=20 step cpu-peers "${CPU_BENCH_S:-260}" "$OUT/cpu-peers.log" \
         python3 -m capqr.bench.cpu_peers --threads "$(nproc)" \
-        --max-seconds "${CPU_BUDGET_S:-230}" --out "$OUT"
+        --max-seconds "${CPU_BUDGET_S:-230}" ${CPU_SHAPES:+--shapes "$CPU_SHAPES"} --out "$OUT"
 fi
 if [[ $PARTS == *" overhead "* ]]; then
     TAIL=6 step overhead "${OVERHEAD_S:-150}" "$OUT/overhead.log" \

@@ -70,7 +70,7 @@ def _load():
         libraries=["pthread", "atomic"],
     )
     threads = int(os.environ.get("CAPQR_THREADS", "0") or 0)
-    mod.lib.rt_core_init(threads)
+    mod.lib.rt_core_init(threads, os.environ.get("CAPQR_PIN", "") == "1")
     return mod
 
 

@@ -1136,3 +1136,37 @@ def test_default_pool_follows_cpu_affinity():
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"threads": 1}
+
+
+PIN_PROBE = """
+import json, os
+from capqr import runtime
+runtime.threads()
+cpus = sorted(os.sched_getaffinity(0))
+single = sorted(min(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")
+                if len(os.sched_getaffinity(int(t))) == 1)
+print(json.dumps({"threads": runtime.threads(), "cpus": cpus, "pinned": single}))
+"""
+
+
+@pytest.mark.parametrize("pin", ["1", ""])
+def test_pinned_pool_puts_each_worker_on_its_own_cpu(pin):
+    """With $CAPQR_PIN=1 worker i runs on the i-th CPU of the process's affinity set
+    (one CPU each, none shared while there are enough); without it no thread of the
+    process is confined to one CPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs sched_getaffinity and at least two CPUs")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CAPQR_THREADS="2", CAPQR_PIN=pin)
+    p = subprocess.run([sys.executable, "-c", PIN_PROBE], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["threads"] == 2, out
+    assert out["pinned"] == (out["cpus"][:2] if pin else []), out

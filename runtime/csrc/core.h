@@ -8,7 +8,7 @@ typedef struct rt_launch rt_launch;
 /* ==== host API begin ====
  * Every prototype from here to "host API end" is declared to cffi as written
  * (runtime/core.py reads them): no second copy of these declarations exists. */
-int rt_core_init(int threads);          /* start the worker pool (idempotent) */
+int rt_core_init(int threads, int pin); /* start the worker pool (idempotent); pin: a CPU each */
 int rt_core_threads(void);
 int64_t rt_core_kernels_running(void);
 int64_t rt_core_wakes_asked(void);   /* sleeping workers a launch signalled, in all */

@@ -416,9 +416,31 @@ static int spin_for_work(void)
     return pool_gen != gen;
 }
 
+/* CPUs a pinned pool puts its workers on (rt_core_init's pin): worker i on the
+ * i-th CPU of the process's affinity set, modulo its size.  Unpinned, two workers
+ * of a group launch can share a core while another idles (the scheduler keeps a
+ * recently run thread where it is), and each of the group's barriers then waits
+ * for a time slice. */
+static cpu_set_t pin_cpus;
+static int pin_ncpus;
+
+static void pin_self(int index)
+{
+    int want = index % pin_ncpus, seen = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &pin_cpus) || seen++ != want) continue;
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(c, &one);
+        pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+        return;
+    }
+}
+
 static void *worker_main(void *arg)
 {
     rt_thread *self = arg;
+    if (pin_ncpus > 0) pin_self(self->index);
     gc_thread_register(self);
     pthread_mutex_lock(&pool_mu);
     int spun = 0;  /* spun since the last block: sleep next time */
@@ -455,11 +477,13 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-int rt_core_init(int threads)
+int rt_core_init(int threads, int pin)
 {
     pthread_mutex_lock(&pool_mu);
     if (nworkers > 0) { pthread_mutex_unlock(&pool_mu); return nworkers; }
     gc_init();
+    if (pin && sched_getaffinity(0, sizeof pin_cpus, &pin_cpus) == 0)
+        pin_ncpus = CPU_COUNT(&pin_cpus);
     if (threads <= 0) {
         /* one worker per CPU this process may run on (taskset, cpusets): with more
          * workers than CPUs a group barrier stalls whenever one is descheduled */
