@@ -7,7 +7,8 @@
 #   gpu-tests.txt               pytest -m gpu on every GPU test file but the hang test
 #                                                                               (TESTS_S, 340 s)
 #   gpu-bench.{json,txt,log}    bench.gpu_bench, peers torch.geqrf and
-#                               cublasSgeqrfBatched                        (GPU_BENCH_S, 190 s)
+#                               cublasSgeqrfBatched; GPU_SHAPES ("8x2048,2x4096") chooses
+#                                                                          (GPU_BENCH_S, 190 s)
 #  reset:
 #   gpu-reset.txt               tests/test_gpu_reset.py -m gpu: a hung raw kernel, the
 #                               isolated lane recovering, the direct one stuck  (RESET_S, 200 s)
@@ -109,7 +110,7 @@ if [[ $PARTS == *" gpu "* || $PARTS == *" gpubench "* ]]; then
     TAIL=14 step gpu-bench "${GPU_BENCH_S:-190}" "$OUT/gpu-bench.log" \
         python3 -m capqr.bench.gpu_bench --repeat "${REPEAT:-5}" \
         --repeat-large "${REPEAT_LARGE:-3}" --peer-budget-s "${PEER_BUDGET_S:-5}" \
-        --out "$OUT/gpu-bench.json"
+        ${GPU_SHAPES:+--shapes "$GPU_SHAPES"} --out "$OUT/gpu-bench.json"
 fi
 if [[ $PARTS == *" reset "* ]]; then
     step gpu-reset "${RESET_S:-200}" "$OUT/gpu-reset.txt" \
