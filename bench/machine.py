@@ -172,7 +172,8 @@ def threads() -> dict[str, Any]:
         out["torch"] = torch.get_num_threads()
     except ImportError:
         out["torch"] = None
-    for var in ("CAPQR_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("CAPQR_THREADS", "CAPQR_PIN", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                "MKL_NUM_THREADS"):
         out[var] = os.environ.get(var)
     return out
 
