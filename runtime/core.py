@@ -70,8 +70,17 @@ def _load():
         libraries=["pthread", "atomic"],
     )
     threads = int(os.environ.get("CAPQR_THREADS", "0") or 0)
-    mod.lib.rt_core_init(threads, os.environ.get("CAPQR_PIN", "") == "1")
+    mod.lib.rt_core_init(threads, _pin_from_env())
     return mod
+
+
+def _pin_from_env() -> bool:
+    """$CAPQR_PIN: "1" pins each worker to a CPU, "0" or unset leaves them to the
+    scheduler; anything else is refused rather than read as either."""
+    pin = os.environ.get("CAPQR_PIN", "")
+    if pin not in ("", "0", "1"):
+        raise ValueError(f"CAPQR_PIN must be 0 or 1, got {pin!r}")
+    return pin == "1"
 
 
 _mod = _load()

@@ -1170,3 +1170,20 @@ def test_pinned_pool_puts_each_worker_on_its_own_cpu(pin):
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["threads"] == 2, out
     assert out["pinned"] == (out["cpus"][:2] if pin else []), out
+
+
+def test_pin_setting_other_than_0_or_1_is_refused():
+    """$CAPQR_PIN=yes is neither pinned nor silently unpinned: importing the runtime
+    fails with a message that names the variable and its values."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CAPQR_PIN="yes")
+    p = subprocess.run([sys.executable, "-c", "from capqr import runtime; runtime.threads()"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "CAPQR_PIN must be 0 or 1, got 'yes'" in p.stderr, p.stderr[-2000:]
