@@ -23,10 +23,15 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def _modules() -> dict[str, Path]:
+    # a virtual environment made inside the checkout (`python -m venv venv`) holds
+    # installed packages, not capqr's modules
+    venvs = {cfg.parent for cfg in REPO.rglob("pyvenv.cfg")}
     mods = {}
     for path in REPO.rglob("*.py"):
         rel = path.relative_to(REPO)
         if SKIP_DIRS & set(rel.parts[:-1]) or any(p.startswith(".") for p in rel.parts):
+            continue
+        if venvs.intersection(path.parents):
             continue
         parts = [PKG, *rel.with_suffix("").parts]
         if parts[-1] == "__init__":
