@@ -471,9 +471,13 @@ def test_short_launches_wake_fewer_sleeping_workers():
     out = _probe_with_4_workers(WAKE_PROBE, WAKE_SRC)
     assert out["unknown"] == 2, json.dumps(out)
     # short blocks: one worker asked for; a try whose claims stalled 50 us on a
-    # loaded host adds the fallback's 4, and at least one try of five is quiet
-    for tries in (out["short"], out["short_grid3"]):
-        assert set(tries) <= {1, 1 + 4} and min(tries) == 1, json.dumps(out)
+    # loaded host adds the fallback's 4, and at least one try of five is quiet.  Three
+    # blocks may be estimated at two workers' work: the estimate is the last launch's
+    # block time, and one block on a core just woken took over 17 us on the 2-core VM
+    # (a CI run at 086bb96 saw [2, 1, 1, 1, 1])
+    assert set(out["short"]) <= {1, 1 + 4} and min(out["short"]) == 1, json.dumps(out)
+    grid3 = out["short_grid3"]
+    assert set(grid3) <= {1, 2, 1 + 4, 2 + 4} and min(grid3) == 1, json.dumps(out)
     assert (out["long"], out["long_grid3"]) == (2, 3), json.dumps(out)
     # blocks that grew since the estimate: one worker is asked for, and the
     # launcher wakes the rest (+4) once claims stall, unless the one signal
