@@ -482,14 +482,16 @@ int rt_core_init(int threads, int pin)
     pthread_mutex_lock(&pool_mu);
     if (nworkers > 0) { pthread_mutex_unlock(&pool_mu); return nworkers; }
     gc_init();
-    if (pin && sched_getaffinity(0, sizeof pin_cpus, &pin_cpus) == 0)
-        pin_ncpus = CPU_COUNT(&pin_cpus);
+    cpu_set_t set;
+    int have_set = sched_getaffinity(0, sizeof set, &set) == 0;
+    if (pin && have_set) {
+        pin_cpus = set;
+        pin_ncpus = CPU_COUNT(&set);
+    }
     if (threads <= 0) {
         /* one worker per CPU this process may run on (taskset, cpusets): with more
          * workers than CPUs a group barrier stalls whenever one is descheduled */
-        cpu_set_t set;
-        long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-                                                              : sysconf(_SC_NPROCESSORS_ONLN);
+        long n = have_set ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;
     }
     workers = calloc((size_t)threads, sizeof(rt_thread));
