@@ -356,21 +356,37 @@ print(json.dumps(dict(threads=runtime.threads(), idle_cpu_s=time.process_time() 
 """
 
 
-def _probe_with_4_workers(probe: str, *argv: str) -> dict:
-    """Run ``probe`` (Python source printing a JSON line last) in a process with a
-    pool of 4 workers; its JSON."""
+def _probe_process(probe: str, *argv: str, **env_vars: str | None):
+    """Run ``probe`` (Python source) in a fresh process that imports this checkout as
+    capqr, with ``env_vars`` set (None: removed); the CompletedProcess."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               CAPQR_THREADS="4")
-    p = subprocess.run([sys.executable, "-c", probe, *argv], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for var, value in env_vars.items():
+        if value is None:
+            env.pop(var, None)
+        else:
+            env[var] = value
+    return subprocess.run([sys.executable, "-c", probe, *argv], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _probe_json(probe: str, *argv: str, **env_vars: str | None) -> dict:
+    """:func:`_probe_process` for a probe that prints a JSON line last: that JSON,
+    after asserting the process succeeded."""
+    p = _probe_process(probe, *argv, **env_vars)
     assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _probe_with_4_workers(probe: str, *argv: str) -> dict:
+    """Run ``probe`` (Python source printing a JSON line last) in a process with a
+    pool of 4 workers; its JSON."""
+    out = _probe_json(probe, *argv, CAPQR_THREADS="4")
     assert out["threads"] == 4, out
     return out
 
@@ -1127,19 +1143,10 @@ def test_default_pool_follows_cpu_affinity():
     (sched_getaffinity: taskset, cpusets), not per CPU online: more workers than CPUs
     would stall every group barrier whenever one of them is descheduled."""
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no sched_setaffinity on this platform")
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("CAPQR_THREADS", None)
-    p = subprocess.run([sys.executable, "-c", AFFINITY_PROBE], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"threads": 1}
+    assert _probe_json(AFFINITY_PROBE, CAPQR_THREADS=None) == {"threads": 1}
 
 
 PIN_PROBE = """
@@ -1159,19 +1166,10 @@ def test_pinned_pool_puts_each_worker_on_its_own_cpu(pin):
     (one CPU each, none shared while there are enough); without it no thread of the
     process is confined to one CPU."""
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs sched_getaffinity and at least two CPUs")
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               CAPQR_THREADS="2", CAPQR_PIN=pin)
-    p = subprocess.run([sys.executable, "-c", PIN_PROBE], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = _probe_json(PIN_PROBE, CAPQR_THREADS="2", CAPQR_PIN=pin)
     assert out["threads"] == 2, out
     assert out["pinned"] == (out["cpus"][:2] if pin else []), out
 
@@ -1179,15 +1177,6 @@ def test_pinned_pool_puts_each_worker_on_its_own_cpu(pin):
 def test_pin_setting_other_than_0_or_1_is_refused():
     """$CAPQR_PIN=yes is neither pinned nor silently unpinned: importing the runtime
     fails with a message that names the variable and its values."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               CAPQR_PIN="yes")
-    p = subprocess.run([sys.executable, "-c", "from capqr import runtime; runtime.threads()"],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    p = _probe_process("from capqr import runtime; runtime.threads()", CAPQR_PIN="yes")
     assert p.returncode != 0
     assert "CAPQR_PIN must be 0 or 1, got 'yes'" in p.stderr, p.stderr[-2000:]
