@@ -165,7 +165,8 @@ def threads() -> dict[str, Any]:
     """Threads used by each side: capqr worker pool, torch, and the environment knobs."""
     from .. import runtime
 
-    out: dict[str, Any] = {"capqr_workers": runtime.threads(), "cpu_count": os.cpu_count()}
+    out: dict[str, Any] = {"capqr_workers": runtime.threads(), "capqr_pinned": runtime.pinned(),
+                           "cpu_count": os.cpu_count()}
     try:
         import torch
 

@@ -24,7 +24,7 @@ from .launch import launch, pending, sync
 __all__ = [
     "CapabilityFault", "CapqrError", "CompileError", "DeviceStuck", "KernelTimeout", "VerifyError",
     "Kernel", "compile", "launch", "gc_collect", "gc_stats", "gc_set_enabled",
-    "gc_set_threshold", "pending", "sync", "threads",
+    "gc_set_threshold", "pending", "pinned", "sync", "threads",
 ]
 
 
@@ -33,3 +33,10 @@ def threads() -> int:
     from .core import lib
 
     return int(lib.rt_core_threads())
+
+
+def pinned() -> bool:
+    """Whether each worker thread is pinned to its own CPU ($CAPQR_PIN, default: yes)."""
+    from .core import PINNED
+
+    return PINNED

@@ -70,19 +70,23 @@ def _load():
         libraries=["pthread", "atomic"],
     )
     threads = int(os.environ.get("CAPQR_THREADS", "0") or 0)
-    mod.lib.rt_core_init(threads, _pin_from_env())
+    mod.lib.rt_core_init(threads, PINNED)
     return mod
 
 
 def _pin_from_env() -> bool:
-    """$CAPQR_PIN: "1" pins each worker to a CPU, "0" or unset leaves them to the
-    scheduler; anything else is refused rather than read as either."""
+    """$CAPQR_PIN: "1", unset or empty pins each worker to a CPU, "0" leaves them to the
+    scheduler; anything else is refused rather than read as either.  Pinned is the
+    default since it never lost on the 16-core host and removed the slow mode of group
+    launches there (docs/launch.md)."""
     pin = os.environ.get("CAPQR_PIN", "")
     if pin not in ("", "0", "1"):
         raise ValueError(f"CAPQR_PIN must be 0 or 1, got {pin!r}")
-    return pin == "1"
+    return pin != "0"
 
 
+#: Whether the pool's workers are pinned, each to its own CPU ($CAPQR_PIN).
+PINNED = _pin_from_env()
 _mod = _load()
 ffi = _mod.ffi
 lib = _mod.lib

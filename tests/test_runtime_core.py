@@ -1156,22 +1156,24 @@ runtime.threads()
 cpus = sorted(os.sched_getaffinity(0))
 single = sorted(min(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")
                 if len(os.sched_getaffinity(int(t))) == 1)
-print(json.dumps({"threads": runtime.threads(), "cpus": cpus, "pinned": single}))
+print(json.dumps({"threads": runtime.threads(), "cpus": cpus, "pinned": single,
+                  "says_pinned": runtime.pinned()}))
 """
 
 
-@pytest.mark.parametrize("pin", ["1", ""])
+@pytest.mark.parametrize("pin", ["1", None, "0"])
 def test_pinned_pool_puts_each_worker_on_its_own_cpu(pin):
-    """With $CAPQR_PIN=1 worker i runs on the i-th CPU of the process's affinity set
-    (one CPU each, none shared while there are enough); without it no thread of the
-    process is confined to one CPU."""
+    """Worker i runs on the i-th CPU of the process's affinity set (one CPU each, none
+    shared while there are enough) with $CAPQR_PIN=1 and with it unset (the default);
+    with $CAPQR_PIN=0 no thread of the process is confined to one CPU."""
     import os
 
     if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs sched_getaffinity and at least two CPUs")
     out = _probe_json(PIN_PROBE, CAPQR_THREADS="2", CAPQR_PIN=pin)
     assert out["threads"] == 2, out
-    assert out["pinned"] == (out["cpus"][:2] if pin else []), out
+    assert out["pinned"] == (out["cpus"][:2] if pin != "0" else []), out
+    assert out["says_pinned"] == (pin != "0"), out
 
 
 def test_pin_setting_other_than_0_or_1_is_refused():
