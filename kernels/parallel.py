@@ -15,6 +15,11 @@ rt_group_sync between steps where the host would launch again.
 
 The three give bitwise the same result (tests/test_qr_parallel.py).
 
+``qrt_pcoop`` (:func:`use_pcoop`; off until a many-core host measures it) also runs one
+matrix in one launch on a group, but without a look-ahead: the whole group factors
+each panel (gpanel_qr below, rows shared out) and then updates the tiles, so no panel
+waits on one block.  Its result is bitwise the group steps' (next paragraph).
+
 A single float32 matrix of at least GROUP_MIN_ROWS rows on a pool of at
 least GROUP_MIN_WORKERS runs the steps as ``qrt_gstep`` launches instead:
 the look-ahead panel, which is the critical path there, is factored by a
@@ -163,6 +168,14 @@ def coop_kernel_for(dtype: str, checked: Checked) -> Any:
     return _kernels(dtype, _mode(checked), tuple(cflags()), ("qrt_coop",), "qrt_group")[0]
 
 
+def pcoop_kernel_for(checked: Checked) -> Any:
+    """The compiled qrt_pcoop (float32; built on first use only)."""
+    from ..runtime.cpu.kernel import cflags
+
+    return _kernels("float32", _mode(checked), tuple(cflags()), ("qrt_pcoop",),
+                    "qrt_group")[0]
+
+
 #: One matrix driven by steps on a pool of at least STEPS_NB32_WORKERS takes 32-column
 #: panels up to STEPS_NB32_MAX columns: there the panel, not the trailing update, is the
 #: critical path.  16 workers of the H100 host (bench.env_ab, 8 pairs of processes,
@@ -196,7 +209,9 @@ def working_ld(batch: int, m: int, n: int, nb: int, itemsize: int, threads: int)
     spread over the workers by steps, in launches or in one (its tiles are then updated
     side by side), n otherwise."""
     nb = max(1, min(NB_MAX, nb, m, n))
-    side_by_side = use_steps(batch, m, n, nb, threads) or use_coop(batch, m, n, nb, threads)
+    side_by_side = (use_steps(batch, m, n, nb, threads) or use_coop(batch, m, n, nb, threads)
+                    or use_pcoop(batch, m, n, "float32" if itemsize == 4 else "float64",
+                                 threads))
     return padded_ld(n, itemsize) if side_by_side else n
 
 
@@ -328,6 +343,21 @@ def use_coop(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
             and qr_flops(m, n) >= qr_flops(least, least))
 
 
+#: One matrix runs qrt_pcoop (every panel factored by the whole group, no look-ahead)
+#: on pools of at least PCOOP_MIN_WORKERS from the work of a PCOOP_MIN_N square on
+#: (None: never, until a many-core host measures it against coop and the steps).
+PCOOP_MIN_WORKERS: int | None = None
+PCOOP_MIN_N = 512
+
+
+def use_pcoop(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
+    """Run one float32 matrix by qrt_pcoop: a pool of PCOOP_MIN_WORKERS or more, a matrix
+    of at least two 64-column panels and the work of a PCOOP_MIN_N square."""
+    return (PCOOP_MIN_WORKERS is not None and threads >= PCOOP_MIN_WORKERS and batch == 1
+            and dtype == "float32" and min(m, n) > NB_MAX
+            and qr_flops(m, n) >= qr_flops(PCOOP_MIN_N, PCOOP_MIN_N))
+
+
 def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
     """Group size of the steps' look-ahead panel for ``batch`` matrices of ``m`` rows
     (0: qrt_step, one block per panel).
@@ -369,7 +399,7 @@ def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
 
 
 #: The launch paths of :func:`run`, as :func:`default_path` names them.
-PATHS = ("tall", "small", "coop steps", "one block", "steps", "group steps")
+PATHS = ("tall", "small", "panel coop", "coop steps", "one block", "steps", "group steps")
 
 
 def default_path(batch: int, m: int, n: int, dtype: str, threads: int,
@@ -383,6 +413,8 @@ def default_path(batch: int, m: int, n: int, dtype: str, threads: int,
         return "tall"
     if use_small(m, n, dtype):
         return "small"
+    if use_pcoop(batch, m, n, dtype, threads):
+        return "panel coop"
     nb = default_nb(m, n, batch, threads) if nb is None else max(1, min(NB_MAX, nb, m, n))
     if use_coop(batch, m, n, nb, threads):
         return "coop steps"
@@ -399,6 +431,8 @@ def path_kernels(path: str, dtype: str, checked: Checked) -> tuple[Any, ...]:
         return (small_kernel_for(checked),)
     if path == "coop steps":
         return (coop_kernel_for(dtype, checked),)
+    if path == "panel coop":
+        return (pcoop_kernel_for(checked),)
     if path == "group steps":
         return (*kernels_for(dtype, checked), group_kernel_for(dtype, checked))
     if path in PATHS:
@@ -461,7 +495,8 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
         grid: int | None, timeout: float | None, steps: bool | None = None,
         trace: list[tuple[int, int, float]] | None = None, group: int | None = None,
         n: int | None = None, tall: bool | None = None,
-        tall_workers: int | None = None, coop: bool | None = None) -> None:
+        tall_workers: int | None = None, coop: bool | None = None,
+        pcoop: bool | None = None) -> None:
     """Factor ``h`` (batch x m x ld, C order, ``dtype``) in place; tau receives the scales.
 
     The matrices are the first ``n`` columns of each row (default: all ``ld``);
@@ -485,7 +520,10 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     ``coop`` forces every step of a matrix into one launch on a group of the pool
     (qrt_coop on group_workers blocks, a launch per matrix; bitwise the steps' result)
     or refuses it; None
-    decides by :func:`use_coop` where nothing else is forced.
+    decides by :func:`use_coop` where nothing else is forced.  ``pcoop`` forces qrt_pcoop
+    (one launch per matrix on a group of the pool that factors each panel together,
+    no look-ahead; float32, the group panel's rounding) or refuses it; None decides by
+    :func:`use_pcoop` where nothing else is forced.
     """
     from .. import runtime
 
@@ -494,13 +532,15 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     if not 1 <= n <= ld:
         raise ValueError(f"n={n} columns do not fit rows of {ld}")
     tw = max(1, min(TW_MAX, tw))
-    if tall is None and steps is None and grid is None and group is None and coop is None:
+    if (tall is None and steps is None and grid is None and group is None and coop is None
+            and pcoop is None):
         # nothing forced: default_path decides, and the columns path follows it
         # (small falls through to its check below; _run_columns gives the steps their
         # group by default_group, as default_path does)
         path = default_path(batch, m, n, dtype, runtime.threads(), nb)
         tall = path == "tall"
         coop = path == "coop steps"
+        pcoop = path == "panel coop"
         if path in ("one block", "steps", "group steps"):
             steps = path != "one block"
     if nb is None:
@@ -508,12 +548,20 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     # A panel never needs to be wider than the matrix: smaller workspace, same result.
     nb = max(1, min(NB_MAX, nb, min(m, n)))
     if tall:
-        if steps or grid is not None or group or coop:
-            raise ValueError("tall= runs its own launches: no steps, grid, group or coop "
-                             "with it")
+        if steps or grid is not None or group or coop or pcoop:
+            raise ValueError("tall= runs its own launches: no steps, grid, group, coop or "
+                             "pcoop with it")
         if dtype != "float32":
             raise ValueError("the tall path sums in double and factors float32 only")
         _run_tall(h, tau, dtype, nb, checked, timeout, n, trace, tall_workers)
+        return
+    if pcoop:
+        if steps is not None or grid is not None or group or coop:
+            raise ValueError("pcoop= runs the panels and tiles in one launch of its own: no "
+                             "steps, grid, group or coop with it")
+        if dtype != "float32":
+            raise ValueError("the group panel sums in double and factors float32 only")
+        _run_pcoop(h, tau, nb, checked, timeout, n, trace)
         return
     if tall_workers is not None:
         raise ValueError("tall_workers= is for the tall path (tall=True, or use_tall's "
@@ -597,6 +645,27 @@ def _run_coop(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Chec
              work], (m, n, nb, COOP_TW, tmin, COOP_PANEL_TILES, ld)))
     finally:
         work.free()
+
+
+def _run_pcoop(h: np.ndarray, tau: np.ndarray, nb: int, checked: Checked,
+               timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None
+               ) -> None:
+    """qrt_pcoop on each matrix of ``h`` in turn, a group of :func:`group_workers`
+    blocks; ``trace`` gets (matrix, blocks, seconds) per launch."""
+    from .. import capabilities, runtime
+
+    batch, m, ld = h.shape
+    kern = pcoop_kernel_for(checked)
+    blocks = group_workers(runtime.threads())
+    work = capabilities.alloc((nb * nb,), h.dtype, name="qr.work")
+    sums = capabilities.alloc((group_work_elems(m),), np.float64, name="qr.sums")
+    try:
+        _launch_per_matrix(kern, batch, blocks, timeout, trace, lambda b: (
+            [capabilities.wrap(h[b], name="qr.a"), capabilities.wrap(tau[b], name="qr.tau"),
+             work, sums], (m, n, nb, COOP_TW, TW_MIN, ld)))
+    finally:
+        work.free()
+        sums.free()
 
 
 def run_small(h: np.ndarray, tau: np.ndarray, checked: Checked, grid: int | None,

@@ -325,3 +325,50 @@ KERNEL void qrt_coop_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, i
         rt_group_sync();
     }
 }
+
+/*
+ * One matrix on a group of G = grid blocks, right-looking, no look-ahead: per
+ * panel of nb columns the whole group factors it in place (gpanel_qr: the rows
+ * shared out in chunks of 64, one barrier per column), then the group updates
+ * the trailing columns, tiles shared out between the blocks (larfb_tile, V read
+ * in place).  qrt_coop factors each panel on one block while the others update;
+ * on many workers that one block is the critical path, here every block takes a
+ * share of it.  Tiles are tw wide, or narrower (a multiple of 8, not below tmin)
+ * where that evens out the group's last round.  The result does not depend on G
+ * (the panel's sums in chunk order, a tile's result independent of its width and
+ * block) and has the group panel's rounding (qrt_gstep's).
+ * work: nb * nb (T).  S: 2 * (64 * ceil(m / 64) + 64) doubles.  Rows of ld elements.
+ */
+KERNEL void qrt_pcoop_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, int64_t n,
+                          int64_t nb, int64_t tw, int64_t tmin, int64_t ld)
+{
+    int64_t k = m < n ? m : n;
+    nb = clamp_i64(nb, 1, 64);
+    tw = clamp_i64(tw, 1, 64);
+    tmin = clamp_i64(tmin, 1, tw);
+    ld = ld < n ? n : ld;
+    int64_t g = rt_block_idx();
+    int64_t G = rt_grid_dim();
+    for (int64_t j = 0; j < k; j += nb) {
+        int64_t jb = k - j < nb ? k - j : nb;
+        int64_t cs = j + jb;
+        cap_t V = cap_offset_f32(a, j * ld + j);
+        gpanel_qr(V, ld, m - j, jb, cap_offset_f32(tau, j), work, nb, cs < n ? 1 : 0, S, g, G,
+                  64);
+        if (cs >= n)
+            break;
+        /* the panel's last rows and T (block 0) before any tile reads them */
+        rt_group_sync();
+        int64_t cols = n - cs;
+        int64_t slots = ((cols + tw - 1) / tw + G - 1) / G * G;
+        int64_t w = clamp_i64(((cols + slots - 1) / slots + 7) / 8 * 8, tmin, tw);
+        int64_t ntiles = (cols + w - 1) / w;
+        for (int64_t t = g * ntiles / G; t < (g + 1) * ntiles / G; t++) {
+            int64_t c0 = cs + t * w;
+            int64_t cw = n - c0 < w ? n - c0 : w;
+            larfb_tile(V, ld, jb, work, nb, a, ld, j, c0, cw, m - j);
+        }
+        /* the next panel's columns are tile 0's: updated before the group factors them */
+        rt_group_sync();
+    }
+}
