@@ -657,7 +657,7 @@ def _run_pcoop(h: np.ndarray, tau: np.ndarray, nb: int, checked: Checked,
     batch, m, ld = h.shape
     kern = pcoop_kernel_for(checked)
     blocks = group_workers(runtime.threads())
-    work = capabilities.alloc((nb * nb,), h.dtype, name="qr.work")
+    work = capabilities.alloc((m * nb + nb * nb,), h.dtype, name="qr.work")
     sums = capabilities.alloc((group_work_elems(m),), np.float64, name="qr.sums")
     try:
         _launch_per_matrix(kern, batch, blocks, timeout, trace, lambda b: (

@@ -800,7 +800,7 @@ def test_pcoop_fault_stops_the_whole_group():
     k = parallel.pcoop_kernel_for(True)
     h = _rand((m, n))
     tau = np.zeros(n, np.float32)
-    work = capabilities.alloc((nb * nb,), np.float32, name="qr.work")
+    work = capabilities.alloc((m * nb + nb * nb,), np.float32, name="qr.work")
     sums = capabilities.alloc((parallel.group_work_elems(m) - 2 * 64 - 8,), np.float64,
                               name="qr.sums")
     blocks = runtime.threads()

@@ -328,16 +328,18 @@ KERNEL void qrt_coop_f32(cap_t a, cap_t tau, cap_t work, int64_t m, int64_t n, i
 
 /*
  * One matrix on a group of G = grid blocks, right-looking, no look-ahead: per
- * panel of nb columns the whole group factors it in place (gpanel_qr: the rows
- * shared out in chunks of 64, one barrier per column), then the group updates
- * the trailing columns, tiles shared out between the blocks (larfb_tile, V read
- * in place).  qrt_coop factors each panel on one block while the others update;
- * on many workers that one block is the critical path, here every block takes a
- * share of it.  Tiles are tw wide, or narrower (a multiple of 8, not below tmin)
- * where that evens out the group's last round.  The result does not depend on G
- * (the panel's sums in chunk order, a tile's result independent of its width and
- * block) and has the group panel's rounding (qrt_gstep's).
- * work: nb * nb (T).  S: 2 * (64 * ceil(m / 64) + 64) doubles.  Rows of ld elements.
+ * panel of nb columns the group copies it into the workspace (rows of nb: the
+ * column sweeps then stream through cache instead of touching a page per row),
+ * factors it there (gpanel_qr: the rows shared out in chunks of 64, one barrier
+ * per column), copies it back and updates the trailing columns, tiles shared out
+ * between the blocks (larfb_tile, V read from the workspace).  qrt_coop factors
+ * each panel on one block while the others update; on many workers that one block
+ * is the critical path, here every block takes a share of it.  Tiles are tw wide,
+ * or narrower (a multiple of 8, not below tmin) where that evens out the group's
+ * last round.  The result does not depend on G (the panel's sums in chunk order, a
+ * tile's result independent of its width and block) and is bitwise qrt_gstep's.
+ * work: m * nb (the panel) + nb * nb (T).  S: 2 * (64 * ceil(m / 64) + 64) doubles.
+ * Rows of ld elements.
  */
 KERNEL void qrt_pcoop_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, int64_t n,
                           int64_t nb, int64_t tw, int64_t tmin, int64_t ld)
@@ -349,16 +351,26 @@ KERNEL void qrt_pcoop_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
     ld = ld < n ? n : ld;
     int64_t g = rt_block_idx();
     int64_t G = rt_grid_dim();
+    cap_t P = work;
+    cap_t T = cap_offset_f32(work, m * nb);
     for (int64_t j = 0; j < k; j += nb) {
         int64_t jb = k - j < nb ? k - j : nb;
+        int64_t mr = m - j;
         int64_t cs = j + jb;
-        cap_t V = cap_offset_f32(a, j * ld + j);
-        gpanel_qr(V, ld, m - j, jb, cap_offset_f32(tau, j), work, nb, cs < n ? 1 : 0, S, g, G,
-                  64);
+        int64_t lo = g * mr / G;
+        int64_t hi = (g + 1) * mr / G;
+        for (int64_t t = lo; t < hi; t++)
+            for (int64_t p = 0; p < jb; p++)
+                cap_store_f32(P, t * nb + p, cap_load_f32(a, (j + t) * ld + j + p));
+        rt_group_sync();
+        gpanel_qr(P, nb, mr, jb, cap_offset_f32(tau, j), T, nb, cs < n ? 1 : 0, S, g, G, 64);
+        /* the panel's last rows and T (block 0) before anyone copies or applies them */
+        rt_group_sync();
+        for (int64_t t = lo; t < hi; t++)
+            for (int64_t p = 0; p < jb; p++)
+                cap_store_f32(a, (j + t) * ld + j + p, cap_load_f32(P, t * nb + p));
         if (cs >= n)
             break;
-        /* the panel's last rows and T (block 0) before any tile reads them */
-        rt_group_sync();
         int64_t cols = n - cs;
         int64_t slots = ((cols + tw - 1) / tw + G - 1) / G * G;
         int64_t w = clamp_i64(((cols + slots - 1) / slots + 7) / 8 * 8, tmin, tw);
@@ -366,9 +378,9 @@ KERNEL void qrt_pcoop_f32(cap_t a, cap_t tau, cap_t work, cap_t S, int64_t m, in
         for (int64_t t = g * ntiles / G; t < (g + 1) * ntiles / G; t++) {
             int64_t c0 = cs + t * w;
             int64_t cw = n - c0 < w ? n - c0 : w;
-            larfb_tile(V, ld, jb, work, nb, a, ld, j, c0, cw, m - j);
+            larfb_tile(P, nb, jb, T, nb, a, ld, j, c0, cw, mr);
         }
-        /* the next panel's columns are tile 0's: updated before the group factors them */
+        /* the next panel's columns are tile 0's, and P is refilled next */
         rt_group_sync();
     }
 }
