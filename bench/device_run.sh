@@ -17,8 +17,9 @@
 #                                                                            (ISOLATED_S, 200 s)
 #  paths:
 #   qr-paths.log + JSON         bench.qr_paths on all cores: steps vs one block vs tall vs coop
-#                               per square size (kernels.parallel.STEPS_MIN_N; PATHS_SIZES,
-#                               PATHS_PATHS choose)                            (PATHS_S, 100 s)
+#                               (and pcoop, pcoop64 when named) per size, n or MxN
+#                               (kernels.parallel.STEPS_MIN_N; PATHS_SIZES, PATHS_PATHS
+#                               choose)                                        (PATHS_S, 100 s)
 #  cpu (its parts peers, overhead, scaling may be named alone):
 #   cpu-parallel-*.{json,txt},  bench.cpu_peers on all cores: capqr vs scipy sgeqrf and
 #   cpu-peers.log               torch.geqrf, its own budget CPU_BUDGET_S   (CPU_BENCH_S, 260 s)
