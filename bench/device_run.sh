@@ -17,7 +17,7 @@
 #                                                                            (ISOLATED_S, 200 s)
 #  paths:
 #   qr-paths.log + JSON         bench.qr_paths on all cores: steps vs one block vs tall vs coop
-#                               (and pcoop, pcoop64 when named) per size, n or MxN
+#                               per size, n or MxN
 #                               (kernels.parallel.STEPS_MIN_N; PATHS_SIZES, PATHS_PATHS
 #                               choose)                                        (PATHS_S, 100 s)
 #  cpu (its parts peers, overhead, scaling may be named alone):

@@ -3,12 +3,11 @@ for one float32 n x n matrix on this machine's worker pool.
 
 The paths (kernels/parallel.py): ``steps`` (one launch per panel, column tiles on every
 worker), ``oneblock`` (the whole matrix on one block, one launch), ``tall`` (rows shared
-out between every worker, one launch), ``coop`` (the steps in one launch, a group of
-the workers, parallel.group_workers) and ``pcoop`` (one launch, every panel factored by
-the whole group, no look-ahead; ``pcoop64`` the same with 64-column panels where
-``default_nb`` would take 32).  Each size runs the paths (--paths, default all
-six) interleaved after a checking run and a warm-up run of each (checked builds,
-through ``parallel.run`` on a fresh copy, the copy untimed) and reports the median of --repeats;
+out between every worker, one launch) and ``coop`` (the steps in one launch, a group of
+the workers, parallel.group_workers).  Each size (n for n x n, or MxN) runs the paths
+(--paths, default all four) interleaved after a checking run and a warm-up run of each
+(checked builds, through ``parallel.run`` on a fresh copy, the copy untimed) and reports
+the median of --repeats;
 ``kernels.parallel.use_steps`` takes ``steps`` from the work of an STEPS_MIN_N-square
 matrix on, and this is what that threshold is read from; ``default`` names the path
 ``kernels.parallel.default_path`` picks.
@@ -34,8 +33,7 @@ from .outdir import default_out
 
 SIZES = (128, 192, 256, 384, 512, 640, 768, 1024)
 PATHS: dict[str, dict[str, Any]] = {"steps": {"steps": True}, "oneblock": {"steps": False},
-                                    "tall": {"tall": True}, "coop": {"coop": True},
-                                    "pcoop": {"pcoop": True}, "pcoop64": {"pcoop": True, "nb": 64}}
+                                    "tall": {"tall": True}, "coop": {"coop": True}}
 
 
 def parse_size(spec: str) -> tuple[int, int]:
@@ -58,12 +56,11 @@ def measure(n: int, repeats: int, paths: tuple[str, ...] = tuple(PATHS),
     # (the first timed run of each path was 10-50x the rest on a fresh 16-core host)
     for i in range(repeats + 2):
         for p in paths:
-            kw = dict(PATHS[p])
-            nb = kw.pop("nb", None)
+            kw = PATHS[p]
             h = a.copy()
             tau = np.zeros((1, min(m, n)), np.float32)
             t0 = time.perf_counter()
-            parallel.run(h, tau, "float32", nb, parallel.TW_MAX, True, None, None, **kw)
+            parallel.run(h, tau, "float32", None, parallel.TW_MAX, True, None, None, **kw)
             dt = time.perf_counter() - t0
             if i == 0:
                 rep = check(a, h, tau)
@@ -83,7 +80,6 @@ def _load1(avg: list[float] | None) -> str:
 
 
 HEADER = (f"{'n':>6} {'steps ms':>10} {'oneblock ms':>12} {'tall ms':>10} {'coop ms':>10}"
-          f" {'pcoop ms':>10} {'pcoop64 ms':>10}"
           f"  fastest  use_steps  default     load")
 
 
@@ -95,8 +91,7 @@ def _ms(row: dict[str, Any], path: str, width: int) -> str:
 def _line(row: dict[str, Any]) -> str:
     """One size's row of the table (printed as it is measured, and in the .txt)."""
     return (f"{row['n']:>6} {_ms(row, 'steps', 10)} {_ms(row, 'oneblock', 12)} "
-            f"{_ms(row, 'tall', 10)} {_ms(row, 'coop', 10)} {_ms(row, 'pcoop', 10)} "
-            f"{_ms(row, 'pcoop64', 10)}"
+            f"{_ms(row, 'tall', 10)} {_ms(row, 'coop', 10)}"
             f"  {row['fastest']:<8} {row['use_steps']!s:<9}  {row['default']:<10}  "
             f"{_load1(row['loadavg_start'])}->{_load1(row['loadavg_end'])}")
 

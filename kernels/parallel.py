@@ -9,16 +9,12 @@ sequence at the launch that made it and is raised as that launch's
 CapabilityFault; a deadline covers the whole sequence.
 
 A single matrix from the work of a COOP_MIN_N square on (384 x 384 on 2 workers,
-1536 x 1536 on 3 to 16) runs those steps in one ``qrt_coop`` launch instead: a
-group of the workers (group_workers) doing the same items step after step, with
-rt_group_sync between steps where the host would launch again.
+256 x 256 on 3 to 16 pinned, 1536 x 1536 unpinned) runs those steps in one
+``qrt_coop`` launch instead: a group of the workers (group_workers) doing the same
+items step after step, with rt_group_sync between steps where the host would launch
+again.
 
 The three give bitwise the same result (tests/test_qr_parallel.py).
-
-``qrt_pcoop`` (:func:`use_pcoop`; off until a many-core host measures it) also runs one
-matrix in one launch on a group, but without a look-ahead: the whole group factors
-each panel (gpanel_qr below, rows shared out) and then updates the tiles, so no panel
-waits on one block.  Its result is bitwise the group steps' (next paragraph).
 
 A single float32 matrix of at least GROUP_MIN_ROWS rows on a pool of at
 least GROUP_MIN_WORKERS runs the steps as ``qrt_gstep`` launches instead:
@@ -168,13 +164,6 @@ def coop_kernel_for(dtype: str, checked: Checked) -> Any:
     return _kernels(dtype, _mode(checked), tuple(cflags()), ("qrt_coop",), "qrt_group")[0]
 
 
-def pcoop_kernel_for(checked: Checked) -> Any:
-    """The compiled qrt_pcoop (float32; built on first use only)."""
-    from ..runtime.cpu.kernel import cflags
-
-    return _kernels("float32", _mode(checked), tuple(cflags()), ("qrt_pcoop",),
-                    "qrt_group")[0]
-
 
 #: One matrix driven by steps on a pool of at least STEPS_NB32_WORKERS takes 32-column
 #: panels up to STEPS_NB32_MAX columns: there the panel, not the trailing update, is the
@@ -209,9 +198,7 @@ def working_ld(batch: int, m: int, n: int, nb: int, itemsize: int, threads: int)
     spread over the workers by steps, in launches or in one (its tiles are then updated
     side by side), n otherwise."""
     nb = max(1, min(NB_MAX, nb, m, n))
-    side_by_side = (use_steps(batch, m, n, nb, threads) or use_coop(batch, m, n, nb, threads)
-                    or use_pcoop(batch, m, n, "float32" if itemsize == 4 else "float64",
-                                 threads))
+    side_by_side = use_steps(batch, m, n, nb, threads) or use_coop(batch, m, n, nb, threads)
     return padded_ld(n, itemsize) if side_by_side else n
 
 
@@ -286,9 +273,16 @@ STEPS_MIN_N = ((2, 384), (16, 224))
 #: behind: its one-block look-ahead panel and barriers cost more than the launches it
 #: saves), 1536 43.9 / 46.5 vs 36.9 / 40.4, 2048 78.3 / 77.4 vs 72.8 / 64.8, 3072 211.7 vs
 #: 158.7, 4096 365 / 490 vs 341 / 396 (coop ahead); pools of 3 to 16 take that threshold
-#: (unmeasured between), larger pools keep the steps.
+#: (unmeasured between), larger pools keep the steps.  Those were unpinned workers
+#: (COOP_MIN_N_UNPINNED, for CAPQR_PIN=0).  Pinned (the default since 2d6107f) coop
+#: no longer stalls on a worker that shares a core, and the same host gave coop ahead
+#: of the steps and of one block at every size measured (median ms, 7fbd0cf, runs -a
+#: and -b): n = 256 1.05 vs 1.56 / 1.30, 384 2.04 vs 2.91 / 4.16, 512 2.83 / 3.12 vs
+#: 3.62 / 4.18, 768 7.59 vs 8.71, 1024 10.77 / 12.1 vs 13.53 / 13.9, 2048 58.9 vs 65.6,
+#: 4096 340 vs 342; so pinned pools of 3 to 16 take coop from the work of 256 x 256.
 COOP_TW, COOP_PANEL_TILES = 64, 3
-COOP_MIN_N = ((2, 384), (16, 1536))
+COOP_MIN_N = ((2, 384), (16, 256))
+COOP_MIN_N_UNPINNED = ((2, 384), (16, 1536))
 #: Groups of at most this many blocks keep every qrt_coop tile COOP_TW wide; larger
 #: ones narrow a step's tiles (down to TW_MIN) where that evens out its last round.
 COOP_FIXED_TW_BLOCKS = 2
@@ -323,39 +317,30 @@ def use_steps(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
             and qr_flops(m, n) >= qr_flops(least, least))
 
 
-def coop_min_n(threads: int) -> int | None:
+def coop_min_n(threads: int, pinned: bool | None = None) -> int | None:
     """The square size whose work is the least use_coop runs in one launch on
-    ``threads`` workers (None: never)."""
+    ``threads`` workers, pinned or not (None: this process's pool, runtime.pinned());
+    None: never."""
     if threads < 2:
         return None
-    for most, n in COOP_MIN_N:
+    if pinned is None:
+        from .. import runtime
+
+        pinned = runtime.pinned()
+    for most, n in COOP_MIN_N if pinned else COOP_MIN_N_UNPINNED:
         if threads <= most:
             return n
     return None
 
 
-def use_coop(batch: int, m: int, n: int, nb: int, threads: int) -> bool:
+def use_coop(batch: int, m: int, n: int, nb: int, threads: int,
+             pinned: bool | None = None) -> bool:
     """Run one matrix's steps in one launch on a group of the pool (qrt_coop): a pool
-    that COOP_MIN_N names, a matrix of at least two panels and the work of its
-    COOP_MIN_N square."""
-    least = coop_min_n(threads)
+    that COOP_MIN_N (COOP_MIN_N_UNPINNED for workers not pinned; ``pinned`` None: this
+    process's) names, a matrix of at least two panels and the work of its square."""
+    least = coop_min_n(threads, pinned)
     return (batch == 1 and least is not None and min(m, n) > nb
             and qr_flops(m, n) >= qr_flops(least, least))
-
-
-#: One matrix runs qrt_pcoop (every panel factored by the whole group, no look-ahead)
-#: on pools of at least PCOOP_MIN_WORKERS from the work of a PCOOP_MIN_N square on
-#: (None: never, until a many-core host measures it against coop and the steps).
-PCOOP_MIN_WORKERS: int | None = None
-PCOOP_MIN_N = 512
-
-
-def use_pcoop(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
-    """Run one float32 matrix by qrt_pcoop: a pool of PCOOP_MIN_WORKERS or more, a matrix
-    of at least two 64-column panels and the work of a PCOOP_MIN_N square."""
-    return (PCOOP_MIN_WORKERS is not None and threads >= PCOOP_MIN_WORKERS and batch == 1
-            and dtype == "float32" and min(m, n) > NB_MAX
-            and qr_flops(m, n) >= qr_flops(PCOOP_MIN_N, PCOOP_MIN_N))
 
 
 def default_group(batch: int, m: int, dtype: str, threads: int) -> int:
@@ -399,24 +384,24 @@ def use_tall(batch: int, m: int, n: int, dtype: str, threads: int) -> bool:
 
 
 #: The launch paths of :func:`run`, as :func:`default_path` names them.
-PATHS = ("tall", "small", "panel coop", "coop steps", "one block", "steps", "group steps")
+PATHS = ("tall", "small", "coop steps", "one block", "steps", "group steps")
 
 
 def default_path(batch: int, m: int, n: int, dtype: str, threads: int,
-                 nb: int | None = None) -> str:
+                 nb: int | None = None, pinned: bool | None = None) -> str:
     """The path :func:`run` takes for ``batch`` m x n matrices on ``threads`` workers
     when nothing is forced (one of PATHS), in its order of decisions: the rows shared
-    out (:func:`use_tall`), one local array per matrix (:func:`use_small`), one block
-    per matrix, or the steps (:func:`use_steps`), with a group look-ahead panel where
-    :func:`default_group` gives one.  ``nb``: the panel width, None for run's default."""
+    out (:func:`use_tall`), one local array per matrix (:func:`use_small`), the steps in
+    one launch (:func:`use_coop`), one block per matrix, or the steps
+    (:func:`use_steps`), with a group look-ahead panel where :func:`default_group` gives
+    one.  ``nb``: the panel width, None for run's default; ``pinned``: whether the pool's
+    workers are pinned, None for this process's (runtime.pinned())."""
     if use_tall(batch, m, n, dtype, threads):
         return "tall"
     if use_small(m, n, dtype):
         return "small"
-    if use_pcoop(batch, m, n, dtype, threads):
-        return "panel coop"
     nb = default_nb(m, n, batch, threads) if nb is None else max(1, min(NB_MAX, nb, m, n))
-    if use_coop(batch, m, n, nb, threads):
+    if use_coop(batch, m, n, nb, threads, pinned):
         return "coop steps"
     if not use_steps(batch, m, n, nb, threads):
         return "one block"
@@ -431,8 +416,6 @@ def path_kernels(path: str, dtype: str, checked: Checked) -> tuple[Any, ...]:
         return (small_kernel_for(checked),)
     if path == "coop steps":
         return (coop_kernel_for(dtype, checked),)
-    if path == "panel coop":
-        return (pcoop_kernel_for(checked),)
     if path == "group steps":
         return (*kernels_for(dtype, checked), group_kernel_for(dtype, checked))
     if path in PATHS:
@@ -495,8 +478,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
         grid: int | None, timeout: float | None, steps: bool | None = None,
         trace: list[tuple[int, int, float]] | None = None, group: int | None = None,
         n: int | None = None, tall: bool | None = None,
-        tall_workers: int | None = None, coop: bool | None = None,
-        pcoop: bool | None = None) -> None:
+        tall_workers: int | None = None, coop: bool | None = None) -> None:
     """Factor ``h`` (batch x m x ld, C order, ``dtype``) in place; tau receives the scales.
 
     The matrices are the first ``n`` columns of each row (default: all ``ld``);
@@ -520,10 +502,7 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     ``coop`` forces every step of a matrix into one launch on a group of the pool
     (qrt_coop on group_workers blocks, a launch per matrix; bitwise the steps' result)
     or refuses it; None
-    decides by :func:`use_coop` where nothing else is forced.  ``pcoop`` forces qrt_pcoop
-    (one launch per matrix on a group of the pool that factors each panel together,
-    no look-ahead; float32, the group panel's rounding) or refuses it; None decides by
-    :func:`use_pcoop` where nothing else is forced.
+    decides by :func:`use_coop` where nothing else is forced.
     """
     from .. import runtime
 
@@ -532,15 +511,13 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     if not 1 <= n <= ld:
         raise ValueError(f"n={n} columns do not fit rows of {ld}")
     tw = max(1, min(TW_MAX, tw))
-    if (tall is None and steps is None and grid is None and group is None and coop is None
-            and pcoop is None):
+    if tall is None and steps is None and grid is None and group is None and coop is None:
         # nothing forced: default_path decides, and the columns path follows it
         # (small falls through to its check below; _run_columns gives the steps their
         # group by default_group, as default_path does)
         path = default_path(batch, m, n, dtype, runtime.threads(), nb)
         tall = path == "tall"
         coop = path == "coop steps"
-        pcoop = path == "panel coop"
         if path in ("one block", "steps", "group steps"):
             steps = path != "one block"
     if nb is None:
@@ -548,20 +525,12 @@ def run(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int | None, tw: int, che
     # A panel never needs to be wider than the matrix: smaller workspace, same result.
     nb = max(1, min(NB_MAX, nb, min(m, n)))
     if tall:
-        if steps or grid is not None or group or coop or pcoop:
-            raise ValueError("tall= runs its own launches: no steps, grid, group, coop or "
-                             "pcoop with it")
+        if steps or grid is not None or group or coop:
+            raise ValueError("tall= runs its own launches: no steps, grid, group or coop "
+                             "with it")
         if dtype != "float32":
             raise ValueError("the tall path sums in double and factors float32 only")
         _run_tall(h, tau, dtype, nb, checked, timeout, n, trace, tall_workers)
-        return
-    if pcoop:
-        if steps is not None or grid is not None or group or coop:
-            raise ValueError("pcoop= runs the panels and tiles in one launch of its own: no "
-                             "steps, grid, group or coop with it")
-        if dtype != "float32":
-            raise ValueError("the group panel sums in double and factors float32 only")
-        _run_pcoop(h, tau, nb, checked, timeout, n, trace)
         return
     if tall_workers is not None:
         raise ValueError("tall_workers= is for the tall path (tall=True, or use_tall's "
@@ -645,27 +614,6 @@ def _run_coop(h: np.ndarray, tau: np.ndarray, dtype: str, nb: int, checked: Chec
              work], (m, n, nb, COOP_TW, tmin, COOP_PANEL_TILES, ld)))
     finally:
         work.free()
-
-
-def _run_pcoop(h: np.ndarray, tau: np.ndarray, nb: int, checked: Checked,
-               timeout: float | None, n: int, trace: list[tuple[int, int, float]] | None
-               ) -> None:
-    """qrt_pcoop on each matrix of ``h`` in turn, a group of :func:`group_workers`
-    blocks; ``trace`` gets (matrix, blocks, seconds) per launch."""
-    from .. import capabilities, runtime
-
-    batch, m, ld = h.shape
-    kern = pcoop_kernel_for(checked)
-    blocks = group_workers(runtime.threads())
-    work = capabilities.alloc((m * nb + nb * nb,), h.dtype, name="qr.work")
-    sums = capabilities.alloc((group_work_elems(m),), np.float64, name="qr.sums")
-    try:
-        _launch_per_matrix(kern, batch, blocks, timeout, trace, lambda b: (
-            [capabilities.wrap(h[b], name="qr.a"), capabilities.wrap(tau[b], name="qr.tau"),
-             work, sums], (m, n, nb, COOP_TW, TW_MIN, ld)))
-    finally:
-        work.free()
-        sums.free()
 
 
 def run_small(h: np.ndarray, tau: np.ndarray, checked: Checked, grid: int | None,

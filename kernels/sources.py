@@ -68,7 +68,6 @@ _F64_SUBS: list[tuple[str, str]] = [
     (r"\bqrt_step_f32\b", "qrt_step_f64"),
     (r"\bqrt_gstep_f32\b", "qrt_gstep_f64"),
     (r"\bqrt_coop_f32\b", "qrt_coop_f64"),
-    (r"\bqrt_pcoop_f32\b", "qrt_pcoop_f64"),
     (r"\bqrt_tall_f32\b", "qrt_tall_f64"),
     (r"\bcopy_f32\b", "copy_f64"),
     (r"\bfloat\b", "double"),

@@ -542,8 +542,7 @@ def test_default_path_names_the_kernel_run_launches(monkeypatch, batch, m, n, dt
     """parallel.default_path (which the benches report) is the decision run() acts
     on: the kernels run launches are the named path's, on this process's pool."""
     expect = {"tall": "qrt_tall", "small": "qr_small", "one block": "qrt",
-              "steps": "qrt_step", "group steps": "qrt_gstep", "coop steps": "qrt_coop",
-              "panel coop": "qrt_pcoop"}
+              "steps": "qrt_step", "group steps": "qrt_gstep", "coop steps": "qrt_coop"}
     path = parallel.default_path(batch, m, n, dtype, runtime.threads())
     names: set[str] = set()
     launch = runtime.launch
@@ -572,21 +571,44 @@ _DEFAULT_PATHS = [
     (1, 8192, 256, "float32", 2, "coop steps"),
     (1, 65536, 64, "float32", 2, "tall"),
     (2, 256, 256, "float32", 2, "one block"),
-    # 16 workers: group steps for a large float32 matrix, one launch from 1536 x 1536
-    (1, 1024, 1024, "float32", 16, "group steps"),
-    (1, 1024, 1024, "float64", 16, "steps"),
+    # 16 pinned workers: one launch for one matrix from the work of 256 x 256
+    (1, 1024, 1024, "float32", 16, "coop steps"),
+    (1, 1024, 1024, "float64", 16, "coop steps"),
+    (1, 256, 256, "float32", 16, "coop steps"),
+    (1, 240, 240, "float32", 16, "steps"),
+    (1, 128, 128, "float32", 16, "one block"),
     (1, 65536, 64, "float32", 16, "tall"),
     (16, 1024, 1024, "float32", 16, "one block"),
     (1, 20, 32, "float32", 16, "small"),
+    (1, 4096, 4096, "float32", 16, "coop steps"),
+]
+#: The same decisions for workers left unpinned ($CAPQR_PIN=0): coop from 1536 x 1536 on
+#: 16, group steps below it for a large float32 matrix.
+_DEFAULT_PATHS_UNPINNED = [
+    (1, 512, 512, "float32", 2, "coop steps"),
+    (1, 1024, 1024, "float32", 16, "group steps"),
+    (1, 1024, 1024, "float64", 16, "steps"),
+    (1, 1400, 1400, "float32", 16, "group steps"),
     (1, 1536, 1536, "float32", 16, "coop steps"),
     (1, 4096, 4096, "float32", 16, "coop steps"),
-    (1, 1400, 1400, "float32", 16, "group steps"),
 ]
 
 
 @pytest.mark.parametrize("batch,m,n,dtype,workers,path", _DEFAULT_PATHS)
 def test_default_path_table(batch, m, n, dtype, workers, path):
-    assert parallel.default_path(batch, m, n, dtype, workers) == path
+    assert parallel.default_path(batch, m, n, dtype, workers, pinned=True) == path
+
+
+@pytest.mark.parametrize("batch,m,n,dtype,workers,path", _DEFAULT_PATHS_UNPINNED)
+def test_default_path_table_unpinned(batch, m, n, dtype, workers, path):
+    assert parallel.default_path(batch, m, n, dtype, workers, pinned=False) == path
+
+
+def test_default_path_follows_this_process_pinning(monkeypatch):
+    """Without ``pinned`` the decision is this process's pool's: runtime.pinned()."""
+    for pinned, path in ((True, "coop steps"), (False, "group steps")):
+        monkeypatch.setattr(runtime, "pinned", lambda p=pinned: p)
+        assert parallel.default_path(1, 1024, 1024, "float32", 16) == path
 
 
 def test_path_kernels_refuses_an_unknown_path():
@@ -600,14 +622,15 @@ from capqr.kernels import parallel
 a = np.random.default_rng(7).standard_normal((1, 1100, 600)).astype(np.float32)
 t = np.zeros((1, 600), np.float32)
 trace = []
-parallel.run(a, t, "float32", None, 64, True, None, None, trace=trace)
+parallel.run(a, t, "float32", None, 64, True, None, None, steps=True, trace=trace)
 print(sorted({j for j, _, _ in trace if j >= 0})[1])
 """
 
 
 def test_one_matrix_on_a_large_pool_takes_narrow_panels():
-    """One matrix of 513 to 1024 columns driven by steps on a pool of at least
-    STEPS_NB32_WORKERS takes 32-column panels, where the panel is the critical path
+    """One matrix of 513 to 1024 columns driven by steps (forced here: coop takes it
+    by default, with the same default_nb) on a pool of at least STEPS_NB32_WORKERS
+    takes 32-column panels, where the panel is the critical path
     (16 workers of the H100 host: n = 1024 in 9.6-12.3 ms against 12.9-16.4 by
     64-column panels, median, 8 pairs); one block per matrix and small pools keep 64.
     parallel.run's own choice, on 16 workers, is what the subprocess prints."""
@@ -721,128 +744,6 @@ def test_coop_fault_stops_the_whole_group():
 def test_coop_only_where_measured():
     assert parallel.default_path(2, 2048, 2048, "float32", 16) != "coop steps"  # batch 1 only
     assert parallel.default_path(1, 4096, 4096, "float32", 32) != "coop steps"  # unmeasured
-    assert parallel.coop_min_n(1) is None and parallel.coop_min_n(3) == 1536
-# ---------------------------------------------------------------------------
-# every panel factored by the whole group, no look-ahead (qrt_pcoop in qrt_group.c)
-
-
-def _group_steps(a3: np.ndarray, nb: int, checked: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The group steps' factors of a3 (qrt_gstep, a group of 2 for the look-ahead panel):
-    the reference qrt_pcoop's result must equal bitwise, since both factor every panel
-    by gpanel_qr in chunks of 64 rows and update tiles by larfb_tile."""
-    ref_h, ref_t = [], []
-    for a in a3:
-        h, t = a[None].copy(), np.zeros((1, min(a.shape)), np.float32)
-        parallel.run(h, t, "float32", nb, 64, checked, None, None, steps=True, group=2)
-        ref_h.append(h[0])
-        ref_t.append(t[0])
-    return np.stack(ref_h), np.stack(ref_t)
-
-
-@pytest.mark.parametrize("shape,nb", [
-    ((1, 257, 257), 32), ((1, 300, 190), 64), ((1, 190, 300), 32), ((1, 130, 129), 64),
-    ((2, 150, 130), 32)])
-def test_pcoop_is_bitwise_the_group_steps(shape, nb):
-    """qrt_pcoop (one launch per matrix: the group factors each panel, then updates the
-    tiles) gives bitwise the group steps' factors, checked and raw alike, and passes the
-    checker; one launch per matrix of the batch."""
-    a3 = _rand(shape, seed=sum(shape) + nb)
-    ref_h, ref_t = _group_steps(a3, nb)
-    for checked in (True, False):
-        h, t = a3.copy(), np.zeros_like(ref_t)
-        trace: list = []
-        parallel.run(h, t, "float32", nb, 64, checked, None, None, pcoop=True, trace=trace)
-        assert h.tobytes() == ref_h.tobytes() and t.tobytes() == ref_t.tobytes(), checked
-        assert [b for b, _blocks, _s in trace] == list(range(shape[0]))
-    assert check(a3, h, t).ok
-
-
-_PCOOP_POOL_SCRIPT = """
-import numpy as np
-from capqr.kernels import parallel
-a = np.random.default_rng(7).standard_normal((1, 400, 330)).astype(np.float32)
-ref_h, ref_t = a.copy(), np.zeros((1, 330), np.float32)
-parallel.run(ref_h, ref_t, "float32", 32, 64, True, None, None, steps=True, group=2)
-h, t = a.copy(), np.zeros_like(ref_t)
-trace = []
-parallel.run(h, t, "float32", 32, 64, True, None, None, pcoop=True, trace=trace)
-assert h.tobytes() == ref_h.tobytes() and t.tobytes() == ref_t.tobytes()
-print(trace[0][1])
-"""
-
-
-def test_pcoop_result_does_not_depend_on_the_group():
-    """On a pool of 8 the group is 7 blocks, which own other rows of each panel and other
-    tiles than the 2 of this machine's pool: the result is still bitwise the group
-    steps' (the panel's sums run in chunk order whoever formed them)."""
-    assert _output_on_a_pool(_PCOOP_POOL_SCRIPT, "8") == "7"
-
-
-def test_pcoop_refuses_other_forced_paths_and_float64():
-    h, t = _rand((1, 100, 100)), np.zeros((1, 100), np.float32)
-    for kw in ({"steps": True}, {"grid": 2}, {"group": 2}, {"coop": True}):
-        with pytest.raises(ValueError, match="pcoop="):
-            parallel.run(h, t, "float32", 32, 64, True, **{"grid": None, "timeout": None, **kw},
-                         pcoop=True)
-    with pytest.raises(ValueError, match="pcoop"):  # not silently the tall path
-        parallel.run(h, t, "float32", 32, 64, True, None, None, tall=True, pcoop=True)
-    h64, t64 = _rand((1, 100, 100), np.float64), np.zeros((1, 100))
-    with pytest.raises(ValueError, match="float32 only"):
-        parallel.run(h64, t64, "float64", 32, 64, True, None, None, pcoop=True)
-
-
-def test_pcoop_fault_stops_the_whole_group():
-    """The panel's sums one chunk short: the blocks that own the last rows write past
-    them while the others wait at rt_group_sync.  The launch ends with the fault, named
-    for the buffer and kernel, not a hang at the barrier; the pool works afterwards."""
-    m = n = 300
-    nb = 32
-    k = parallel.pcoop_kernel_for(True)
-    h = _rand((m, n))
-    tau = np.zeros(n, np.float32)
-    work = capabilities.alloc((m * nb + nb * nb,), np.float32, name="qr.work")
-    sums = capabilities.alloc((parallel.group_work_elems(m) - 2 * 64 - 8,), np.float64,
-                              name="qr.sums")
-    blocks = runtime.threads()
-    with pytest.raises(runtime.CapabilityFault) as ei:
-        runtime.launch(k, [capabilities.wrap(h), capabilities.wrap(tau), work, sums],
-                       args=(m, n, nb, 64, 16, n), grid=blocks, group=blocks, timeout=60)
-    assert ei.value.buffer == "qr.sums" and ei.value.kernel == "qrt_pcoop_f32"
-    work.free()
-    sums.free()
-    a = _rand((1, m, n), seed=3)
-    h2, t2 = a.copy(), np.zeros((1, n), np.float32)
-    parallel.run(h2, t2, "float32", nb, 64, True, None, None, pcoop=True)
-    assert check(a, h2, t2).ok
-
-
-def test_pcoop_only_where_measured(monkeypatch):
-    """qrt_pcoop is never the default while PCOOP_MIN_WORKERS is None; given a pool size
-    it takes one float32 matrix of at least two 64-column panels and the work of the
-    PCOOP_MIN_N square, and run() then launches it (qrt_pcoop, nothing else)."""
-    assert parallel.PCOOP_MIN_WORKERS is None or parallel.PCOOP_MIN_WORKERS > 2
-    for threads in (2, 16, 64):
-        if parallel.PCOOP_MIN_WORKERS is None or threads < parallel.PCOOP_MIN_WORKERS:
-            assert parallel.default_path(1, 2048, 2048, "float32", threads) != "panel coop"
-    monkeypatch.setattr(parallel, "PCOOP_MIN_WORKERS", 2)
-    monkeypatch.setattr(parallel, "PCOOP_MIN_N", 256)
-    assert parallel.default_path(1, 300, 300, "float32", 2) == "panel coop"
-    assert parallel.default_path(2, 300, 300, "float32", 2) != "panel coop"  # batch 1 only
-    assert parallel.default_path(1, 300, 300, "float64", 2) != "panel coop"
-    assert parallel.default_path(1, 200, 200, "float32", 2) != "panel coop"  # under the work
-    assert parallel.default_path(1, 300, 300, "float32", 1) != "panel coop"
-    names: set[str] = set()
-    launch = runtime.launch
-
-    def recording(k, *a, **kw):
-        names.add(k.name)
-        return launch(k, *a, **kw)
-
-    monkeypatch.setattr(runtime, "launch", recording)
-    a = _rand((1, 300, 300), seed=5)
-    h, t = a.copy(), np.zeros((1, 300), np.float32)
-    parallel.run(h, t, "float32", None, 64, True, None, None)
-    assert names == {"qrt_pcoop_f32"}
-    assert check(a, h, t).ok
-
-
+    assert parallel.coop_min_n(1) is None
+    assert parallel.coop_min_n(3, pinned=True) == 256
+    assert parallel.coop_min_n(3, pinned=False) == 1536
