@@ -8,8 +8,8 @@ worker.  Every launch is an ordinary checked launch: a fault stops the
 sequence at the launch that made it and is raised as that launch's
 CapabilityFault; a deadline covers the whole sequence.
 
-A single matrix from the work of a COOP_MIN_N square on (384 x 384 on 2 workers,
-256 x 256 on 3 to 16 pinned, 1536 x 1536 unpinned) runs those steps in one
+A single matrix from the work of a COOP_MIN_N square on (256 x 256 on 2 to 16 pinned
+workers; unpinned 384 x 384 on 2 and 1536 x 1536 on 3 to 16) runs those steps in one
 ``qrt_coop`` launch instead: a group of the workers (group_workers) doing the same
 items step after step, with rt_group_sync between steps where the host would launch
 again.
@@ -280,8 +280,13 @@ STEPS_MIN_N = ((2, 384), (16, 224))
 #: and -b): n = 256 1.05 vs 1.56 / 1.30, 384 2.04 vs 2.91 / 4.16, 512 2.83 / 3.12 vs
 #: 3.62 / 4.18, 768 7.59 vs 8.71, 1024 10.77 / 12.1 vs 13.53 / 13.9, 2048 58.9 vs 65.6,
 #: 4096 340 vs 342; so pinned pools of 3 to 16 take coop from the work of 256 x 256.
+#: Pinned pools of 2 too: on the 2-core Xeon VM through kernels.qr, coop against one
+#: block alternating in one process (COOP_MIN_N patched; 2026-12-08, a2d4701, load
+#: 0.5-1.0), n = 256 after a 0.25 s pause each: coop faster in 44 of 60 (four
+#: processes, medians 1.50-1.72 vs 1.69-1.84 ms), back to back in 40 of 50 (0.97-1.03 vs
+#: 1.07-1.21 ms); n = 192 even (17 of 30, 1.33-1.35 vs 1.37-1.39 ms).
 COOP_TW, COOP_PANEL_TILES = 64, 3
-COOP_MIN_N = ((2, 384), (16, 256))
+COOP_MIN_N = ((2, 256), (16, 256))
 COOP_MIN_N_UNPINNED = ((2, 384), (16, 1536))
 #: Groups of at most this many blocks keep every qrt_coop tile COOP_TW wide; larger
 #: ones narrow a step's tiles (down to TW_MIN) where that evens out its last round.

@@ -169,8 +169,10 @@ def test_kernels_qr_pads_rows_only_for_steps(monkeypatch):
     import importlib
 
     qr_mod = importlib.import_module("capqr.kernels.qr")
+    monkeypatch.setattr(runtime, "pinned", lambda: True)  # coop's thresholds for pinned pools
     assert parallel.working_ld(1, 700, 700, 32, 4, 2) == 704   # steps
-    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 300   # below STEPS_MIN_N: one block
+    assert parallel.working_ld(1, 240, 240, 32, 4, 2) == 240   # below COOP_MIN_N: one block
+    assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 304   # the steps in one launch
     assert parallel.working_ld(1, 400, 400, 32, 4, 2) == 400   # the steps in one launch
     assert parallel.working_ld(1, 401, 401, 32, 4, 2) == 416
     assert parallel.working_ld(1, 300, 300, 32, 4, 3) == 304   # steps
@@ -562,10 +564,11 @@ def test_default_path_names_the_kernel_run_launches(monkeypatch, batch, m, n, dt
 
 #: default_path's decisions: (batch, m, n, dtype, workers, path).
 _DEFAULT_PATHS = [
-    # 2 workers: one launch for one matrix from the work of 384 x 384 (qrt_coop), and for
-    # 8192 x 256 too (the tall path only from 64 times as tall there)
+    # 2 pinned workers: one launch for one matrix from the work of 256 x 256 (qrt_coop),
+    # and for 8192 x 256 too (the tall path only from 64 times as tall there)
     (1, 512, 512, "float32", 2, "coop steps"),
-    (1, 256, 256, "float32", 2, "one block"),
+    (1, 256, 256, "float32", 2, "coop steps"),
+    (1, 240, 240, "float32", 2, "one block"),
     (1, 1000, 300, "float64", 2, "coop steps"),
     (1, 32, 32, "float32", 2, "small"),
     (1, 8192, 256, "float32", 2, "coop steps"),
@@ -582,10 +585,11 @@ _DEFAULT_PATHS = [
     (1, 20, 32, "float32", 16, "small"),
     (1, 4096, 4096, "float32", 16, "coop steps"),
 ]
-#: The same decisions for workers left unpinned ($CAPQR_PIN=0): coop from 1536 x 1536 on
-#: 16, group steps below it for a large float32 matrix.
+#: The same decisions for workers left unpinned ($CAPQR_PIN=0): coop from 384 x 384 on 2
+#: and 1536 x 1536 on 16, group steps below it for a large float32 matrix.
 _DEFAULT_PATHS_UNPINNED = [
     (1, 512, 512, "float32", 2, "coop steps"),
+    (1, 256, 256, "float32", 2, "one block"),
     (1, 1024, 1024, "float32", 16, "group steps"),
     (1, 1024, 1024, "float64", 16, "steps"),
     (1, 1400, 1400, "float32", 16, "group steps"),
@@ -747,3 +751,5 @@ def test_coop_only_where_measured():
     assert parallel.coop_min_n(1) is None
     assert parallel.coop_min_n(3, pinned=True) == 256
     assert parallel.coop_min_n(3, pinned=False) == 1536
+    assert parallel.coop_min_n(2, pinned=True) == 256
+    assert parallel.coop_min_n(2, pinned=False) == 384
