@@ -164,7 +164,6 @@ def coop_kernel_for(dtype: str, checked: Checked) -> Any:
     return _kernels(dtype, _mode(checked), tuple(cflags()), ("qrt_coop",), "qrt_group")[0]
 
 
-
 #: One matrix driven by steps on a pool of at least STEPS_NB32_WORKERS takes 32-column
 #: panels up to STEPS_NB32_MAX columns: there the panel, not the trailing update, is the
 #: critical path.  16 workers of the H100 host (bench.env_ab, 8 pairs of processes,

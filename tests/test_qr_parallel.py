@@ -170,7 +170,7 @@ def test_kernels_qr_pads_rows_only_for_steps(monkeypatch):
 
     qr_mod = importlib.import_module("capqr.kernels.qr")
     monkeypatch.setattr(runtime, "pinned", lambda: True)  # coop's thresholds for pinned pools
-    assert parallel.working_ld(1, 700, 700, 32, 4, 2) == 704   # steps
+    assert parallel.working_ld(1, 700, 700, 32, 4, 2) == 704   # the steps in one launch
     assert parallel.working_ld(1, 240, 240, 32, 4, 2) == 240   # below COOP_MIN_N: one block
     assert parallel.working_ld(1, 300, 300, 32, 4, 2) == 304   # the steps in one launch
     assert parallel.working_ld(1, 400, 400, 32, 4, 2) == 400   # the steps in one launch
